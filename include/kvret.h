@@ -1,0 +1,360 @@
+/*
+ * kvret.h — the whole public C ABI of kvret.
+ *
+ * kvret keeps a long KV cache off the GPU, a compact index of it near the compute, and at every decode step
+ * retrieves the few tokens that matter for the current query. This header is C99, has no CUDA or C++ includes,
+ * and is the only header a user needs.
+ *
+ * Conventions (they hold for every call below):
+ *  - Every function returns a kvret_status; KVRET_OK (0) is success. On failure the calling thread's last-error
+ *    message (kvret_last_error) says what was wrong, and the object the call was given is left exactly as it was.
+ *  - The library never aborts, never throws across this boundary and never prints.
+ *  - Config and stats structs start with `struct_size`; fill them with their *_init function first.
+ *    A NULL config means the defaults.
+ *  - Tensors are borrowed for the duration of the call (for *_async calls: until the stream reaches the work).
+ *  - Different sequences may be used from different threads at once. One sequence must not be used from two
+ *    threads at once. The context itself (create/destroy aside) is thread-safe.
+ */
+#ifndef KVRET_H
+#define KVRET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Versioning and symbol visibility
+ * ------------------------------------------------------------------------------------------------------------- */
+#define KVRET_VERSION_MAJOR 0
+#define KVRET_VERSION_MINOR 1
+#define KVRET_VERSION_PATCH 0
+#define KVRET_VERSION_NUMBER (KVRET_VERSION_MAJOR * 10000 + KVRET_VERSION_MINOR * 100 + KVRET_VERSION_PATCH)
+#define KVRET_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32)
+#if defined(KVRET_BUILDING_LIBRARY)
+#define KVRET_API __declspec(dllexport)
+#else
+#define KVRET_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define KVRET_API __attribute__((visibility("default")))
+#else
+#define KVRET_API
+#endif
+
+/** The runtime version as KVRET_VERSION_NUMBER would compute it (compare with the macro to detect a mismatch). */
+KVRET_API unsigned kvret_version_number(void);
+/** The runtime version as "MAJOR.MINOR.PATCH"; a static string. */
+KVRET_API const char* kvret_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef enum kvret_status {
+  KVRET_OK = 0,
+  KVRET_ERR_INVALID_ARGUMENT = 1, /**< a NULL pointer where one is required, or a value outside its domain */
+  KVRET_ERR_INVALID_HANDLE = 2,   /**< a NULL, closed or foreign context/sequence handle */
+  KVRET_ERR_SHAPE = 3,            /**< a tensor's ndim or shape does not match the model geometry */
+  KVRET_ERR_DTYPE = 4,            /**< a tensor's dtype is not accepted by this call */
+  KVRET_ERR_STRIDE = 5,           /**< a tensor's strides are not supported (innermost must be contiguous) */
+  KVRET_ERR_DEVICE = 6,           /**< a tensor lives on a device this call cannot read or write */
+  KVRET_ERR_OUT_OF_RANGE = 7,     /**< a layer or head index outside the model */
+  KVRET_ERR_BUDGET = 8,           /**< a budget of 0, or above the current context length */
+  KVRET_ERR_CAPACITY = 9,         /**< the append would exceed the sequence's or context's token capacity */
+  KVRET_ERR_OUT_OF_MEMORY = 10,   /**< host, pinned or device allocation failed */
+  KVRET_ERR_NONFINITE = 11,       /**< NaN or Inf in keys/values/queries (only when check_finite is on) */
+  KVRET_ERR_STATE = 12,           /**< the call is out of order (e.g. decode before any prefill of that layer) */
+  KVRET_ERR_UNSUPPORTED = 13,     /**< the build or this version does not provide the requested feature */
+  KVRET_ERR_IO = 14,              /**< a read or write in the disk tier failed (full disk, permissions) */
+  KVRET_ERR_CORRUPT = 15,         /**< a file of the disk tier or a saved session is corrupt or truncated */
+  KVRET_ERR_CUDA = 16,            /**< a CUDA runtime error (including ones from earlier asynchronous work) */
+  KVRET_ERR_VERSION = 17,         /**< a struct_size this library does not understand */
+  KVRET_ERR_INTERNAL = 18         /**< a bug in kvret; please report it with the message */
+} kvret_status;
+
+/** A static, human-readable name for a status ("KVRET_ERR_SHAPE", ...). Never NULL. */
+KVRET_API const char* kvret_status_string(kvret_status status);
+/** The message of the last failed call on this thread ("" if none). Valid until the next kvret call on it. */
+KVRET_API const char* kvret_last_error(void);
+/** Clears this thread's last-error message. */
+KVRET_API void kvret_clear_error(void);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Tensors: a borrowed descriptor laid out exactly like DLPack's DLTensor, so that a DLTensor* can be passed as a
+ * kvret_tensor* and NumPy / PyTorch / CuPy / JAX arrays map onto it without copies.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef enum kvret_device_type {
+  KVRET_DEVICE_CPU = 1,       /**< == kDLCPU */
+  KVRET_DEVICE_CUDA = 2,      /**< == kDLCUDA */
+  KVRET_DEVICE_CUDA_HOST = 3  /**< == kDLCUDAHost: pinned host memory, readable by the CPU backend */
+} kvret_device_type;
+
+typedef struct kvret_device {
+  int32_t device_type; /**< a kvret_device_type value */
+  int32_t device_id;
+} kvret_device;
+
+typedef enum kvret_dtype_code {
+  KVRET_DTYPE_INT = 0,    /**< == kDLInt */
+  KVRET_DTYPE_UINT = 1,   /**< == kDLUInt */
+  KVRET_DTYPE_FLOAT = 2,  /**< == kDLFloat */
+  KVRET_DTYPE_BFLOAT = 4  /**< == kDLBfloat */
+} kvret_dtype_code;
+
+typedef struct kvret_dtype {
+  uint8_t code;   /**< a kvret_dtype_code value */
+  uint8_t bits;   /**< 16, 32, ... */
+  uint16_t lanes; /**< always 1 */
+} kvret_dtype;
+
+typedef struct kvret_tensor {
+  void* data;             /**< base pointer (add byte_offset) */
+  kvret_device device;
+  int32_t ndim;
+  kvret_dtype dtype;
+  const int64_t* shape;   /**< ndim extents */
+  const int64_t* strides; /**< ndim strides in elements, or NULL for compact row-major */
+  uint64_t byte_offset;
+} kvret_tensor;
+
+/** The storage type of the KV cache. */
+typedef enum kvret_kv_dtype { KVRET_KV_F16 = 0, KVRET_KV_BF16 = 1, KVRET_KV_F32 = 2 } kvret_kv_dtype;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Configuration
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/** Which index selects the middle tokens. */
+typedef enum kvret_index_kind {
+  KVRET_INDEX_EXACT = 0,     /**< exact q.k over every middle token: the quality oracle */
+  KVRET_INDEX_PQ = 1,        /**< product quantization of keys (PQCache) */
+  KVRET_INDEX_STREAMING = 2, /**< no retrieval: the working set is sink + local only (the baseline) */
+  KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest); reserved, not yet implemented */
+  KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV); reserved, not yet implemented */
+  KVRET_INDEX_QUANT = 5      /**< low-bit resident copy of K (SpeCache); reserved, not yet implemented */
+} kvret_index_kind;
+
+/** How the query heads of one KV group are folded into one score per token. */
+typedef enum kvret_gqa_fold {
+  KVRET_FOLD_SUM_PROB = 0, /**< sum over the group of each head's softmax probability (default) */
+  KVRET_FOLD_MAX_LOGIT = 1 /**< max over the group of each head's logit */
+} kvret_gqa_fold;
+
+/** Replacement policy of the GPU block cache (CUDA backend). */
+typedef enum kvret_cache_policy { KVRET_CACHE_LRU = 0, KVRET_CACHE_LFU = 1 } kvret_cache_policy;
+
+typedef struct kvret_config {
+  size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
+
+  /* model geometry */
+  int32_t n_layers;   /**< default 32 */
+  int32_t n_q_heads;  /**< default 32 */
+  int32_t n_kv_heads; /**< default 8; n_q_heads % n_kv_heads == 0 */
+  int32_t head_dim;   /**< 64, 128 or 256; default 128 */
+  int32_t kv_dtype;   /**< a kvret_kv_dtype; default KVRET_KV_F16 */
+
+  /* where the index and working set live */
+  int32_t device_type; /**< KVRET_DEVICE_CPU (default) or KVRET_DEVICE_CUDA */
+  int32_t device_id;   /**< CUDA device ordinal; default 0 */
+
+  /* token groups and budget */
+  int32_t n_sink;       /**< first tokens always attended; default 16 */
+  int32_t n_local;      /**< most recent tokens always attended; default 64 */
+  int32_t budget;       /**< middle tokens selected per KV head; 0 = use budget_ratio (default 0) */
+  float budget_ratio;   /**< budget as a fraction of the context length when budget == 0; default 0.1 */
+  int32_t gqa_fold;     /**< a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB */
+  int32_t index_kind;   /**< a kvret_index_kind; default KVRET_INDEX_PQ */
+
+  /* PQ (PQCache) */
+  int32_t pq_m;            /**< sub-spaces; head_dim % pq_m == 0; default 2 */
+  int32_t pq_bits;         /**< bits per code (2^bits centroids), 1..8; default 6 */
+  int32_t pq_iters;        /**< k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol,
+                                at most 25); default 0 */
+  float pq_tol;            /**< relative objective improvement that ends adaptive k-means; default 1e-3 */
+  int32_t pq_train_sample; /**< max tokens sampled per (layer, KV head) for training; 0 = all; default 8192 */
+
+  /* ClusterKV (reserved for the cluster index) */
+  int32_t cluster_tokens;          /**< tokens per cluster at prefill; default 80 */
+  int32_t cluster_decode_interval; /**< re-cluster decoded tokens every this many; default 320 */
+  int32_t cluster_decode_k;        /**< clusters made from each decoded interval; default 4 */
+
+  /* Quest pages (reserved for the page index) */
+  int32_t page_size; /**< tokens per page; default 16 */
+
+  /* SpeCache quantized copy (reserved for the quant index) */
+  int32_t quant_bits; /**< 1 or 2; default 2 */
+
+  /* KVCrush hamming grouping (reserved) */
+  float hamming_fraction; /**< part of the budget spent on bucket representatives; default 0 (off) */
+  int32_t hamming_buckets; /**< default 0 = automatic */
+
+  /* storage and capacity */
+  int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
+  int64_t host_bytes_limit; /**< capacity of the host KV store over all sequences; 0 = unlimited; default 0 */
+  const char* disk_path;    /**< directory of the disk tier (reserved); NULL = no disk tier */
+
+  /* GPU block cache (CUDA backend) */
+  int32_t block_tokens;          /**< tokens per cache block; default 128 */
+  int32_t cache_policy;          /**< a kvret_cache_policy; default KVRET_CACHE_LRU */
+  int64_t cache_capacity_tokens; /**< block cache capacity per (sequence, layer, KV head); default 4096 */
+
+  /* runtime */
+  int32_t n_threads;        /**< CPU threads for scoring and builds; 0 = all cores; default 0 */
+  int32_t background_build; /**< 1: index builds run in the background after append_prefill (default) */
+  int32_t check_finite;     /**< 1: reject NaN/Inf in appended keys/values and queries; default 0 */
+  uint64_t seed;            /**< seed of every randomized step (k-means init, sampling); default 42 */
+} kvret_config;
+
+/** Fills *config with the documented defaults and sets struct_size. */
+KVRET_API kvret_status kvret_config_init(kvret_config* config);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Context and sequences
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct kvret_context kvret_context;
+typedef struct kvret_seq kvret_seq;
+
+/** An opaque stream, ABI-identical to cudaStream_t. NULL means the library's default stream. Ignored by the CPU
+ *  backend, where every call completes before it returns. */
+typedef struct kvret_stream_opaque* kvret_stream;
+
+/** Creates a context from *config (NULL = defaults). Validates the whole config; on failure *out is NULL. */
+KVRET_API kvret_status kvret_create(const kvret_config* config, kvret_context** out);
+/** Waits for background work, closes every open sequence and frees the context. NULL is a no-op (KVRET_OK). */
+KVRET_API kvret_status kvret_destroy(kvret_context* ctx);
+/** Copies the context's effective config into *out (out->struct_size must be set, e.g. by kvret_config_init). */
+KVRET_API kvret_status kvret_get_config(const kvret_context* ctx, kvret_config* out);
+
+/** Opens an empty sequence (one request or conversation). */
+KVRET_API kvret_status kvret_seq_open(kvret_context* ctx, kvret_seq** out);
+/** Waits for the sequence's background builds and frees it. NULL is a no-op (KVRET_OK). */
+KVRET_API kvret_status kvret_seq_close(kvret_seq* seq);
+/** Tokens stored for `layer` (sink + middle + local). */
+KVRET_API kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_tokens);
+/** The budget select uses by default for `layer` at its current length (config budget, or ratio * length,
+ *  clamped to the number of middle tokens). */
+KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Appending keys and values
+ *
+ * k and v are [T, n_kv_heads, head_dim] (any strides whose innermost is 1, so [n_kv_heads, T, head_dim] memory
+ * passes as a strided view), dtype f16, bf16 or f32 (converted to kv_dtype), on the CPU or pinned host.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/** Appends T prefill tokens to `layer` and schedules that layer's index build (in the background when
+ *  background_build is on: the call returns before the build ends). May be called again (chunked prefill):
+ *  the first build trains the index, later ones encode the new tokens with it. */
+KVRET_API kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const kvret_tensor* k,
+                                            const kvret_tensor* v);
+/** Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to `layer`. The token that
+ *  leaves the local window enters the middle and gets its index entry (e.g. its nearest PQ code). */
+KVRET_API kvret_status kvret_append_decode(kvret_seq* seq, int32_t layer, const kvret_tensor* k,
+                                           const kvret_tensor* v);
+/** Waits until the index of `layer` (or of every layer when layer == -1) is built. */
+KVRET_API kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Selection, fetch, attention
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/** Pass as `budget` to use the sequence's default budget (kvret_seq_budget). */
+#define KVRET_BUDGET_DEFAULT (-1)
+
+/** Scores the middle tokens of `layer` for query q ([n_q_heads, head_dim], f16/bf16/f32), folds each KV group,
+ *  and writes the top `budget` middle positions of every KV head, ascending, into out_positions (int32,
+ *  [n_kv_heads, >= budget], CPU). *out_count receives the number written per head: min(budget, middle tokens).
+ *  A budget of 0, or above the layer's length, is KVRET_ERR_BUDGET. Waits for this layer's index only. */
+KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
+                                    const kvret_tensor* out_positions, int32_t* out_count);
+
+/** kvret_select for n sequences at once (q is [n, n_q_heads, head_dim]; out_positions [n, n_kv_heads, >= budget];
+ *  out_counts has n entries). The sequences must belong to ctx and be distinct. All are validated before any is
+ *  touched. */
+KVRET_API kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
+                                          const kvret_tensor* q, int32_t budget,
+                                          const kvret_tensor* out_positions, int32_t* out_counts);
+
+/** Output buffers of a working set: sink + selected + local tokens of every KV head, in position order. */
+typedef struct kvret_working_set {
+  kvret_tensor k;         /**< [n_kv_heads, capacity, head_dim], dtype = kv_dtype (or f32) */
+  kvret_tensor v;         /**< same shape and dtype as k */
+  kvret_tensor positions; /**< int32 [n_kv_heads, capacity]: the token position of each row */
+} kvret_working_set;
+
+/** Upper bound of the working-set rows for `layer` at `budget` (KVRET_BUDGET_DEFAULT allowed). */
+KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t layer, int32_t budget,
+                                                  int64_t* out_rows);
+
+/** Writes the working set of `layer` for the selection (positions: int32 [n_kv_heads, >= count], as written by
+ *  kvret_select) into *out and its row count into *out_rows. Stream-ordered: on the CUDA backend it only
+ *  enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the call returns. */
+KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions,
+                                         int32_t count, const kvret_working_set* out, int64_t* out_rows,
+                                         kvret_stream stream);
+
+/** Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
+ *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim];
+ *  out: f32 [n_q_heads, head_dim]. scale <= 0 means 1/sqrt(head_dim). */
+KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret_tensor* k,
+                                    const kvret_tensor* v, int64_t rows, float scale, const kvret_tensor* out,
+                                    kvret_stream stream);
+
+/** Waits for the work the library enqueued on `stream` (no-op on the CPU backend). Errors of earlier
+ *  asynchronous work surface here. */
+KVRET_API kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Statistics
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct kvret_stats {
+  size_t struct_size;       /**< sizeof(kvret_stats), set by kvret_stats_init */
+  int64_t sequences;        /**< open sequences (context stats) or 1 */
+  int64_t tokens_stored;    /**< tokens over all layers */
+  int64_t host_bytes;       /**< KV bytes in host memory */
+  int64_t device_bytes;     /**< bytes in GPU memory (index, windows, cache) */
+  int64_t disk_bytes;       /**< bytes in the disk tier */
+  int64_t index_bytes;      /**< bytes of the index (wherever it lives) */
+  int64_t index_builds;     /**< completed layer builds */
+  double index_build_ms;    /**< summed wall time of those builds */
+  int64_t selections;       /**< select calls (per sequence and layer) */
+  int64_t fetches;          /**< fetch calls */
+  int64_t fetched_rows;     /**< working-set rows written */
+  int64_t cache_hits;       /**< working-set rows served from the GPU block cache */
+  int64_t cache_misses;     /**< rows read from host memory */
+  int64_t prefetch_hits;    /**< rows served from blocks a prefetch loaded */
+  int64_t bytes_h2d;        /**< bytes moved host to device */
+  int64_t disk_reads;       /**< disk tier reads */
+  int64_t disk_writes;      /**< disk tier writes */
+} kvret_stats;
+
+/** Sets struct_size and zeroes the rest. */
+KVRET_API kvret_status kvret_stats_init(kvret_stats* stats);
+/** Statistics of one sequence. */
+KVRET_API kvret_status kvret_seq_stats(const kvret_seq* seq, kvret_stats* out);
+/** Statistics of the context: the sum over open sequences plus what closed sequences contributed. */
+KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats* out);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Experimental: may change between minor versions. Define KVRET_EXPERIMENTAL to see these declarations.
+ * ------------------------------------------------------------------------------------------------------------- */
+#ifdef KVRET_EXPERIMENTAL
+/** Selects with a guessed next query and loads those blocks into the GPU block cache so that the next fetch hits.
+ *  The CPU backend has no cache: it validates and returns KVRET_OK without doing anything. */
+KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess,
+                                            int32_t budget, kvret_stream stream);
+/** Copies the raw stored keys and values of positions [begin, end) of `layer` into k and v
+ *  ([end-begin, n_kv_heads, head_dim], kv_dtype or f32). Meant for tests and tooling. */
+KVRET_API kvret_status kvret_seq_read(const kvret_seq* seq, int32_t layer, int64_t begin, int64_t end,
+                                      const kvret_tensor* k, const kvret_tensor* v);
+#endif
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVRET_H */

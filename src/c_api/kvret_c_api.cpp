@@ -1,0 +1,429 @@
+// The extern "C" boundary: handle checks, exception -> status translation, the thread-local last error.
+// Every entry point runs its body inside guarded(), so no exception ever crosses into C.
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/context.hpp"
+#include "core/error.hpp"
+#include "core/sequence.hpp"
+#include "core/tensor_view.hpp"
+#include "core/vec_math.hpp"
+#include "kvret.h"
+
+// The opaque C handles are the C++ objects themselves.
+struct kvret_context : kvret::Context {
+  using kvret::Context::Context;
+};
+
+namespace {
+
+using kvret::Error;
+using kvret::require;
+
+thread_local std::string g_last_error;
+
+/// Live handles. A pointer that is not here is NULL, closed or foreign: it is reported, never dereferenced.
+class HandleRegistry {
+ public:
+  void add(const void* p) {
+    std::unique_lock lock(mu_);
+    live_.insert(p);
+  }
+  void remove(const void* p) {
+    std::unique_lock lock(mu_);
+    live_.erase(p);
+  }
+  bool contains(const void* p) const {
+    std::shared_lock lock(mu_);
+    return live_.count(p) != 0;
+  }
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+
+HandleRegistry& contexts() {
+  static HandleRegistry r;
+  return r;
+}
+HandleRegistry& sequences() {
+  static HandleRegistry r;
+  return r;
+}
+
+kvret_status fail(kvret_status status, const char* what) noexcept {
+  try {
+    g_last_error = what;
+  } catch (...) {
+    g_last_error.clear();
+  }
+  return status;
+}
+
+template <class F>
+kvret_status guarded(F&& body) noexcept {
+  try {
+    body();
+    return KVRET_OK;
+  } catch (const Error& e) {
+    return fail(e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(KVRET_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(KVRET_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(KVRET_ERR_INTERNAL, "unknown internal error");
+  }
+}
+
+kvret::Context& context_of(const kvret_context* ctx) {
+  require(ctx != nullptr, KVRET_ERR_INVALID_HANDLE, "context handle is NULL");
+  require(contexts().contains(ctx), KVRET_ERR_INVALID_HANDLE,
+          "context handle is not a live kvret context (destroyed or foreign)");
+  return *const_cast<kvret_context*>(ctx);
+}
+
+kvret::Sequence& sequence_of(const kvret_seq* seq) {
+  require(seq != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is NULL");
+  require(sequences().contains(seq), KVRET_ERR_INVALID_HANDLE,
+          "sequence handle is not a live kvret sequence (closed or foreign)");
+  return *reinterpret_cast<kvret::Sequence*>(const_cast<kvret_seq*>(seq));
+}
+
+kvret_seq* to_handle(kvret::Sequence* s) { return reinterpret_cast<kvret_seq*>(s); }
+
+template <class T>
+void require_out(T* p, const char* name) {
+  require(p != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+}
+
+void require_cpu_stream(kvret_stream stream) {
+  // The CPU backend completes every call before returning; a stream is accepted and has nothing to order.
+  (void)stream;
+}
+
+}  // namespace
+
+extern "C" {
+
+unsigned kvret_version_number(void) { return KVRET_VERSION_NUMBER; }
+const char* kvret_version_string(void) { return KVRET_VERSION_STRING; }
+
+const char* kvret_status_string(kvret_status status) {
+  switch (status) {
+    case KVRET_OK:
+      return "KVRET_OK";
+    case KVRET_ERR_INVALID_ARGUMENT:
+      return "KVRET_ERR_INVALID_ARGUMENT";
+    case KVRET_ERR_INVALID_HANDLE:
+      return "KVRET_ERR_INVALID_HANDLE";
+    case KVRET_ERR_SHAPE:
+      return "KVRET_ERR_SHAPE";
+    case KVRET_ERR_DTYPE:
+      return "KVRET_ERR_DTYPE";
+    case KVRET_ERR_STRIDE:
+      return "KVRET_ERR_STRIDE";
+    case KVRET_ERR_DEVICE:
+      return "KVRET_ERR_DEVICE";
+    case KVRET_ERR_OUT_OF_RANGE:
+      return "KVRET_ERR_OUT_OF_RANGE";
+    case KVRET_ERR_BUDGET:
+      return "KVRET_ERR_BUDGET";
+    case KVRET_ERR_CAPACITY:
+      return "KVRET_ERR_CAPACITY";
+    case KVRET_ERR_OUT_OF_MEMORY:
+      return "KVRET_ERR_OUT_OF_MEMORY";
+    case KVRET_ERR_NONFINITE:
+      return "KVRET_ERR_NONFINITE";
+    case KVRET_ERR_STATE:
+      return "KVRET_ERR_STATE";
+    case KVRET_ERR_UNSUPPORTED:
+      return "KVRET_ERR_UNSUPPORTED";
+    case KVRET_ERR_IO:
+      return "KVRET_ERR_IO";
+    case KVRET_ERR_CORRUPT:
+      return "KVRET_ERR_CORRUPT";
+    case KVRET_ERR_CUDA:
+      return "KVRET_ERR_CUDA";
+    case KVRET_ERR_VERSION:
+      return "KVRET_ERR_VERSION";
+    case KVRET_ERR_INTERNAL:
+      return "KVRET_ERR_INTERNAL";
+  }
+  return "KVRET_ERR_UNKNOWN";
+}
+
+const char* kvret_last_error(void) { return g_last_error.c_str(); }
+void kvret_clear_error(void) { g_last_error.clear(); }
+
+kvret_status kvret_config_init(kvret_config* config) {
+  return guarded([&] {
+    require_out(config, "config");
+    kvret::config_defaults(config);
+  });
+}
+
+kvret_status kvret_create(const kvret_config* config, kvret_context** out) {
+  return guarded([&] {
+    require_out(out, "out");
+    *out = nullptr;
+    std::string disk_path;
+    const kvret_config c = kvret::read_config(config, &disk_path);
+    auto* ctx = new kvret_context(c, std::move(disk_path));
+    contexts().add(ctx);
+    *out = ctx;
+  });
+}
+
+kvret_status kvret_destroy(kvret_context* ctx) {
+  if (ctx == nullptr) return KVRET_OK;
+  return guarded([&] {
+    kvret::Context& c = context_of(ctx);
+    contexts().remove(ctx);
+    for (kvret::Sequence* s : c.sequences()) sequences().remove(s);
+    delete ctx;
+  });
+}
+
+kvret_status kvret_get_config(const kvret_context* ctx, kvret_config* out) {
+  return guarded([&] {
+    const kvret::Context& c = context_of(ctx);
+    require_out(out, "out");
+    require(out->struct_size >= offsetof(kvret_config, n_layers), KVRET_ERR_VERSION,
+            "out->struct_size is not set; call kvret_config_init first");
+    const size_t n = out->struct_size < sizeof(kvret_config) ? out->struct_size : sizeof(kvret_config);
+    const size_t caller_size = out->struct_size;
+    std::memcpy(out, &c.config(), n);
+    out->struct_size = caller_size;
+  });
+}
+
+kvret_status kvret_seq_open(kvret_context* ctx, kvret_seq** out) {
+  return guarded([&] {
+    kvret::Context& c = context_of(ctx);
+    require_out(out, "out");
+    *out = nullptr;
+    kvret::Sequence* s = c.open_sequence();
+    sequences().add(s);
+    *out = to_handle(s);
+  });
+}
+
+kvret_status kvret_seq_close(kvret_seq* seq) {
+  if (seq == nullptr) return KVRET_OK;
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    sequences().remove(&s);
+    s.context().close_sequence(&s);
+  });
+}
+
+kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_tokens) {
+  return guarded([&] {
+    const kvret::Sequence& s = sequence_of(seq);
+    require_out(out_tokens, "out_tokens");
+    *out_tokens = s.length(layer);
+  });
+}
+
+kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget) {
+  return guarded([&] {
+    const kvret::Sequence& s = sequence_of(seq);
+    require_out(out_budget, "out_budget");
+    *out_budget = static_cast<int32_t>(s.resolve_budget(layer, KVRET_BUDGET_DEFAULT));
+  });
+}
+
+kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const kvret_tensor* k, const kvret_tensor* v) {
+  return guarded([&] { sequence_of(seq).append_prefill(layer, k, v); });
+}
+
+kvret_status kvret_append_decode(kvret_seq* seq, int32_t layer, const kvret_tensor* k, const kvret_tensor* v) {
+  return guarded([&] { sequence_of(seq).append_decode(layer, k, v); });
+}
+
+kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require(layer >= -1, KVRET_ERR_OUT_OF_RANGE, "layer must be >= 0, or -1 for every layer");
+    s.wait_index(layer);
+  });
+}
+
+kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
+                          const kvret_tensor* out_positions, int32_t* out_count) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_out(out_count, "out_count");
+    *out_count = static_cast<int32_t>(s.select(layer, q, budget, out_positions));
+  });
+}
+
+kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
+                                const kvret_tensor* q, int32_t budget, const kvret_tensor* out_positions,
+                                int32_t* out_counts) {
+  return guarded([&] {
+    kvret::Context& c = context_of(ctx);
+    require(n >= 0, KVRET_ERR_INVALID_ARGUMENT, "n must be >= 0");
+    if (n == 0) return;
+    require_out(seqs, "seqs");
+    require_out(out_counts, "out_counts");
+    const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {3});
+    const auto ov = kvret::TensorView::from(out_positions, "out_positions", {kvret::DType::I32}, {3});
+    qv.expect_dim(0, n, "batch");
+    ov.expect_dim(0, n, "batch");
+    std::vector<kvret::Sequence*> batch;
+    std::unordered_set<const void*> seen;
+    for (int32_t i = 0; i < n; ++i) {
+      kvret::Sequence& s = sequence_of(seqs[i]);
+      require(c.owns(&s), KVRET_ERR_INVALID_HANDLE,
+              "seqs[" + std::to_string(i) + "] belongs to another context");
+      require(seen.insert(&s).second, KVRET_ERR_INVALID_ARGUMENT,
+              "seqs[" + std::to_string(i) + "] appears twice in the batch");
+      (void)s.check_select(layer, qv.slice(i), budget, ov.slice(i));
+      batch.push_back(&s);
+    }
+    std::vector<int32_t> counts(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i)
+      counts[static_cast<size_t>(i)] =
+          static_cast<int32_t>(batch[static_cast<size_t>(i)]->select_checked(layer, qv.slice(i), budget, ov.slice(i)));
+    std::copy(counts.begin(), counts.end(), out_counts);
+  });
+}
+
+kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t layer, int32_t budget, int64_t* out_rows) {
+  return guarded([&] {
+    const kvret::Sequence& s = sequence_of(seq);
+    require_out(out_rows, "out_rows");
+    *out_rows = s.working_set_capacity(layer, budget);
+  });
+}
+
+kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
+                               const kvret_working_set* out, int64_t* out_rows, kvret_stream stream) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_out(out_rows, "out_rows");
+    require_cpu_stream(stream);
+    *out_rows = s.fetch(layer, positions, count, out);
+  });
+}
+
+kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret_tensor* k, const kvret_tensor* v,
+                          int64_t rows, float scale, const kvret_tensor* out, kvret_stream stream) {
+  return guarded([&] {
+    const kvret::Context& c = context_of(ctx);
+    require_cpu_stream(stream);
+    const kvret_config& cfg = c.config();
+    const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {2});
+    const auto kv = kvret::TensorView::from(k, "k", kvret::kFloatTypes, {3});
+    const auto vv = kvret::TensorView::from(v, "v", kvret::kFloatTypes, {3});
+    const auto ov = kvret::TensorView::from(out, "out", {kvret::DType::F32}, {2});
+    require(rows >= 1, KVRET_ERR_INVALID_ARGUMENT, "rows must be >= 1, got " + std::to_string(rows));
+    qv.expect_dim(0, cfg.n_q_heads, "n_q_heads");
+    qv.expect_dim(1, cfg.head_dim, "head_dim");
+    for (const auto* t : {&kv, &vv}) {
+      t->expect_dim(0, cfg.n_kv_heads, "n_kv_heads");
+      t->expect_dim_at_least(1, rows, "rows");
+      t->expect_dim(2, cfg.head_dim, "head_dim");
+    }
+    ov.expect_dim(0, cfg.n_q_heads, "n_q_heads");
+    ov.expect_dim(1, cfg.head_dim, "head_dim");
+    require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
+    const int d = cfg.head_dim;
+    const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+    const int group = cfg.n_q_heads / cfg.n_kv_heads;
+#pragma omp parallel for schedule(static) num_threads(c.threads())
+    for (int h = 0; h < cfg.n_q_heads; ++h) {
+      std::vector<float> qf(static_cast<size_t>(d)), row(static_cast<size_t>(d)), acc(static_cast<size_t>(d), 0.0f);
+      std::vector<float> logits(static_cast<size_t>(rows));
+      qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
+      const int64_t g = h / group;
+      float mx = -INFINITY;
+      for (int64_t r = 0; r < rows; ++r) {
+        kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), row.data());
+        logits[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), row.data(), d);
+        mx = std::max(mx, logits[static_cast<size_t>(r)]);
+      }
+      double z = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float p = std::exp(logits[static_cast<size_t>(r)] - mx);
+        z += p;
+        vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), row.data());
+        for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += p * row[static_cast<size_t>(t)];
+      }
+      auto* o = reinterpret_cast<float*>(ov.at({h}));
+      for (int t = 0; t < d; ++t) o[t] = static_cast<float>(acc[static_cast<size_t>(t)] / z);
+    }
+  });
+}
+
+kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream) {
+  return guarded([&] {
+    (void)context_of(ctx);
+    require_cpu_stream(stream);
+  });
+}
+
+kvret_status kvret_stats_init(kvret_stats* stats) {
+  return guarded([&] {
+    require_out(stats, "stats");
+    std::memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+  });
+}
+
+namespace {
+void reset_stats(kvret_stats* out) {
+  require_out(out, "out");
+  require(out->struct_size >= offsetof(kvret_stats, sequences) + sizeof(int64_t), KVRET_ERR_VERSION,
+          "out->struct_size is not set; call kvret_stats_init first");
+  const size_t size = out->struct_size;
+  std::memset(out, 0, size < sizeof *out ? size : sizeof *out);
+  out->struct_size = size;
+}
+}  // namespace
+
+kvret_status kvret_seq_stats(const kvret_seq* seq, kvret_stats* out) {
+  return guarded([&] {
+    const kvret::Sequence& s = sequence_of(seq);
+    reset_stats(out);
+    out->sequences = 1;
+    s.stats().add_to(out);
+  });
+}
+
+kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats* out) {
+  return guarded([&] {
+    const kvret::Context& c = context_of(ctx);
+    reset_stats(out);
+    c.stats(out);
+  });
+}
+
+kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
+                                  kvret_stream stream) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_cpu_stream(stream);
+    const auto qv = kvret::TensorView::from(q_guess, "q_guess", kvret::kFloatTypes, {2});
+    const kvret_config& c = s.context().config();
+    qv.expect_dim(0, c.n_q_heads, "n_q_heads");
+    qv.expect_dim(1, c.head_dim, "head_dim");
+    (void)s.resolve_budget(layer, budget);  // validated; the CPU backend has no cache to warm
+  });
+}
+
+kvret_status kvret_seq_read(const kvret_seq* seq, int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k,
+                            const kvret_tensor* v) {
+  return guarded([&] { sequence_of(seq).read(layer, begin, end, k, v); });
+}
+
+}  // extern "C"

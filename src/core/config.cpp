@@ -1,0 +1,136 @@
+#include "core/config.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace kvret {
+
+void config_defaults(kvret_config* c) noexcept {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof(kvret_config);
+  c->n_layers = 32;
+  c->n_q_heads = 32;
+  c->n_kv_heads = 8;
+  c->head_dim = 128;
+  c->kv_dtype = KVRET_KV_F16;
+  c->device_type = KVRET_DEVICE_CPU;
+  c->device_id = 0;
+  c->n_sink = 16;
+  c->n_local = 64;
+  c->budget = 0;
+  c->budget_ratio = 0.1f;
+  c->gqa_fold = KVRET_FOLD_SUM_PROB;
+  c->index_kind = KVRET_INDEX_PQ;
+  c->pq_m = 2;
+  c->pq_bits = 6;
+  c->pq_iters = 0;
+  c->pq_tol = 1e-3f;
+  c->pq_train_sample = 8192;
+  c->cluster_tokens = 80;
+  c->cluster_decode_interval = 320;
+  c->cluster_decode_k = 4;
+  c->page_size = 16;
+  c->quant_bits = 2;
+  c->hamming_fraction = 0.0f;
+  c->hamming_buckets = 0;
+  c->max_seq_tokens = 0;
+  c->host_bytes_limit = 0;
+  c->disk_path = nullptr;
+  c->block_tokens = 128;
+  c->cache_policy = KVRET_CACHE_LRU;
+  c->cache_capacity_tokens = 4096;
+  c->n_threads = 0;
+  c->background_build = 1;
+  c->check_finite = 0;
+  c->seed = 42;
+}
+
+namespace {
+
+void check(bool ok, const std::string& field, const std::string& why) {
+  require(ok, KVRET_ERR_INVALID_ARGUMENT, "config." + field + ": " + why);
+}
+
+void unsupported(bool ok, const std::string& what) {
+  require(ok, KVRET_ERR_UNSUPPORTED, what + " is not implemented in kvret " + KVRET_VERSION_STRING);
+}
+
+}  // namespace
+
+kvret_config read_config(const kvret_config* user, std::string* disk_path) {
+  kvret_config c;
+  config_defaults(&c);
+  if (user != nullptr) {
+    const size_t size = user->struct_size;
+    require(size >= offsetof(kvret_config, n_layers) + sizeof(int32_t), KVRET_ERR_VERSION,
+            "config.struct_size is " + std::to_string(size) + "; call kvret_config_init first");
+    if (size > sizeof c) {
+      const auto* extra = reinterpret_cast<const unsigned char*>(user) + sizeof c;
+      for (size_t i = 0; i < size - sizeof c; ++i)
+        require(extra[i] == 0, KVRET_ERR_VERSION,
+                "config.struct_size is " + std::to_string(size) +
+                    ": the caller sets fields this library version does not know (its struct has " +
+                    std::to_string(sizeof c) + " bytes)");
+    }
+    std::memcpy(&c, user, size < sizeof c ? size : sizeof c);
+    c.struct_size = sizeof c;
+  }
+  validate_config(c);
+  disk_path->assign(c.disk_path ? c.disk_path : "");
+  c.disk_path = nullptr;
+  return c;
+}
+
+void validate_config(const kvret_config& c) {
+  check(c.n_layers >= 1, "n_layers", "must be >= 1, got " + std::to_string(c.n_layers));
+  check(c.n_q_heads >= 1, "n_q_heads", "must be >= 1, got " + std::to_string(c.n_q_heads));
+  check(c.n_kv_heads >= 1, "n_kv_heads", "must be >= 1, got " + std::to_string(c.n_kv_heads));
+  check(c.n_q_heads % c.n_kv_heads == 0, "n_q_heads",
+        std::to_string(c.n_q_heads) + " is not a multiple of n_kv_heads " + std::to_string(c.n_kv_heads));
+  check(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, "head_dim",
+        "must be 64, 128 or 256, got " + std::to_string(c.head_dim));
+  check(c.kv_dtype == KVRET_KV_F16 || c.kv_dtype == KVRET_KV_BF16 || c.kv_dtype == KVRET_KV_F32, "kv_dtype",
+        "unknown value " + std::to_string(c.kv_dtype));
+  check(c.device_type == KVRET_DEVICE_CPU || c.device_type == KVRET_DEVICE_CUDA, "device_type",
+        "must be KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA, got " + std::to_string(c.device_type));
+  unsupported(c.device_type == KVRET_DEVICE_CPU, "the CUDA backend (config.device_type = KVRET_DEVICE_CUDA)");
+  check(c.n_sink >= 0, "n_sink", "must be >= 0");
+  check(c.n_local >= 0, "n_local", "must be >= 0");
+  check(c.budget >= 0, "budget", "must be >= 0 (0 = use budget_ratio)");
+  check(c.budget > 0 || (c.budget_ratio > 0.0f && c.budget_ratio <= 1.0f), "budget_ratio",
+        "must be in (0, 1] when budget is 0");
+  check(c.gqa_fold == KVRET_FOLD_SUM_PROB || c.gqa_fold == KVRET_FOLD_MAX_LOGIT, "gqa_fold",
+        "unknown value " + std::to_string(c.gqa_fold));
+  check(c.index_kind >= KVRET_INDEX_EXACT && c.index_kind <= KVRET_INDEX_QUANT, "index_kind",
+        "unknown value " + std::to_string(c.index_kind));
+  unsupported(c.index_kind != KVRET_INDEX_PAGE, "the PAGE index");
+  unsupported(c.index_kind != KVRET_INDEX_CLUSTER, "the CLUSTER index");
+  unsupported(c.index_kind != KVRET_INDEX_QUANT, "the QUANT index");
+  check(c.pq_m >= 1 && c.head_dim % c.pq_m == 0, "pq_m",
+        std::to_string(c.pq_m) + " does not divide head_dim " + std::to_string(c.head_dim));
+  check(c.pq_bits >= 1 && c.pq_bits <= 8, "pq_bits", "must be in 1..8, got " + std::to_string(c.pq_bits));
+  check(c.pq_iters >= 0 && c.pq_iters <= 1000, "pq_iters", "must be in 0..1000 (0 = adaptive)");
+  check(c.pq_tol >= 0.0f, "pq_tol", "must be >= 0");
+  check(c.pq_train_sample == 0 || c.pq_train_sample >= (1 << c.pq_bits), "pq_train_sample",
+        "must be 0 (all tokens) or at least 2^pq_bits = " + std::to_string(1 << c.pq_bits));
+  check(c.cluster_tokens >= 1, "cluster_tokens", "must be >= 1");
+  check(c.cluster_decode_interval >= 1, "cluster_decode_interval", "must be >= 1");
+  check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
+  check(c.page_size >= 1, "page_size", "must be >= 1");
+  check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2");
+  check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction", "must be in [0, 1)");
+  unsupported(c.hamming_fraction == 0.0f, "hamming grouping (config.hamming_fraction > 0)");
+  check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");
+  check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
+  check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");
+  unsupported(c.disk_path == nullptr || c.disk_path[0] == '\0', "the disk tier (config.disk_path)");
+  check(c.block_tokens >= 1, "block_tokens", "must be >= 1");
+  check(c.cache_policy == KVRET_CACHE_LRU || c.cache_policy == KVRET_CACHE_LFU, "cache_policy", "unknown value");
+  check(c.cache_capacity_tokens >= 0, "cache_capacity_tokens", "must be >= 0");
+  check(c.n_threads >= 0, "n_threads", "must be >= 0 (0 = all cores)");
+  check(c.background_build == 0 || c.background_build == 1, "background_build", "must be 0 or 1");
+  check(c.check_finite == 0 || c.check_finite == 1, "check_finite", "must be 0 or 1");
+}
+
+}  // namespace kvret

@@ -1,0 +1,19 @@
+#pragma once
+#include <string>
+
+#include "kvret.h"
+
+namespace kvret {
+
+/// Fills every field of *config with the documented defaults (see kvret.h).
+void config_defaults(kvret_config* config) noexcept;
+
+/// Reads a caller's config honouring struct_size (older, smaller structs get defaults for the newer fields; larger
+/// ones are accepted only when the bytes this library does not know are zero), validates it, and returns it.
+/// `disk_path` receives a copy of config->disk_path so the returned struct does not borrow the caller's string.
+kvret_config read_config(const kvret_config* config, std::string* disk_path);
+
+/// Throws kvret::Error (KVRET_ERR_INVALID_ARGUMENT or KVRET_ERR_UNSUPPORTED) naming the first bad field.
+void validate_config(const kvret_config& config);
+
+}  // namespace kvret

@@ -1,0 +1,82 @@
+#include "core/context.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/sequence.hpp"
+#include "core/vec_math.hpp"
+
+namespace kvret {
+
+Context::Context(const kvret_config& config, std::string disk_path)
+    : config_(config), disk_path_(std::move(disk_path)), threads_(resolve_threads(config.n_threads)) {
+  config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
+}
+
+Context::~Context() {
+  std::vector<std::unique_ptr<Sequence>> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open.swap(sequences_);
+  }
+  open.clear();  // each waits for its own builds, which the queue is still alive to run
+}
+
+void Context::reserve_host_bytes(int64_t bytes) {
+  if (bytes <= 0) return;
+  const int64_t limit = config_.host_bytes_limit;
+  int64_t current = host_bytes_.load();
+  for (;;) {
+    require(limit == 0 || current + bytes <= limit, KVRET_ERR_CAPACITY,
+            "host KV store is full: " + std::to_string(current) + " of " + std::to_string(limit) +
+                " bytes (config.host_bytes_limit) used, the append needs " + std::to_string(bytes) + " more");
+    if (host_bytes_.compare_exchange_weak(current, current + bytes)) return;
+  }
+}
+
+void Context::release_host_bytes(int64_t bytes) noexcept { host_bytes_ -= bytes; }
+
+Sequence* Context::open_sequence() {
+  auto seq = std::make_unique<Sequence>(*this);
+  std::lock_guard<std::mutex> lock(mu_);
+  sequences_.push_back(std::move(seq));
+  return sequences_.back().get();
+}
+
+void Context::close_sequence(Sequence* seq) {
+  std::unique_ptr<Sequence> owned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(sequences_.begin(), sequences_.end(), [seq](const auto& s) { return s.get() == seq; });
+    if (it == sequences_.end()) return;
+    owned = std::move(*it);
+    sequences_.erase(it);
+  }
+  owned->drain();  // waits for its builds outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owned->stats().add_into(closed_);
+  }
+  owned.reset();
+}
+
+bool Context::owns(const Sequence* seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::any_of(sequences_.begin(), sequences_.end(), [seq](const auto& s) { return s.get() == seq; });
+}
+
+std::vector<Sequence*> Context::sequences() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Sequence*> out;
+  for (const auto& s : sequences_) out.push_back(s.get());
+  return out;
+}
+
+void Context::stats(kvret_stats* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->sequences += static_cast<int64_t>(sequences_.size());
+  closed_.add_to(out);
+  for (const auto& s : sequences_) s->stats().add_to(out);
+}
+
+}  // namespace kvret

@@ -1,0 +1,51 @@
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/build_queue.hpp"
+#include "core/stats.hpp"
+#include "kvret.h"
+
+namespace kvret {
+
+class Sequence;
+
+class Context {
+ public:
+  /// `config` must have passed read_config.
+  Context(const kvret_config& config, std::string disk_path);
+  ~Context();  ///< closes every open sequence (waiting for their builds)
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const kvret_config& config() const noexcept { return config_; }
+  const std::string& disk_path() const noexcept { return disk_path_; }
+  int threads() const noexcept { return threads_; }
+  BuildQueue& builds() noexcept { return builds_; }
+
+  /// Accounts `bytes` more host memory against host_bytes_limit; throws KVRET_ERR_CAPACITY past it.
+  void reserve_host_bytes(int64_t bytes);
+  void release_host_bytes(int64_t bytes) noexcept;
+
+  Sequence* open_sequence();
+  void close_sequence(Sequence* seq);
+  bool owns(const Sequence* seq) const;
+  std::vector<Sequence*> sequences() const;
+
+  void stats(kvret_stats* out) const;
+
+ private:
+  kvret_config config_;
+  std::string disk_path_;
+  int threads_;
+  std::atomic<int64_t> host_bytes_{0};
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Sequence>> sequences_;
+  StatCounters closed_;
+  BuildQueue builds_;  // ~Context closes the sequences (draining their jobs) before members are destroyed
+};
+
+}  // namespace kvret

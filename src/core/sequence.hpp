@@ -1,0 +1,93 @@
+#pragma once
+// One sequence (request or conversation): per layer a host KV store and an index over its middle tokens.
+// Every public call validates everything before it changes anything, so a call that throws leaves the sequence
+// as it was.
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/stats.hpp"
+#include "core/tensor_view.hpp"
+#include "index/retriever.hpp"
+#include "kvret.h"
+#include "store/host_kv_store.hpp"
+
+namespace kvret {
+
+class Context;
+
+/// Positions of the three token groups of a layer with `length` tokens.
+struct TokenGroups {
+  int64_t length = 0;
+  int64_t mid_begin = 0;  ///< sink is [0, mid_begin)
+  int64_t mid_end = 0;    ///< middle is [mid_begin, mid_end), local is [mid_end, length)
+  int64_t middle() const noexcept { return mid_end - mid_begin; }
+};
+
+class Sequence {
+ public:
+  explicit Sequence(Context& ctx);
+  ~Sequence();  ///< waits for this sequence's background builds
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  Context& context() const noexcept { return ctx_; }
+  /// Waits for every background build of this sequence, ignoring their failures.
+  void drain() noexcept;
+
+  void append_prefill(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
+  void append_decode(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
+  void wait_index(int32_t layer);
+
+  int64_t length(int32_t layer) const;
+  TokenGroups groups(int32_t layer) const;
+  /// Resolves a requested budget (KVRET_BUDGET_DEFAULT allowed) to the number selected per head; throws
+  /// KVRET_ERR_BUDGET for 0, negatives other than the default, or more than the layer's length.
+  int64_t resolve_budget(int32_t layer, int32_t budget) const;
+
+  /// Validates q ([Hq, D]) and out ([Hkv, >= count]) for `layer`; returns the count select will write.
+  int64_t check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) const;
+  /// Selects (after check_select) and returns the count written.
+  int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out);
+  int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out);
+
+  int64_t working_set_capacity(int32_t layer, int32_t budget) const;
+  int64_t fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out);
+  void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
+
+  const StatCounters& stats() const noexcept { return stats_; }
+  /// The index of a layer (waits for its build first). For tests and tooling.
+  const Retriever& index(int32_t layer);
+
+ private:
+  struct Layer {
+    Layer(int n_kv_heads, int head_dim, DType dtype, std::unique_ptr<Retriever> r)
+        : store(n_kv_heads, head_dim, dtype), index(std::move(r)) {}
+    HostKvStore store;
+    std::unique_ptr<Retriever> index;
+    int64_t indexed_end = 0;  ///< middle positions below this are indexed
+    int64_t index_bytes = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool build_pending = false;
+    kvret_status build_status = KVRET_OK;
+    std::string build_message;
+  };
+
+  Layer& layer_at(int32_t layer) const;
+  void check_layer(int32_t layer) const;
+  /// Waits for the layer's background build and rethrows its failure, once.
+  void wait_layer(int32_t layer, Layer& l);
+  /// Indexes [l.indexed_end, mid_end) now (runs on the calling thread). Strong guarantee.
+  void index_range(int32_t layer, Layer& l, int64_t end, bool may_retrain);
+  void append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill);
+
+  Context& ctx_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  StatCounters stats_;
+};
+
+}  // namespace kvret

@@ -1,0 +1,173 @@
+#include "core/tensor_view.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+
+namespace kvret {
+
+const char* dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F32:
+      return "float32";
+    case DType::I32:
+      return "int32";
+  }
+  return "?";
+}
+
+DType kv_dtype_to_dtype(int32_t kv_dtype) noexcept {
+  switch (kv_dtype) {
+    case KVRET_KV_BF16:
+      return DType::BF16;
+    case KVRET_KV_F32:
+      return DType::F32;
+    default:
+      return DType::F16;
+  }
+}
+
+namespace {
+
+bool decode_dtype(const kvret_dtype& d, DType* out) {
+  if (d.lanes != 1) return false;
+  if (d.code == KVRET_DTYPE_FLOAT && d.bits == 16) *out = DType::F16;
+  else if (d.code == KVRET_DTYPE_BFLOAT && d.bits == 16) *out = DType::BF16;
+  else if (d.code == KVRET_DTYPE_FLOAT && d.bits == 32) *out = DType::F32;
+  else if (d.code == KVRET_DTYPE_INT && d.bits == 32) *out = DType::I32;
+  else return false;
+  return true;
+}
+
+std::string describe_dtype(const kvret_dtype& d) {
+  return "code " + std::to_string(d.code) + ", bits " + std::to_string(d.bits) + ", lanes " + std::to_string(d.lanes);
+}
+
+}  // namespace
+
+TensorView TensorView::from(const kvret_tensor* t, const char* name, DTypeSet allowed,
+                            std::initializer_list<int> ranks) {
+  require(t != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": tensor descriptor is NULL");
+  TensorView v;
+  v.name_ = name;
+  require(t->device.device_type == KVRET_DEVICE_CPU || t->device.device_type == KVRET_DEVICE_CUDA_HOST,
+          KVRET_ERR_DEVICE,
+          std::string(name) + ": device type " + std::to_string(t->device.device_type) +
+              " is not readable by the CPU backend (use KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA_HOST)");
+  DType dt{};
+  require(decode_dtype(t->dtype, &dt), KVRET_ERR_DTYPE,
+          std::string(name) + ": unsupported dtype (" + describe_dtype(t->dtype) + ")");
+  require(allowed.contains(dt), KVRET_ERR_DTYPE,
+          std::string(name) + ": dtype " + dtype_name(dt) + " is not accepted here");
+  bool rank_ok = false;
+  std::string rank_list;
+  for (int r : ranks) {
+    rank_ok |= (t->ndim == r);
+    rank_list += (rank_list.empty() ? "" : " or ") + std::to_string(r);
+  }
+  require(rank_ok, KVRET_ERR_SHAPE,
+          std::string(name) + ": expected " + rank_list + " dimensions, got " + std::to_string(t->ndim));
+  require(t->ndim <= kMaxDims && t->shape != nullptr, KVRET_ERR_SHAPE, std::string(name) + ": shape is NULL");
+  v.ndim_ = t->ndim;
+  v.dtype_ = dt;
+  int64_t elements = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    require(t->shape[i] >= 0, KVRET_ERR_SHAPE,
+            std::string(name) + ": negative extent in dimension " + std::to_string(i));
+    v.shape_[i] = t->shape[i];
+    elements *= t->shape[i];
+  }
+  int64_t running = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    v.strides_[i] = t->strides ? t->strides[i] : running;
+    running *= v.shape_[i];
+    require(v.strides_[i] >= 0, KVRET_ERR_STRIDE,
+            std::string(name) + ": negative stride in dimension " + std::to_string(i));
+  }
+  if (t->ndim > 0 && v.shape_[t->ndim - 1] > 1) {
+    require(v.strides_[t->ndim - 1] == 1, KVRET_ERR_STRIDE,
+            std::string(name) + ": the innermost dimension must be contiguous (stride 1), got stride " +
+                std::to_string(v.strides_[t->ndim - 1]));
+  }
+  require(t->data != nullptr || elements == 0, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": data is NULL");
+  v.base_ = static_cast<std::byte*>(t->data) + t->byte_offset;
+  return v;
+}
+
+void TensorView::expect_dim(int i, int64_t extent, const char* what) const {
+  require(shape_[i] == extent, KVRET_ERR_SHAPE,
+          name_ + ": dimension " + std::to_string(i) + " (" + what + ") is " + std::to_string(shape_[i]) +
+              ", expected " + std::to_string(extent));
+}
+
+void TensorView::expect_dim_at_least(int i, int64_t extent, const char* what) const {
+  require(shape_[i] >= extent, KVRET_ERR_SHAPE,
+          name_ + ": dimension " + std::to_string(i) + " (" + what + ") is " + std::to_string(shape_[i]) +
+              ", needs at least " + std::to_string(extent));
+}
+
+void TensorView::load_f32(const std::byte* p, size_t n, float* out) const noexcept { load_row_f32(p, dtype_, out, n); }
+
+void load_row_f32(const std::byte* src, DType src_type, float* dst, size_t n) noexcept {
+  switch (src_type) {
+    case DType::F32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::F16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+      return;
+    }
+    case DType::I32: {
+      const auto* h = reinterpret_cast<const int32_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(h[i]);
+      return;
+    }
+  }
+}
+
+void convert_row(const std::byte* src, DType src_type, std::byte* dst, DType dst_type, size_t n) noexcept {
+  if (src_type == dst_type) {
+    std::memcpy(dst, src, n * dtype_size(src_type));
+    return;
+  }
+  if (dst_type == DType::F32) {
+    load_row_f32(src, src_type, reinterpret_cast<float*>(dst), n);
+    return;
+  }
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    float f;
+    load_row_f32(src + i * dtype_size(src_type), src_type, &f, 1);
+    out[i] = dst_type == DType::F16 ? f32_to_f16(f) : f32_to_bf16(f);
+  }
+}
+
+bool has_nonfinite(const std::byte* src, DType type, size_t n) noexcept {
+  if (type == DType::I32) return false;
+  if (type == DType::F32) {
+    const auto* f = reinterpret_cast<const float*>(src);
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(f[i])) return true;
+    return false;
+  }
+  // f16: exponent 0x7c00 all ones; bf16: exponent 0x7f80 all ones.
+  const uint16_t mask = type == DType::F16 ? 0x7c00u : 0x7f80u;
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i)
+    if ((h[i] & mask) == mask) return true;
+  return false;
+}
+
+}  // namespace kvret

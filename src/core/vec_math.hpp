@@ -1,0 +1,42 @@
+#pragma once
+// Small dense kernels the CPU backend's hot loops share. Eight independent partial sums let the compiler vectorize
+// without -ffast-math (no reassociation is needed).
+#include <cstdint>
+
+namespace kvret {
+
+inline float dot(const float* a, const float* b, int64_t n) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline float squared_distance(const float* a, const float* b, int64_t n) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float d = a[i + l] - b[i + l];
+      acc[l] += d * d;
+    }
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+  return s;
+}
+
+/// splitmix64: the seeded generator behind every randomized step (portable and reproducible across platforms).
+inline uint64_t splitmix64(uint64_t& state) noexcept {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Number of OpenMP threads for a config value (0 = all available).
+int resolve_threads(int32_t n_threads) noexcept;
+
+}  // namespace kvret

@@ -1,0 +1,59 @@
+#include "store/host_kv_store.hpp"
+
+#include <new>
+
+#include "core/error.hpp"
+
+namespace kvret {
+
+namespace {
+constexpr std::align_val_t kPageAlignment{64};
+}
+
+void HostKvStore::PageDeleter::operator()(std::byte* p) const noexcept { ::operator delete[](p, kPageAlignment); }
+
+HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype)
+    : n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      dtype_(dtype),
+      row_bytes_(static_cast<size_t>(head_dim) * dtype_size(dtype)),
+      page_bytes_(2 * n_kv_heads * kPageTokens * static_cast<int64_t>(row_bytes_)) {}
+
+int64_t HostKvStore::bytes_to_grow(int64_t tokens) const noexcept {
+  const int64_t have = static_cast<int64_t>(pages_.size());
+  const int64_t need = (size_ + tokens + kPageTokens - 1) / kPageTokens;
+  return need > have ? (need - have) * page_bytes_ : 0;
+}
+
+void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t tokens, bool tokens_dim) {
+  const size_t new_pages = static_cast<size_t>(bytes_to_grow(tokens) / page_bytes_);
+  std::vector<Page> fresh;
+  fresh.reserve(new_pages);
+  for (size_t i = 0; i < new_pages; ++i) {
+    auto* p = static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment,
+                                                       std::nothrow));
+    require(p != nullptr, KVRET_ERR_OUT_OF_MEMORY,
+            "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
+    fresh.emplace_back(p);
+  }
+  pages_.reserve(pages_.size() + new_pages);  // may throw bad_alloc before anything changed
+  for (auto& p : fresh) pages_.push_back(std::move(p));
+  // Nothing below can fail.
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t pos = size_ + t;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const std::byte* ks = tokens_dim ? k.at({t, h}) : k.at({h});
+      const std::byte* vs = tokens_dim ? v.at({t, h}) : v.at({h});
+      convert_row(ks, k.dtype(), row(0, h, pos), dtype_, static_cast<size_t>(head_dim_));
+      convert_row(vs, v.dtype(), row(1, h, pos), dtype_, static_cast<size_t>(head_dim_));
+    }
+  }
+  size_ += tokens;
+}
+
+void HostKvStore::keys_f32(int head, int64_t begin, int64_t end, float* out) const noexcept {
+  for (int64_t pos = begin; pos < end; ++pos)
+    load_row_f32(key_row(head, pos), dtype_, out + (pos - begin) * head_dim_, static_cast<size_t>(head_dim_));
+}
+
+}  // namespace kvret

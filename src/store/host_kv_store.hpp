@@ -1,0 +1,68 @@
+#pragma once
+// The host KV store of one (sequence, layer): paged, growing with the sequence, in the context's KV dtype.
+// A page holds kPageTokens tokens of every KV head, keys then values, each head's rows contiguous, so that the
+// rows of one head are 256-byte (f16, D=128) records at a fixed stride: the unit fetch gathers.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor_view.hpp"
+
+namespace kvret {
+
+class HostKvStore {
+ public:
+  static constexpr int64_t kPageTokens = 256;
+
+  HostKvStore(int n_kv_heads, int head_dim, DType dtype);
+
+  int64_t size() const noexcept { return size_; }
+  DType dtype() const noexcept { return dtype_; }
+  int head_dim() const noexcept { return head_dim_; }
+  int n_kv_heads() const noexcept { return n_kv_heads_; }
+  size_t row_bytes() const noexcept { return row_bytes_; }
+  /// Bytes held in pages.
+  int64_t bytes() const noexcept { return static_cast<int64_t>(pages_.size()) * page_bytes_; }
+  /// Extra page bytes an append of `tokens` more tokens allocates.
+  int64_t bytes_to_grow(int64_t tokens) const noexcept;
+
+  /// Appends `tokens` tokens. k and v are [tokens, H, D] views (or [H, D] when tokens_dim is false). Every page is
+  /// allocated before any byte is written, so a failed allocation (Error OUT_OF_MEMORY) leaves the store as it was.
+  void append(const TensorView& k, const TensorView& v, int64_t tokens, bool tokens_dim);
+
+  /// Drops the tokens from `size` on (keeps their pages for reuse). Never throws.
+  void truncate(int64_t size) noexcept {
+    if (size < size_) size_ = size;
+  }
+
+  const std::byte* key_row(int head, int64_t pos) const noexcept { return row(0, head, pos); }
+  const std::byte* value_row(int head, int64_t pos) const noexcept { return row(1, head, pos); }
+  /// Keys of `head` at positions [begin, end) converted to f32, row-major [end-begin, D].
+  void keys_f32(int head, int64_t begin, int64_t end, float* out) const noexcept;
+
+ private:
+  const std::byte* row(int kv, int head, int64_t pos) const noexcept {
+    const std::byte* page = pages_[static_cast<size_t>(pos / kPageTokens)].get();
+    return page + ((static_cast<int64_t>(kv) * n_kv_heads_ + head) * kPageTokens + pos % kPageTokens) *
+                      static_cast<int64_t>(row_bytes_);
+  }
+  std::byte* row(int kv, int head, int64_t pos) noexcept {
+    return const_cast<std::byte*>(static_cast<const HostKvStore*>(this)->row(kv, head, pos));
+  }
+
+  struct PageDeleter {
+    void operator()(std::byte* p) const noexcept;
+  };
+  using Page = std::unique_ptr<std::byte[], PageDeleter>;
+
+  int n_kv_heads_;
+  int head_dim_;
+  DType dtype_;
+  size_t row_bytes_;
+  int64_t page_bytes_;
+  int64_t size_ = 0;
+  std::vector<Page> pages_;
+};
+
+}  // namespace kvret
