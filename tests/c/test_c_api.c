@@ -1,0 +1,183 @@
+/* A plain C99 program that includes only kvret.h: prefill -> select -> fetch -> attend through the public ABI,
+ * with the checks a C user relies on (versions, statuses, last error, defaults, stats). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvret.h"
+
+static int failures = 0;
+static int checks = 0;
+
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    ++checks;                                                             \
+    if (!(cond)) {                                                        \
+      ++failures;                                                         \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                     \
+  } while (0)
+
+#define CHECK_OK(call)                                                                                  \
+  do {                                                                                                  \
+    kvret_status s_ = (call);                                                                           \
+    ++checks;                                                                                           \
+    if (s_ != KVRET_OK) {                                                                               \
+      ++failures;                                                                                       \
+      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvret_status_string(s_),      \
+              kvret_last_error());                                                                      \
+    }                                                                                                   \
+  } while (0)
+
+static kvret_tensor f32_tensor(float* data, int ndim, const int64_t* shape) {
+  kvret_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = KVRET_DEVICE_CPU;
+  t.ndim = ndim;
+  t.dtype.code = KVRET_DTYPE_FLOAT;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
+static kvret_tensor i32_tensor(int32_t* data, int ndim, const int64_t* shape) {
+  kvret_tensor t = f32_tensor(NULL, ndim, shape);
+  t.data = data;
+  t.dtype.code = KVRET_DTYPE_INT;
+  return t;
+}
+
+static float frand(unsigned* state) {
+  *state = *state * 1664525u + 1013904223u;
+  return (float)((*state >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+int main(void) {
+  enum { LAYERS = 2, HQ = 8, HKV = 2, D = 64, T = 2000 };
+  kvret_config config;
+  kvret_context* ctx = NULL;
+  kvret_seq* seq = NULL;
+  unsigned rng = 7;
+  int layer;
+
+  CHECK(kvret_version_number() == KVRET_VERSION_NUMBER);
+  CHECK(strcmp(kvret_version_string(), KVRET_VERSION_STRING) == 0);
+  CHECK(strcmp(kvret_status_string(KVRET_ERR_SHAPE), "KVRET_ERR_SHAPE") == 0);
+
+  CHECK_OK(kvret_config_init(&config));
+  CHECK(config.struct_size == sizeof config);
+  CHECK(config.n_sink == 16 && config.pq_m == 2 && config.pq_bits == 6 && config.index_kind == KVRET_INDEX_PQ);
+  config.n_layers = LAYERS;
+  config.n_q_heads = HQ;
+  config.n_kv_heads = HKV;
+  config.head_dim = D;
+  config.n_threads = 2;
+  CHECK_OK(kvret_create(&config, &ctx));
+  CHECK_OK(kvret_seq_open(ctx, &seq));
+
+  {
+    const int64_t kv_shape[3] = {T, HKV, D};
+    float* k = malloc(sizeof(float) * T * HKV * D);
+    float* v = malloc(sizeof(float) * T * HKV * D);
+    size_t i;
+    kvret_tensor kt, vt;
+    for (i = 0; i < (size_t)T * HKV * D; ++i) {
+      k[i] = frand(&rng);
+      v[i] = frand(&rng);
+    }
+    kt = f32_tensor(k, 3, kv_shape);
+    vt = f32_tensor(v, 3, kv_shape);
+    for (layer = 0; layer < LAYERS; ++layer) CHECK_OK(kvret_append_prefill(seq, layer, &kt, &vt));
+    CHECK_OK(kvret_wait_index(seq, -1));
+    free(k);
+    free(v);
+  }
+
+  for (layer = 0; layer < LAYERS; ++layer) {
+    const int64_t q_shape[2] = {HQ, D};
+    const int64_t one_shape[2] = {HKV, D};
+    float q[HQ * D], k1[HKV * D], v1[HKV * D], out[HQ * D];
+    int32_t budget = 0, count = 0;
+    int64_t length = 0, cap = 0, rows = 0;
+    int h;
+    kvret_tensor qt = f32_tensor(q, 2, q_shape), k1t = f32_tensor(k1, 2, one_shape), v1t = f32_tensor(v1, 2, one_shape);
+    for (h = 0; h < HQ * D; ++h) q[h] = frand(&rng);
+    for (h = 0; h < HKV * D; ++h) {
+      k1[h] = frand(&rng);
+      v1[h] = frand(&rng);
+    }
+    CHECK_OK(kvret_append_decode(seq, layer, &k1t, &v1t));
+    CHECK_OK(kvret_seq_length(seq, layer, &length));
+    CHECK(length == T + 1);
+    CHECK_OK(kvret_seq_budget(seq, layer, &budget));
+    CHECK(budget == 200); /* 0.1 * 2001, rounded */
+    {
+      const int64_t sel_shape[2] = {HKV, budget};
+      int32_t* sel = malloc(sizeof(int32_t) * (size_t)HKV * (size_t)budget);
+      kvret_tensor st = i32_tensor(sel, 2, sel_shape);
+      CHECK_OK(kvret_select(seq, layer, &qt, KVRET_BUDGET_DEFAULT, &st, &count));
+      CHECK(count == budget);
+      CHECK_OK(kvret_working_set_capacity(seq, layer, KVRET_BUDGET_DEFAULT, &cap));
+      CHECK(cap == 16 + budget + 64);
+      {
+        const int64_t ws_shape[3] = {HKV, cap, D};
+        const int64_t pos_shape[2] = {HKV, cap};
+        float* wk = malloc(sizeof(float) * (size_t)(HKV * cap * D));
+        float* wv = malloc(sizeof(float) * (size_t)(HKV * cap * D));
+        int32_t* wp = malloc(sizeof(int32_t) * (size_t)(HKV * cap));
+        kvret_working_set ws;
+        int64_t r;
+        ws.k = f32_tensor(wk, 3, ws_shape);
+        ws.v = f32_tensor(wv, 3, ws_shape);
+        ws.positions = i32_tensor(wp, 2, pos_shape);
+        CHECK_OK(kvret_fetch_async(seq, layer, &st, count, &ws, &rows, NULL));
+        CHECK(rows == cap);
+        for (r = 1; r < rows; ++r) CHECK(wp[r] > wp[r - 1]); /* position order */
+        CHECK(wp[0] == 0 && wp[rows - 1] == T);               /* first sink, newest local */
+        /* the newest row is the decode token we appended (stored as f16, the default kv_dtype) */
+        for (h = 0; h < D; ++h) CHECK(fabsf(wk[(rows - 1) * D + h] - k1[h]) <= 1e-3f);
+        {
+          kvret_tensor qa = qt, oa;
+          const int64_t o_shape[2] = {HQ, D};
+          oa = f32_tensor(out, 2, o_shape);
+          CHECK_OK(kvret_attend(ctx, &qa, &ws.k, &ws.v, rows, 0.0f, &oa, NULL));
+          for (h = 0; h < HQ * D; ++h) CHECK(isfinite(out[h]) && fabsf(out[h]) < 1.0f);
+        }
+        free(wk);
+        free(wv);
+        free(wp);
+      }
+      /* bad input: a specific status and a message, nothing changed */
+      CHECK(kvret_select(seq, layer, &qt, 0, &st, &count) == KVRET_ERR_BUDGET);
+      CHECK(strlen(kvret_last_error()) > 0);
+      CHECK(kvret_select(seq, LAYERS, &qt, 10, &st, &count) == KVRET_ERR_OUT_OF_RANGE);
+      CHECK(kvret_select(NULL, layer, &qt, 10, &st, &count) == KVRET_ERR_INVALID_HANDLE);
+      CHECK_OK(kvret_seq_length(seq, layer, &length));
+      CHECK(length == T + 1);
+      free(sel);
+    }
+  }
+
+  {
+    kvret_stats stats;
+    CHECK_OK(kvret_stats_init(&stats));
+    CHECK_OK(kvret_seq_stats(seq, &stats));
+    CHECK(stats.tokens_stored == LAYERS * (T + 1));
+    CHECK(stats.index_builds == LAYERS);
+    CHECK(stats.selections == LAYERS);
+    CHECK(stats.fetches == LAYERS);
+    CHECK(stats.host_bytes > 0 && stats.index_bytes > 0 && stats.device_bytes == 0);
+    CHECK_OK(kvret_context_stats(ctx, &stats));
+    CHECK(stats.sequences == 1);
+  }
+
+  CHECK_OK(kvret_seq_close(seq));
+  CHECK_OK(kvret_destroy(ctx));
+  CHECK(kvret_destroy(NULL) == KVRET_OK);
+
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures == 0 ? 0 : 1;
+}

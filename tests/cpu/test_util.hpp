@@ -1,0 +1,153 @@
+#pragma once
+// Helpers shared by the CPU test suites: owning f32/i32 buffers with kvret_tensor descriptors, RAII handles, and
+// exact reference computations written independently of the library's code.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvret.h"
+
+namespace kvret::test {
+
+template <class T>
+struct Buffer {
+  std::vector<T> data;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // empty = row-major
+  kvret_tensor t{};
+
+  explicit Buffer(std::vector<int64_t> s, T fill = T{}) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (int64_t e : shape) n *= e;
+    data.assign(static_cast<size_t>(n), fill);
+    refresh();
+  }
+  void refresh() {
+    t.data = data.data();
+    t.device = {KVRET_DEVICE_CPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    if constexpr (std::is_same_v<T, float>) t.dtype = {KVRET_DTYPE_FLOAT, 32, 1};
+    if constexpr (std::is_same_v<T, int32_t>) t.dtype = {KVRET_DTYPE_INT, 32, 1};
+    if constexpr (std::is_same_v<T, uint16_t>) t.dtype = {KVRET_DTYPE_FLOAT, 16, 1};
+    t.shape = shape.data();
+    t.strides = strides.empty() ? nullptr : strides.data();
+    t.byte_offset = 0;
+  }
+  const kvret_tensor* operator&() const { return &t; }
+  kvret_tensor* get() { return &t; }
+};
+using F32 = Buffer<float>;
+using I32 = Buffer<int32_t>;
+
+inline void expect_ok(kvret_status s) {
+  ASSERT_EQ(s, KVRET_OK) << kvret_status_string(s) << ": " << kvret_last_error();
+}
+#define KVRET_ASSERT_OK(call)                                                                           \
+  do {                                                                                                  \
+    kvret_status kvret_s_ = (call);                                                                     \
+    ASSERT_EQ(kvret_s_, KVRET_OK) << #call << " -> " << kvret_status_string(kvret_s_) << ": "           \
+                                  << kvret_last_error();                                                \
+  } while (0)
+
+struct ContextDeleter {
+  void operator()(kvret_context* c) const { kvret_destroy(c); }
+};
+using ContextPtr = std::unique_ptr<kvret_context, ContextDeleter>;
+
+inline kvret_config small_config(int index_kind = KVRET_INDEX_PQ) {
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 2;
+  c.n_q_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_dtype = KVRET_KV_F32;
+  c.n_sink = 4;
+  c.n_local = 16;
+  c.index_kind = index_kind;
+  c.n_threads = 2;
+  return c;
+}
+
+inline ContextPtr make_context(const kvret_config& c) {
+  kvret_context* ctx = nullptr;
+  const kvret_status s = kvret_create(&c, &ctx);
+  EXPECT_EQ(s, KVRET_OK) << kvret_last_error();
+  return ContextPtr(ctx);
+}
+
+/// Random clustered keys/values [T, H, D] (keys around a few centers, so PQ has structure to find).
+inline void clustered_kv(int64_t tokens, int heads, int d, uint64_t seed, F32& k, F32& v) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  const int centers = 12;
+  std::vector<float> c(static_cast<size_t>(centers * heads * d));
+  for (auto& x : c) x = 2.0f * n01(rng);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int which = static_cast<int>(rng() % centers);
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < d; ++i) {
+        const size_t at = static_cast<size_t>((t * heads + h) * d + i);
+        k.data[at] = c[static_cast<size_t>((which * heads + h) * d + i)] + 0.5f * n01(rng);
+        v.data[at] = n01(rng);
+      }
+  }
+}
+
+inline std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& e : x) e = n01(rng);
+  return x;
+}
+
+/// The exact folded score of middle tokens for one KV head, computed from scratch.
+/// k: [T, H, D] row-major; q: [Hq, D]. Returns scores over positions [mid_begin, mid_end).
+inline std::vector<double> exact_folded(const std::vector<float>& k, int heads, int d, const std::vector<float>& q,
+                                        int group, int kv_head, int64_t mid_begin, int64_t mid_end, bool max_logit) {
+  const int64_t n = mid_end - mid_begin;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> folded(static_cast<size_t>(n), max_logit ? -1e300 : 0.0);
+  for (int g = 0; g < group; ++g) {
+    const float* qg = q.data() + static_cast<size_t>((kv_head * group + g) * d);
+    std::vector<double> logit(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      const float* kt = k.data() + static_cast<size_t>(((mid_begin + t) * heads + kv_head) * d);
+      double s = 0;
+      for (int i = 0; i < d; ++i) s += static_cast<double>(qg[i]) * kt[i];
+      logit[static_cast<size_t>(t)] = s * scale;
+    }
+    if (max_logit) {
+      for (int64_t t = 0; t < n; ++t)
+        folded[static_cast<size_t>(t)] = std::max(folded[static_cast<size_t>(t)], logit[static_cast<size_t>(t)]);
+      continue;
+    }
+    const double mx = *std::max_element(logit.begin(), logit.end());
+    double z = 0;
+    for (double l : logit) z += std::exp(l - mx);
+    for (int64_t t = 0; t < n; ++t) folded[static_cast<size_t>(t)] += std::exp(logit[static_cast<size_t>(t)] - mx) / z;
+  }
+  return folded;
+}
+
+/// Positions (absolute) of the top-b entries of `scores` (indices offset by base).
+inline std::set<int32_t> top_positions(const std::vector<double>& scores, int64_t b, int64_t base) {
+  std::vector<int32_t> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t c) { return scores[static_cast<size_t>(a)] > scores[static_cast<size_t>(c)]; });
+  std::set<int32_t> out;
+  for (int64_t i = 0; i < b; ++i) out.insert(static_cast<int32_t>(base + idx[static_cast<size_t>(i)]));
+  return out;
+}
+
+}  // namespace kvret::test
