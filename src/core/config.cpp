@@ -104,7 +104,6 @@ void validate_config(const kvret_config& c) {
         "unknown value " + std::to_string(c.gqa_fold));
   check(c.index_kind >= KVRET_INDEX_EXACT && c.index_kind <= KVRET_INDEX_QUANT, "index_kind",
         "unknown value " + std::to_string(c.index_kind));
-  unsupported(c.index_kind != KVRET_INDEX_PAGE, "the PAGE index");
   unsupported(c.index_kind != KVRET_INDEX_CLUSTER, "the CLUSTER index");
   unsupported(c.index_kind != KVRET_INDEX_QUANT, "the QUANT index");
   check(c.pq_m >= 1 && c.head_dim % c.pq_m == 0, "pq_m",
@@ -117,7 +116,8 @@ void validate_config(const kvret_config& c) {
   check(c.cluster_tokens >= 1, "cluster_tokens", "must be >= 1");
   check(c.cluster_decode_interval >= 1, "cluster_decode_interval", "must be >= 1");
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
-  check(c.page_size >= 1, "page_size", "must be >= 1");
+  check(c.page_size >= 1 && c.page_size <= 65536, "page_size",
+        "must be in 1..65536, got " + std::to_string(c.page_size));
   check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2");
   check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction", "must be in [0, 1)");
   unsupported(c.hamming_fraction == 0.0f, "hamming grouping (config.hamming_fraction > 0)");

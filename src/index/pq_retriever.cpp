@@ -25,12 +25,14 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       cells_(params.bits * params.m <= 16 ? int64_t{1} << (params.bits * params.m) : 0),
       params_(params),
       codes_(static_cast<size_t>(n_kv_heads)),
-      cell_counts_(static_cast<size_t>(n_kv_heads)) {}
+      cell_counts_(static_cast<size_t>(n_kv_heads)),
+      cells_of_(static_cast<size_t>(n_kv_heads)) {}
 
 int64_t PqRetriever::bytes() const noexcept {
   int64_t b = static_cast<int64_t>(codebook_.size() * sizeof(float));
   for (const auto& c : codes_) b += static_cast<int64_t>(c.size());
   for (const auto& c : cell_counts_) b += static_cast<int64_t>(c.size() * sizeof(int32_t));
+  for (const auto& c : cells_of_) b += static_cast<int64_t>(c.size() * sizeof(uint16_t));
   return b;
 }
 
@@ -114,14 +116,17 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     for (auto& c : codes) c.resize(static_cast<size_t>(total) * um);
     encode(store, codebook, base, end, codes, n_threads);
     std::vector<std::vector<int32_t>> counts(static_cast<size_t>(n_kv_));
+    std::vector<std::vector<uint16_t>> cells(static_cast<size_t>(n_kv_));
     if (uses_cells()) {
       for (int h = 0; h < n_kv_; ++h) {
-        counts[static_cast<size_t>(h)].assign(static_cast<size_t>(cells_), 0);
+        auto& count = counts[static_cast<size_t>(h)];
+        auto& cell = cells[static_cast<size_t>(h)];
+        count.assign(static_cast<size_t>(cells_), 0);
+        cell.resize(static_cast<size_t>(total));
         const uint8_t* c = codes[static_cast<size_t>(h)].data();
         for (int64_t t = 0; t < total; ++t) {
-          int64_t cell = 0;
-          for (int j = m_ - 1; j >= 0; --j) cell = cell * k_ + c[t * m_ + j];
-          ++counts[static_cast<size_t>(h)][static_cast<size_t>(cell)];
+          cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(c + t * m_));
+          ++count[cell[static_cast<size_t>(t)]];
         }
       }
     }
@@ -129,6 +134,7 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     codebook_.swap(codebook);
     codes_.swap(codes);
     cell_counts_.swap(counts);
+    cells_of_.swap(cells);
     base_ = base;
     end_ = end;
     trained_on_ = total;
@@ -139,16 +145,19 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
   std::vector<std::vector<uint8_t>> fresh(static_cast<size_t>(n_kv_));
   for (auto& c : fresh) c.resize(static_cast<size_t>(n) * um);
   encode(store, codebook_, begin, end, fresh, n_threads);
-  for (auto& c : codes_) c.reserve(c.size() + static_cast<size_t>(n) * um);  // the only step that may throw
+  // the only steps that may throw: nothing has changed yet
+  for (auto& c : codes_) c.reserve(c.size() + static_cast<size_t>(n) * um);
+  if (uses_cells())
+    for (auto& c : cells_of_) c.reserve(c.size() + static_cast<size_t>(n));
   for (int h = 0; h < n_kv_; ++h) {
     auto& dst = codes_[static_cast<size_t>(h)];
     const auto& src = fresh[static_cast<size_t>(h)];
     dst.insert(dst.end(), src.begin(), src.end());
     if (uses_cells()) {
       for (int64_t t = 0; t < n; ++t) {
-        int64_t cell = 0;
-        for (int j = m_ - 1; j >= 0; --j) cell = cell * k_ + src[static_cast<size_t>(t * m_ + j)];
-        ++cell_counts_[static_cast<size_t>(h)][static_cast<size_t>(cell)];
+        const auto cell = static_cast<uint16_t>(cell_of(src.data() + t * m_));
+        cells_of_[static_cast<size_t>(h)].push_back(cell);
+        ++cell_counts_[static_cast<size_t>(h)][cell];
       }
     }
   }
@@ -203,51 +212,58 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       continue;
     }
 
-    // Cell path: score every code tuple once.
+    // Cell path: score every code tuple once. Cell u = sum_j code_j k^j, so the table of sub-space j is added to
+    // k^j-strided copies of the cells built so far (no division per cell).
     const auto& counts = cell_counts_[static_cast<size_t>(h)];
     std::vector<float> cell_logits(static_cast<size_t>(group * cells_));
     for (int g = 0; g < group; ++g) {
       const float* l = lut.data() + g * m_ * k_;
       float* s = cell_logits.data() + g * cells_;
-      for (int64_t u = 0; u < cells_; ++u) {
-        float v = 0;
-        int64_t rest = u;
-        for (int j = 0; j < m_; ++j, rest /= k_) v += l[j * k_ + rest % k_];
-        s[u] = v;
-      }
+      std::copy_n(l, k_, s);
+      int64_t size = k_;
+      for (int j = 1; j < m_; ++j, size *= k_)
+        for (int c = k_ - 1; c >= 0; --c) {
+          const float add = l[j * k_ + c];
+          float* dst = s + c * size;
+          for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;  // c == 0 last: reads s before it changes
+        }
     }
     std::vector<float> folded(static_cast<size_t>(cells_));
     fold_weighted_logits(cell_logits.data(), counts.data(), group, cells_, r.fold, folded.data());
-    std::vector<int32_t> order;
-    order.reserve(static_cast<size_t>(cells_));
+
+    // Take whole cells best first (a heap: only the cells that fit the budget are ever ordered); the cell that
+    // crosses the budget is trimmed to its earliest tokens. Ties: the lower cell id first.
+    std::vector<int32_t> heap;
+    heap.reserve(static_cast<size_t>(cells_));
     for (int64_t u = 0; u < cells_; ++u)
-      if (counts[static_cast<size_t>(u)] > 0) order.push_back(static_cast<int32_t>(u));
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return folded[static_cast<size_t>(a)] > folded[static_cast<size_t>(b)] ||
-             (folded[static_cast<size_t>(a)] == folded[static_cast<size_t>(b)] && a < b);
-    });
-    // take whole cells best first; the cell that crosses the budget is trimmed to its earliest tokens
+      if (counts[static_cast<size_t>(u)] > 0) heap.push_back(static_cast<int32_t>(u));
+    auto worse = [&](int32_t a, int32_t b) {
+      return folded[static_cast<size_t>(a)] < folded[static_cast<size_t>(b)] ||
+             (folded[static_cast<size_t>(a)] == folded[static_cast<size_t>(b)] && a > b);
+    };
+    std::make_heap(heap.begin(), heap.end(), worse);
     enum : uint8_t { kSkip = 0, kTake = 1, kTrim = 2 };
     std::vector<uint8_t> state(static_cast<size_t>(cells_), kSkip);
     int64_t taken = 0;
     int64_t quota = 0;
-    for (int32_t u : order) {
+    while (taken < r.budget && !heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), worse);
+      const int32_t u = heap.back();
+      heap.pop_back();
       const int64_t c = counts[static_cast<size_t>(u)];
       if (taken + c <= r.budget) {
         state[static_cast<size_t>(u)] = kTake;
         taken += c;
-        if (taken == r.budget) break;
       } else {
         state[static_cast<size_t>(u)] = kTrim;
         quota = r.budget - taken;
-        break;
+        taken = r.budget;
       }
     }
+    const uint16_t* cell = cells_of_[static_cast<size_t>(h)].data();
     int64_t written = 0;
     for (int64_t t = 0; t < n && written < r.budget; ++t) {
-      int64_t cell = 0;
-      for (int j = m_ - 1; j >= 0; --j) cell = cell * k_ + codes[t * m_ + j];
-      const uint8_t s = state[static_cast<size_t>(cell)];
+      const uint8_t s = state[cell[t]];
       if (s == kTake || (s == kTrim && quota-- > 0)) out[written++] = static_cast<int32_t>(r.mid_begin + t);
     }
   }

@@ -53,6 +53,12 @@ class PqRetriever final : public Retriever {
               std::vector<std::vector<uint8_t>>& out, int n_threads) const;
   void lookup_table(int head, const float* q, float scale, float* lut) const;
   bool uses_cells() const noexcept { return cells_ > 0; }
+  /// Cell id of a code tuple: sum_j code_j * k^j.
+  int64_t cell_of(const uint8_t* code) const noexcept {
+    int64_t cell = 0;
+    for (int j = m_ - 1; j >= 0; --j) cell = cell * k_ + code[j];
+    return cell;
+  }
 
   int n_kv_;
   int d_;
@@ -64,6 +70,7 @@ class PqRetriever final : public Retriever {
   std::vector<float> codebook_;                    ///< [H, m, k, dsub]
   std::vector<std::vector<uint8_t>> codes_;        ///< per head [n, m]
   std::vector<std::vector<int32_t>> cell_counts_;  ///< per head [cells]
+  std::vector<std::vector<uint16_t>> cells_of_;    ///< per head [n]: the cell of each token (cell path only)
   int64_t base_ = -1;
   int64_t end_ = -1;
   int64_t trained_on_ = 0;

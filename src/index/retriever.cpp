@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "core/vec_math.hpp"
 #include "index/exact_retriever.hpp"
+#include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
 
 namespace kvret {
@@ -24,6 +25,8 @@ std::unique_ptr<Retriever> make_retriever(const kvret_config& c, int layer) {
       p.seed = splitmix64(state);
       return std::make_unique<PqRetriever>(c.n_kv_heads, c.head_dim, p);
     }
+    case KVRET_INDEX_PAGE:
+      return std::make_unique<PageRetriever>(c.n_kv_heads, c.head_dim, c.page_size);
     default:
       throw Error(KVRET_ERR_UNSUPPORTED, "index kind " + std::to_string(c.index_kind) + " is not implemented");
   }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "core/vec_math.hpp"
 
 namespace kvret {
 
@@ -17,18 +20,33 @@ void fold_weighted_logits(const float* logits, const int32_t* weight, int group,
     }
     return;
   }
+  // Sum of softmax probabilities. One exp per entry and head; every loop below vectorizes.
   std::fill(folded, folded + n, 0.0f);
+  std::vector<float> e(static_cast<size_t>(n));
   for (int g = 0; g < group; ++g) {
     const float* l = logits + g * n;
     float mx = lowest;
-    for (int64_t u = 0; u < n; ++u)
-      if (!weight || weight[u] > 0) mx = std::max(mx, l[u]);
+    if (weight) {
+      for (int64_t u = 0; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : lowest);
+    } else {
+      for (int64_t u = 0; u < n; ++u) mx = std::max(mx, l[u]);
+    }
+    if (!(mx > lowest)) continue;
+    for (int64_t u = 0; u < n; ++u) e[static_cast<size_t>(u)] = exp_nonpositive(l[u] - mx);
     double z = 0;
-    for (int64_t u = 0; u < n; ++u)
-      if (!weight || weight[u] > 0) z += static_cast<double>(weight ? weight[u] : 1) * std::exp(l[u] - mx);
+    if (weight) {
+      float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t u = 0;
+      for (; u + 8 <= n; u += 8)
+        for (int i = 0; i < 8; ++i) zf[i] += static_cast<float>(weight[u + i]) * e[static_cast<size_t>(u + i)];
+      for (float x : zf) z += x;
+      for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[static_cast<size_t>(u)];
+    } else {
+      for (int64_t u = 0; u < n; ++u) z += e[static_cast<size_t>(u)];
+    }
     if (z <= 0) continue;
     const float inv = static_cast<float>(1.0 / z);
-    for (int64_t u = 0; u < n; ++u) folded[u] += std::exp(l[u] - mx) * inv;
+    for (int64_t u = 0; u < n; ++u) folded[u] += e[static_cast<size_t>(u)] * inv;
   }
 }
 

@@ -1,0 +1,163 @@
+// CPU benchmarks of the library's hot paths on the synthetic workload (Google Benchmark):
+//  - PQ select (score + GQA fold + top-k) for a Llama-3-8B-like layer: 32 query heads, 8 KV heads, head_dim 128;
+//  - EXACT select at the same size (the cost PQ saves);
+//  - PQ index build (k-means + encode) of one layer;
+//  - working-set fetch against plain memcpy of the same bytes.
+// Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/half.hpp"
+#include "kvret.h"
+#include "workload.hpp"
+
+namespace {
+
+constexpr int kQHeads = 32, kKvHeads = 8, kDim = 128;
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  kvret_tensor t{};
+  Tensor(void* data, std::vector<int64_t> s, kvret_dtype dt) : shape(std::move(s)) {
+    t.data = data;
+    t.device = {KVRET_DEVICE_CPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dt;
+    t.shape = shape.data();
+  }
+};
+constexpr kvret_dtype kF32{KVRET_DTYPE_FLOAT, 32, 1};
+constexpr kvret_dtype kF16{KVRET_DTYPE_FLOAT, 16, 1};
+constexpr kvret_dtype kI32{KVRET_DTYPE_INT, 32, 1};
+
+/// One prefilled single-layer sequence per (index kind, context length), built once and shared by benchmarks.
+struct Fixture {
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  std::vector<float> queries;  // [steps, Hq, D]
+  int64_t tokens = 0;
+  double build_ms = 0;
+
+  Fixture(int index_kind, int64_t n, int train_sample = 8192) : tokens(n) {
+    kvret::workload::Config wc;
+    wc.n_layers = 1;
+    wc.n_prefill = n;
+    wc.n_decode = 8;
+    kvret::workload::Workload w(wc);
+    std::vector<float> k(static_cast<size_t>(n * kKvHeads * kDim)), v(k.size());
+    w.keys_values(0, 0, n, k.data(), v.data());
+    std::vector<uint16_t> kh(k.size()), vh(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kh[i] = kvret::f32_to_f16(k[i]);
+      vh[i] = kvret::f32_to_f16(v[i]);
+    }
+    queries.resize(static_cast<size_t>(8 * kQHeads * kDim));
+    w.queries(0, 8, queries.data());
+    kvret_config c;
+    kvret_config_init(&c);
+    c.n_layers = 1;
+    c.index_kind = index_kind;
+    c.pq_train_sample = train_sample;
+    kvret_create(&c, &ctx);
+    kvret_seq_open(ctx, &seq);
+    Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
+    kvret_append_prefill(seq, 0, &kt.t, &vt.t);
+    kvret_wait_index(seq, -1);
+    kvret_stats s;
+    kvret_stats_init(&s);
+    kvret_seq_stats(seq, &s);
+    build_ms = s.index_build_ms;
+  }
+  ~Fixture() { kvret_destroy(ctx); }
+
+  static Fixture& get(int index_kind, int64_t n) {
+    static std::map<std::pair<int, int64_t>, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[{index_kind, n}];
+    if (!f) f = std::make_unique<Fixture>(index_kind, n);
+    return *f;
+  }
+};
+
+void select_bench(benchmark::State& state, int index_kind) {
+  const int64_t n = state.range(0);
+  Fixture& f = Fixture::get(index_kind, n);
+  int32_t budget = 0;
+  kvret_seq_budget(f.seq, 0, &budget);
+  std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
+  Tensor ot(out.data(), {kKvHeads, budget}, kI32);
+  int step = 0;
+  for (auto _ : state) {
+    Tensor qt(f.queries.data() + (step++ % 8) * kQHeads * kDim, {kQHeads, kDim}, kF32);
+    int32_t count = 0;
+    if (kvret_select(f.seq, 0, &qt.t, budget, &ot.t, &count) != KVRET_OK) state.SkipWithError(kvret_last_error());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["budget"] = budget;
+  state.counters["tokens"] = static_cast<double>(n);
+}
+
+void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
+void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
+
+void BM_BuildPq(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  for (auto _ : state) {
+    Fixture f(KVRET_INDEX_PQ, n);
+    state.SetIterationTime(f.build_ms * 1e-3);  // only the index build, not the data generation
+  }
+  state.counters["tokens"] = static_cast<double>(n);
+}
+
+void BM_FetchGather(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Fixture& f = Fixture::get(KVRET_INDEX_PQ, n);
+  int32_t budget = 0;
+  kvret_seq_budget(f.seq, 0, &budget);
+  std::vector<int32_t> sel(static_cast<size_t>(kKvHeads) * budget);
+  Tensor st(sel.data(), {kKvHeads, budget}, kI32);
+  Tensor qt(f.queries.data(), {kQHeads, kDim}, kF32);
+  int32_t count = 0;
+  kvret_select(f.seq, 0, &qt.t, budget, &st.t, &count);
+  int64_t cap = 0;
+  kvret_working_set_capacity(f.seq, 0, budget, &cap);
+  std::vector<uint16_t> wk(static_cast<size_t>(kKvHeads * cap * kDim)), wv(wk.size());
+  std::vector<int32_t> wp(static_cast<size_t>(kKvHeads * cap));
+  Tensor kt(wk.data(), {kKvHeads, cap, kDim}, kF16), vt(wv.data(), {kKvHeads, cap, kDim}, kF16),
+      pt(wp.data(), {kKvHeads, cap}, kI32);
+  kvret_working_set ws{kt.t, vt.t, pt.t};
+  for (auto _ : state) {
+    int64_t rows = 0;
+    kvret_fetch_async(f.seq, 0, &st.t, count, &ws, &rows, nullptr);
+    benchmark::DoNotOptimize(wk.data());
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * kKvHeads * cap * kDim * 2);
+}
+
+/// The peer of BM_FetchGather: one contiguous memcpy of the same bytes.
+void BM_FetchMemcpyPeer(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const int64_t cap = 16 + (n + 5) / 10 + 64;
+  const size_t bytes = static_cast<size_t>(kKvHeads * cap * kDim * 2);
+  std::vector<uint8_t> src(2 * bytes * 8, 1), dst(2 * bytes);  // source larger than the cache, like the store
+  size_t offset = 0;
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data() + offset, 2 * bytes);
+    offset = (offset + 2 * bytes) % (src.size() - 2 * bytes + 1);
+    benchmark::DoNotOptimize(dst.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(2 * bytes));
+}
+
+}  // namespace
+
+BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BuildPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseManualTime()->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

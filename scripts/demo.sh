@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the demo: a simulated Llama-3-8B-like long-context decode that prints retrieval quality
+# and speed side by side for EXACT, PQ and the streaming baseline. Extra arguments go to kvret-demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --minimal
+scripts/build.sh -DKVRET_BUILD_BINDINGS=OFF -DKVRET_BUILD_TESTS=OFF -DKVRET_BUILD_BENCH=OFF
+build/bin/kvret-demo "$@"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what building and testing kvret needs on a Debian 12 machine (idempotent: skips what is present).
+# Usage: scripts/install-deps.sh [--minimal]   (--minimal: only what the library, demo and C/C++ tests need)
+set -euo pipefail
+minimal=0
+[[ "${1:-}" == "--minimal" ]] && minimal=1
+
+apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev)
+if [[ $minimal == 0 ]]; then
+  apt_packages+=(swig openjdk-17-jdk-headless junit4 libhamcrest-java libfaiss-dev libopenblas-dev clang-format)
+fi
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "kvret: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ $minimal == 0 ]]; then
+  python3 - <<'PY' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy pytest scikit-build-core
+import numpy, pytest, scikit_build_core  # noqa: F401
+PY
+fi

@@ -1,0 +1,159 @@
+#include "index/page_retriever.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "core/vec_math.hpp"
+#include "select/gqa_fold.hpp"
+
+namespace kvret {
+
+namespace {
+constexpr int64_t kKeyChunk = 256;        ///< keys converted to f32 at a time
+constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode)
+constexpr int kMaxHeadDim = 256;
+}  // namespace
+
+PageRetriever::PageRetriever(int n_kv_heads, int head_dim, int page_size)
+    : n_kv_(n_kv_heads), d_(head_dim), page_size_(page_size), bounds_(static_cast<size_t>(n_kv_heads)) {
+  require(page_size >= 1, KVRET_ERR_INVALID_ARGUMENT, "page_size must be >= 1");
+  require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim must be in 1..256");
+}
+
+int64_t PageRetriever::bytes() const noexcept {
+  int64_t b = 0;
+  for (const auto& h : bounds_) b += static_cast<int64_t>(h.size() * sizeof(float));
+  return b;
+}
+
+int64_t PageRetriever::page_tokens(int64_t p) const noexcept {
+  return std::min<int64_t>(page_size_, size() - p * page_size_);
+}
+
+void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool, int n_threads) {
+  if (end <= begin) return;
+  require(base_ < 0 || begin == end_, KVRET_ERR_INTERNAL, "page index extended out of order");
+  const int64_t base = base_ < 0 ? begin : base_;
+  const int64_t old_size = size();
+  const int64_t first_page = old_size / page_size_;  // the partial last page, or the first new one
+  const int64_t total_pages = (end - base + page_size_ - 1) / page_size_;
+  const size_t row = 2 * static_cast<size_t>(d_);
+  const size_t d = static_cast<size_t>(d_);
+
+  // Recompute pages [first_page, total_pages) aside; everything that may throw happens before the commit.
+  std::vector<std::vector<float>> tail(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(n_kv_));
+  const int64_t chunk = std::min(kKeyChunk, end - begin);
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& t = tail[static_cast<size_t>(h)];
+    t.resize(static_cast<size_t>(total_pages - first_page) * row);
+    for (size_t p = 0; p < t.size(); p += row) {
+      std::fill_n(t.begin() + static_cast<int64_t>(p), d, std::numeric_limits<float>::infinity());
+      std::fill_n(t.begin() + static_cast<int64_t>(p + d), d, -std::numeric_limits<float>::infinity());
+    }
+    if (old_size % page_size_ != 0) {  // continue the partial page from its current bounds
+      const float* partial = bounds(h, first_page);
+      std::copy(partial, partial + row, t.begin());
+    }
+    scratch[static_cast<size_t>(h)].resize(static_cast<size_t>(chunk) * d);
+  }
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (end - begin >= kParallelTokens)
+  for (int h = 0; h < n_kv_; ++h) {
+    float* keys = scratch[static_cast<size_t>(h)].data();
+    float* t = tail[static_cast<size_t>(h)].data();
+    for (int64_t c0 = begin; c0 < end; c0 += chunk) {
+      const int64_t c1 = std::min(end, c0 + chunk);
+      store.keys_f32(h, c0, c1, keys);
+      for (int64_t pos = c0; pos < c1; ++pos) {
+        const float* key = keys + static_cast<size_t>(pos - c0) * d;
+        float* lo = t + static_cast<size_t>((pos - base) / page_size_ - first_page) * row;
+        float* hi = lo + d;
+        for (size_t i = 0; i < d; ++i) {
+          lo[i] = std::min(lo[i], key[i]);
+          hi[i] = std::max(hi[i], key[i]);
+        }
+      }
+    }
+  }
+
+  // Grow geometrically: decode appends a page every page_size tokens. Reserving keeps the contents.
+  const size_t needed = static_cast<size_t>(total_pages) * row;
+  for (auto& b : bounds_)
+    if (b.capacity() < needed) b.reserve(std::max(needed, 2 * b.capacity()));
+
+  // commit (no throw below: every resize fits the reserved capacity)
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& b = bounds_[static_cast<size_t>(h)];
+    const auto& t = tail[static_cast<size_t>(h)];
+    b.resize(static_cast<size_t>(first_page) * row);
+    b.insert(b.end(), t.begin(), t.end());
+  }
+  base_ = base;
+  end_ = end;
+}
+
+void PageRetriever::scaled_bounds(int head, const float* q, float scale, float* out) const {
+  // max(q_i min_i, q_i max_i) = min(q_i, 0) min_i + max(q_i, 0) max_i: one dot product of length 2d per page
+  // against the page's [min, max] row.
+  const size_t d = static_cast<size_t>(d_);
+  alignas(64) float split[2 * kMaxHeadDim];
+  for (size_t i = 0; i < d; ++i) {
+    split[i] = std::min(q[i], 0.0f);
+    split[d + i] = std::max(q[i], 0.0f);
+  }
+  const int64_t n = pages();
+  const float* b = bounds_[static_cast<size_t>(head)].data();
+  for (int64_t p = 0; p < n; ++p) out[p] = scale * dot(split, b + static_cast<size_t>(p) * 2 * d, 2 * d_);
+}
+
+void PageRetriever::upper_bounds(int head, const float* q, float* out) const { scaled_bounds(head, q, 1.0f, out); }
+
+int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
+  require(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
+          "page index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
+              std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+  const int64_t n = pages();
+  const int group = r.group;
+  std::vector<int32_t> weight(static_cast<size_t>(n), page_size_);
+  if (n > 0) weight.back() = static_cast<int32_t>(page_tokens(n - 1));
+  // Pages needed to cover the budget: every page is full except perhaps the last one.
+  const int64_t need = std::min<int64_t>(n, (r.budget + page_size_ - 1) / page_size_ + 1);
+  const size_t per_head = static_cast<size_t>(n) * (group + 1);
+  std::vector<float> scratch(per_head * n_kv_);
+  std::vector<int32_t> orders(static_cast<size_t>(n) * n_kv_);
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
+  for (int h = 0; h < n_kv_; ++h) {
+    float* logits = scratch.data() + per_head * h;  // [group, n]
+    float* folded = logits + static_cast<size_t>(group) * n;
+    const float* qg = r.q + static_cast<int64_t>(h) * group * d_;
+    for (int g = 0; g < group; ++g) scaled_bounds(h, qg + g * d_, r.scale, logits + static_cast<size_t>(g) * n);
+    fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
+
+    int32_t* order = orders.data() + static_cast<size_t>(n) * h;
+    std::iota(order, order + n, 0);
+    std::partial_sort(order, order + need, order + n, [folded](int32_t a, int32_t b) {
+      return folded[a] > folded[b] || (folded[a] == folded[b] && a < b);
+    });
+    // whole pages best first; the page that crosses the budget keeps its earliest tokens
+    int64_t taken = 0;
+    int64_t used = 0;
+    for (; used < need && taken < r.budget; ++used) taken += weight[static_cast<size_t>(order[used])];
+    const int64_t last_quota = weight[static_cast<size_t>(order[used - 1])] - (taken - r.budget);
+    const int32_t trimmed = order[used - 1];
+    std::sort(order, order + used);
+    int32_t* out = out_rows[h];
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t p = order[i];
+      const int64_t count = p == trimmed ? last_quota : weight[static_cast<size_t>(p)];
+      const int64_t first = r.mid_begin + static_cast<int64_t>(p) * page_size_;
+      for (int64_t t = 0; t < count; ++t) *out++ = static_cast<int32_t>(first + t);
+    }
+  }
+  return r.budget;
+}
+
+}  // namespace kvret

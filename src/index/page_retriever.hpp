@@ -1,0 +1,54 @@
+#pragma once
+// Quest's index: the middle tokens of every KV head cut into pages of `page_size` consecutive positions, each page
+// summarized by the element-wise min and max of its keys. For a query q, sum_i max(q_i * min_i, q_i * max_i) bounds
+// q . k from above for every key k of the page, so a page's bound is an upper bound of its best logit.
+//
+// Select treats each page's (scaled) bound as a logit shared by the page's tokens: the query heads of a KV group
+// are folded like PQ cells (for SUM_PROB a softmax over pages weighted by their token counts), whole pages are taken
+// best first until the budget, and the page that crosses the budget is trimmed to its earliest tokens.
+//
+// Decode tokens arrive one at a time: the last page may be partial and fills up as they come.
+#include <cstdint>
+#include <vector>
+
+#include "index/retriever.hpp"
+
+namespace kvret {
+
+class PageRetriever final : public Retriever {
+ public:
+  PageRetriever(int n_kv_heads, int head_dim, int page_size);
+
+  void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
+  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
+  int64_t bytes() const noexcept override;
+
+  // Introspection (tests, benchmarks).
+  int page_size() const noexcept { return page_size_; }
+  int64_t base() const noexcept { return base_; }
+  /// Indexed middle tokens.
+  int64_t size() const noexcept { return base_ < 0 ? 0 : end_ - base_; }
+  int64_t pages() const noexcept { return (size() + page_size_ - 1) / page_size_; }
+  /// Tokens of page p (page_size, or fewer for a partial last page).
+  int64_t page_tokens(int64_t p) const noexcept;
+  /// Element-wise min and max of the keys of (head, page): [head_dim] each.
+  const float* page_min(int head, int64_t p) const noexcept { return bounds(head, p); }
+  const float* page_max(int head, int64_t p) const noexcept { return bounds(head, p) + d_; }
+  /// Unscaled upper bounds sum_i max(q_i min_i, q_i max_i) of every page of `head` (out: [pages()]).
+  void upper_bounds(int head, const float* q, float* out) const;
+
+ private:
+  const float* bounds(int head, int64_t p) const noexcept {
+    return bounds_[static_cast<size_t>(head)].data() + static_cast<size_t>(p) * 2 * d_;
+  }
+  void scaled_bounds(int head, const float* q, float scale, float* out) const;
+
+  int n_kv_;
+  int d_;
+  int page_size_;
+  std::vector<std::vector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
+  int64_t base_ = -1;
+  int64_t end_ = -1;
+};
+
+}  // namespace kvret
