@@ -247,8 +247,10 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
  * ------------------------------------------------------------------------------------------------------------- */
 
 /** Appends T prefill tokens to `layer` and schedules that layer's index build (in the background when
- *  background_build is on: the call returns before the build ends). May be called again (chunked prefill):
- *  the first build trains the index, later ones encode the new tokens with it. */
+ *  background_build is on: the call returns before the build ends; its failure, if any, is reported by the next
+ *  call that waits for it). May be called again (chunked prefill): the first build trains the index; a later
+ *  one retrains it when the middle has at least doubled since the last training, else encodes the new tokens
+ *  with the current codebook. A call on a layer whose build is still running waits for that build first. */
 KVRET_API kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const kvret_tensor* k,
                                             const kvret_tensor* v);
 /** Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to `layer`. The token that
@@ -267,8 +269,9 @@ KVRET_API kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer);
 
 /** Scores the middle tokens of `layer` for query q ([n_q_heads, head_dim], f16/bf16/f32), folds each KV group,
  *  and writes the top `budget` middle positions of every KV head, ascending, into out_positions (int32,
- *  [n_kv_heads, >= budget], CPU). *out_count receives the number written per head: min(budget, middle tokens).
- *  A budget of 0, or above the layer's length, is KVRET_ERR_BUDGET. Waits for this layer's index only. */
+ *  [n_kv_heads, >= count], CPU). *out_count receives the number written per head: min(budget, middle tokens),
+ *  and 0 for KVRET_INDEX_STREAMING. A budget of 0, or above the layer's length, is KVRET_ERR_BUDGET.
+ *  Waits for this layer's index only. Ties between equal scores go to the earlier position. */
 KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                     const kvret_tensor* out_positions, int32_t* out_count);
 

@@ -11,7 +11,7 @@
 namespace kvret {
 
 namespace {
-constexpr int64_t kKeyChunk = 256;        ///< keys converted to f32 at a time
+constexpr int64_t kKeyChunk = 256;         ///< keys converted to f32 at a time
 constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode)
 constexpr int kMaxHeadDim = 256;
 }  // namespace

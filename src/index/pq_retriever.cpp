@@ -1,6 +1,7 @@
 #include "index/pq_retriever.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -230,6 +231,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     }
     std::vector<float> folded(static_cast<size_t>(cells_));
     fold_weighted_logits(cell_logits.data(), counts.data(), group, cells_, r.fold, folded.data());
+    for (float& f : folded) f = f == f ? f : -std::numeric_limits<float>::infinity();  // NaN ranks lowest
 
     // Take whole cells best first (a heap: only the cells that fit the budget are ever ordered); the cell that
     // crosses the budget is trimmed to its earliest tokens. Ties: the lower cell id first.

@@ -1,6 +1,7 @@
 #include "select/topk.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -11,9 +12,13 @@ void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
   if (k < n) {
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), [scores](int32_t a, int32_t b) {
-      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
+    // NaN (possible when check_finite is off) ranks lowest, so the comparator stays a strict weak order.
+    auto key = [scores](int32_t i) {
+      const float s = scores[i];
+      return s == s ? s : -std::numeric_limits<float>::infinity();
+    };
+    std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
+                     [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
     idx.resize(static_cast<size_t>(k));
   }
   std::sort(idx.begin(), idx.end());
