@@ -133,7 +133,7 @@ typedef enum kvret_index_kind {
   KVRET_INDEX_EXACT = 0,     /**< exact q.k over every middle token: the quality oracle */
   KVRET_INDEX_PQ = 1,        /**< product quantization of keys (PQCache) */
   KVRET_INDEX_STREAMING = 2, /**< no retrieval: the working set is sink + local only (the baseline) */
-  KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest); reserved, not yet implemented */
+  KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest): pages of page_size tokens, best bound first */
   KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV); reserved, not yet implemented */
   KVRET_INDEX_QUANT = 5      /**< low-bit resident copy of K (SpeCache); reserved, not yet implemented */
 } kvret_index_kind;
