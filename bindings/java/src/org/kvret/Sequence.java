@@ -1,0 +1,150 @@
+package org.kvret;
+
+/**
+ * One request or conversation whose keys and values kvret stores, indexes and retrieves. Calls on one sequence are
+ * serialized (its methods are synchronized); distinct sequences run in parallel from different threads.
+ */
+public final class Sequence implements AutoCloseable {
+  private final Context context;
+  private long handle;
+
+  Sequence(Context context, long handle) {
+    this.context = context;
+    this.handle = handle;
+  }
+
+  public Context context() {
+    return context;
+  }
+
+  public synchronized boolean isClosed() {
+    return handle == 0;
+  }
+
+  /** Waits for the sequence's background work and frees it. Closing twice is a no-op. */
+  @Override
+  public synchronized void close() {
+    if (handle == 0) {
+      return;
+    }
+    long closing = handle;
+    handle = 0;
+    context.forget(this);
+    KvretNative.kvret_seq_close(closing);
+  }
+
+  synchronized long handle() {
+    return handle;
+  }
+
+  // ---- appending ----
+
+  /**
+   * Appends prefill tokens to {@code layer}: k and v are [T, n_kv_heads, head_dim] (F16, BF16 or F32). Schedules
+   * the layer's index build (in the background by default).
+   */
+  public synchronized void appendPrefill(int layer, Tensor k, Tensor v) {
+    KvretNative.kvret_append_prefill(handle, layer, k, v);
+  }
+
+  /** Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to {@code layer}. */
+  public synchronized void appendDecode(int layer, Tensor k, Tensor v) {
+    KvretNative.kvret_append_decode(handle, layer, k, v);
+  }
+
+  /** Waits until the index of {@code layer} (every layer when -1) is built. */
+  public synchronized void waitIndex(int layer) {
+    KvretNative.kvret_wait_index(handle, layer);
+  }
+
+  // ---- queries ----
+
+  /** Tokens stored for {@code layer}. */
+  public synchronized long length(int layer) {
+    long[] out = new long[1];
+    KvretNative.kvret_seq_length(handle, layer, out);
+    return out[0];
+  }
+
+  /** The budget select uses by default for {@code layer} at its current length. */
+  public synchronized int budget(int layer) {
+    int[] out = new int[1];
+    KvretNative.kvret_seq_budget(handle, layer, out);
+    return out[0];
+  }
+
+  /** Upper bound of the working-set rows for {@code layer} at {@code budget} ({@link Kvret#BUDGET_DEFAULT} ok). */
+  public synchronized long workingSetCapacity(int layer, int budget) {
+    long[] out = new long[1];
+    KvretNative.kvret_working_set_capacity(handle, layer, budget, out);
+    return out[0];
+  }
+
+  public synchronized Stats stats() {
+    return Stats.read(s -> KvretNative.kvret_seq_stats(handle, s));
+  }
+
+  // ---- retrieval ----
+
+  /** Selects with the default budget. */
+  public Selection select(int layer, Tensor q) {
+    return select(layer, q, Kvret.BUDGET_DEFAULT);
+  }
+
+  /**
+   * Scores the middle tokens of {@code layer} for q ([n_q_heads, head_dim]) and selects the top {@code budget}
+   * per KV head (ascending positions).
+   */
+  public synchronized Selection select(int layer, Tensor q, int budget) {
+    int width = budget == Kvret.BUDGET_DEFAULT ? budget(layer) : budget;
+    Tensor positions = Tensor.allocate(DType.I32, context.config().nKvHeads(), Math.max(width, 1));
+    return new Selection(positions, selectInto(layer, q, budget, positions));
+  }
+
+  /** Selects into {@code positions} (I32 [n_kv_heads, >= budget]); returns the count per head. */
+  public synchronized int selectInto(int layer, Tensor q, int budget, Tensor positions) {
+    Context.requireWritable(positions, "positions");
+    int[] count = new int[1];
+    KvretNative.kvret_select(handle, layer, q, budget, positions, count);
+    return count[0];
+  }
+
+  /** Fetches the working set of a selection into new buffers of the KV dtype (F32 for BF16). */
+  public WorkingSet fetch(int layer, Selection selection) {
+    KvDtype kv = context.config().kvDtype();
+    return fetch(layer, selection, kv == KvDtype.BF16 ? DType.F32 : kv.dtype());
+  }
+
+  /** Fetches the working set of a selection into new buffers of {@code dtype} (the KV dtype or F32). */
+  public synchronized WorkingSet fetch(int layer, Selection selection, DType dtype) {
+    long capacity = selection.count() > 0 ? workingSetCapacity(layer, selection.count()) : length(layer);
+    Config config = context.config();
+    WorkingSet workingSet = WorkingSet.allocate(dtype, config.nKvHeads(), capacity, config.headDim());
+    fetchInto(layer, selection.tensor(), selection.count(), workingSet, 0);
+    return workingSet;
+  }
+
+  /**
+   * Writes the working set of {@code layer} for {@code count} selected positions per head (I32 [n_kv_heads,
+   * >= count]) into {@code out}; returns the rows written per head. On a CUDA context the copy is enqueued on
+   * {@code stream}.
+   */
+  public synchronized long fetchInto(int layer, Tensor positions, int count, WorkingSet out, long stream) {
+    long[] rows = new long[1];
+    KvretNative.kvret_fetch_async(handle, layer, positions, count, out, rows, stream);
+    out.setRows(rows[0]);
+    return rows[0];
+  }
+
+  /** Experimental: selects with a guessed next query and loads those blocks into the GPU block cache. */
+  public synchronized void prefetch(int layer, Tensor qGuess, int budget, long stream) {
+    KvretNative.kvret_prefetch_async(handle, layer, qGuess, budget, stream);
+  }
+
+  /** Experimental: copies the stored keys and values of positions [begin, end) into k and v. */
+  public synchronized void read(int layer, long begin, long end, Tensor k, Tensor v) {
+    Context.requireWritable(k, "k");
+    Context.requireWritable(v, "v");
+    KvretNative.kvret_seq_read(handle, layer, begin, end, k, v);
+  }
+}

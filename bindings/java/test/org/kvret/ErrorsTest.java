@@ -1,0 +1,90 @@
+package org.kvret;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.Random;
+import org.junit.Test;
+import org.junit.function.ThrowingRunnable;
+
+/** Failures throw KvretException carrying the status and the library's message. */
+public class ErrorsTest {
+  private final Random random = new Random(99);
+
+  private static KvretException expect(Status status, ThrowingRunnable call) {
+    KvretException e = assertThrows(KvretException.class, call);
+    assertEquals(e.toString(), status, e.status());
+    assertEquals(status.code(), e.code());
+    assertFalse("the library's message", e.getMessage().isEmpty());
+    return e;
+  }
+
+  @Test
+  public void wrongShapeLeavesTheSequenceAsItWas() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor bad = Tensor.allocate(DType.F32, 10, Fixtures.KV_HEADS + 1, Fixtures.HEAD_DIM);
+      expect(Status.SHAPE, () -> seq.appendPrefill(0, bad, bad));
+      assertEquals(Fixtures.TOKENS, seq.length(0));
+      expect(Status.SHAPE, () -> seq.select(0, Tensor.allocate(DType.F32, Fixtures.Q_HEADS, 3)));
+    }
+  }
+
+  @Test
+  public void layerOutOfRange() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      KvretException e = expect(
+          Status.OUT_OF_RANGE, () -> seq.appendPrefill(Fixtures.LAYERS, Fixtures.kv(random), Fixtures.kv(random)));
+      assertTrue(e.getMessage(), e.getMessage().contains(String.valueOf(Fixtures.LAYERS)));
+    }
+  }
+
+  @Test
+  public void budgetZero() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      expect(Status.BUDGET, () -> seq.select(0, Fixtures.query(random), 0));
+    }
+  }
+
+  @Test
+  public void wrongDtype() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor floats = Tensor.allocate(DType.F32, Fixtures.KV_HEADS, Fixtures.BUDGET);
+      expect(Status.DTYPE, () -> seq.selectInto(0, Fixtures.query(random), Fixtures.BUDGET, floats));
+    }
+  }
+
+  @Test
+  public void invalidConfig() {
+    expect(Status.INVALID_ARGUMENT, () -> Context.create(Fixtures.config().nQHeads(6).nKvHeads(4).build()));
+  }
+
+  @Test
+  public void unusableBuffersAreRejectedBeforeTheNativeCall() {
+    assertThrows(IllegalArgumentException.class, () -> Tensor.wrap(ByteBuffer.allocate(64), DType.F32, 16));
+    assertThrows(IllegalArgumentException.class,
+        () -> Tensor.wrap(ByteBuffer.allocateDirect(64).order(ByteOrder.nativeOrder()), DType.F32, 17));
+    ByteOrder other =
+        ByteOrder.nativeOrder() == ByteOrder.LITTLE_ENDIAN ? ByteOrder.BIG_ENDIAN : ByteOrder.LITTLE_ENDIAN;
+    assertThrows(
+        IllegalArgumentException.class, () -> Tensor.wrap(ByteBuffer.allocateDirect(64).order(other), DType.F32, 16));
+    assertThrows(IllegalArgumentException.class, () -> Tensor.allocate(DType.F32, 4, 4).withStrides(8, 1));
+  }
+
+  @Test
+  public void statusesMatchTheLibrary() {
+    for (Status status : Status.values()) {
+      if (status == Status.UNKNOWN) {
+        continue;
+      }
+      String expected = status == Status.OK ? "KVRET_OK" : "KVRET_ERR_" + status.name();
+      assertEquals(expected, status.libraryName());
+    }
+  }
+}

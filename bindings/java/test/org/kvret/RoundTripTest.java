@@ -1,0 +1,126 @@
+package org.kvret;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertTrue;
+
+import java.util.List;
+import java.util.Random;
+import org.junit.Test;
+
+/** prefill -> select -> fetch -> attend through direct ByteBuffers. */
+public class RoundTripTest {
+  private final Random random = new Random(1234);
+
+  @Test
+  public void roundTrip() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      for (int layer = 0; layer < Fixtures.LAYERS; ++layer) {
+        seq.appendPrefill(layer, Fixtures.kv(random), Fixtures.kv(random));
+      }
+      seq.waitIndex(-1);
+      for (int layer = 0; layer < Fixtures.LAYERS; ++layer) {
+        assertEquals(Fixtures.TOKENS, seq.length(layer));
+        Tensor q = Fixtures.query(random);
+        Selection selection = seq.select(layer, q);
+        assertEquals(Fixtures.BUDGET, selection.count());
+        for (int head = 0; head < Fixtures.KV_HEADS; ++head) {
+          int[] positions = selection.positions(head);
+          for (int i = 0; i < positions.length; ++i) {
+            assertTrue(positions[i] >= Fixtures.SINK && positions[i] < Fixtures.TOKENS - Fixtures.LOCAL);
+            assertTrue(i == 0 || positions[i] > positions[i - 1]);
+          }
+        }
+        WorkingSet ws = seq.fetch(layer, selection);
+        assertEquals(Fixtures.SINK + Fixtures.BUDGET + Fixtures.LOCAL, ws.rows());
+        int[] rowPositions = ws.positions(0);
+        assertEquals(0, rowPositions[0]);
+        assertEquals(Fixtures.TOKENS - 1, rowPositions[rowPositions.length - 1]);
+
+        Tensor out = ctx.attend(q, ws);
+        double[][] expected = Fixtures.attention(q, ws);
+        for (int h = 0; h < Fixtures.Q_HEADS; ++h) {
+          for (int d = 0; d < Fixtures.HEAD_DIM; ++d) {
+            assertEquals(expected[h][d], out.getFloat(h, d), 1e-4);
+          }
+        }
+      }
+    }
+  }
+
+  @Test
+  public void fetchedRowsEqualStoredRows() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      Tensor k = Fixtures.kv(random);
+      Tensor v = Fixtures.kv(random);
+      seq.appendPrefill(0, k, v);
+      WorkingSet ws = seq.fetch(0, seq.select(0, Fixtures.query(random)));
+      for (int head = 0; head < Fixtures.KV_HEADS; ++head) {
+        int[] positions = ws.positions(head);
+        for (int row = 0; row < positions.length; ++row) {
+          float[] expectedK = new float[Fixtures.HEAD_DIM];
+          float[] expectedV = new float[Fixtures.HEAD_DIM];
+          for (int d = 0; d < Fixtures.HEAD_DIM; ++d) {
+            expectedK[d] = k.getFloat(positions[row], head, d);
+            expectedV[d] = v.getFloat(positions[row], head, d);
+          }
+          assertArrayEquals(expectedK, ws.key(head, row), 0f);
+          assertArrayEquals(expectedV, ws.value(head, row), 0f);
+        }
+      }
+      Tensor readK = Tensor.allocate(DType.F32, 10, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+      Tensor readV = Tensor.allocate(DType.F32, 10, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+      seq.read(0, 5, 15, readK, readV);
+      assertEquals(k.getFloat(5, 1, 3), readK.getFloat(0, 1, 3), 0f);
+      assertEquals(v.getFloat(14, 0, 63), readV.getFloat(9, 0, 63), 0f);
+    }
+  }
+
+  @Test
+  public void stridedHeadsFirstMemoryIsAcceptedWithoutCopy() {
+    // [KV_HEADS, TOKENS, HEAD_DIM] memory seen as [TOKENS, KV_HEADS, HEAD_DIM].
+    long[] strides = {Fixtures.HEAD_DIM, (long) Fixtures.TOKENS * Fixtures.HEAD_DIM, 1};
+    Tensor headsFirst =
+        Tensor.ofFloats(Fixtures.gaussian(random, Fixtures.TOKENS * Fixtures.KV_HEADS * Fixtures.HEAD_DIM),
+            Fixtures.KV_HEADS, Fixtures.TOKENS, Fixtures.HEAD_DIM);
+    Tensor view = Tensor.wrap(headsFirst.buffer(), DType.F32, Fixtures.TOKENS, Fixtures.KV_HEADS, Fixtures.HEAD_DIM)
+                      .withStrides(strides);
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, view, view);
+      Tensor readK = Tensor.allocate(DType.F32, 1, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+      seq.read(0, 7, 8, readK, Tensor.allocate(DType.F32, 1, Fixtures.KV_HEADS, Fixtures.HEAD_DIM));
+      assertEquals(headsFirst.getFloat(1, 7, 5), readK.getFloat(0, 1, 5), 0f);
+    }
+  }
+
+  @Test
+  public void reusedWorkingSetAndSelectBatch() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence a = ctx.openSequence();
+         Sequence b = ctx.openSequence()) {
+      a.appendPrefill(1, Fixtures.kv(random), Fixtures.kv(random));
+      b.appendPrefill(1, Fixtures.kv(random), Fixtures.kv(random));
+      float[] qs = Fixtures.gaussian(random, 2 * Fixtures.Q_HEADS * Fixtures.HEAD_DIM);
+      Tensor q = Tensor.ofFloats(qs, 2, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      List<Selection> batch = ctx.selectBatch(List.of(a, b), 1, q, Kvret.BUDGET_DEFAULT);
+      float[] qb = java.util.Arrays.copyOfRange(qs, Fixtures.Q_HEADS * Fixtures.HEAD_DIM, qs.length);
+      Selection single = b.select(1, Tensor.ofFloats(qb, Fixtures.Q_HEADS, Fixtures.HEAD_DIM));
+      assertArrayEquals(single.positions(1), batch.get(1).positions(1));
+
+      WorkingSet ws = WorkingSet.allocate(
+          DType.F32, Fixtures.KV_HEADS, a.workingSetCapacity(1, Kvret.BUDGET_DEFAULT), Fixtures.HEAD_DIM);
+      for (int step = 0; step < 3; ++step) {
+        Selection selection = a.select(1, Fixtures.query(random));
+        long rows = a.fetchInto(1, selection.tensor(), selection.count(), ws, 0);
+        assertEquals(rows, ws.rows());
+      }
+      assertEquals(3, a.stats().fetches());
+      assertTrue(ctx.stats().selections() >= 4);
+    }
+  }
+
+  @Test
+  public void versionMatchesHeader() {
+    assertEquals(Kvret.headerVersionNumber() / 100, Kvret.versionNumber() / 100);
+    assertTrue(Kvret.version().startsWith("0."));
+  }
+}

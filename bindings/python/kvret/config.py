@@ -1,0 +1,88 @@
+"""Context configuration: keyword arguments onto the fields of kvret_config.
+
+Every field of kvret_config is a keyword of the same name (n_layers=..., budget=...). Enumerated fields also take
+names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", device_type="cuda". The extra
+keyword device="cuda:1" sets device_type and device_id together.
+"""
+
+import os
+
+from . import kvret_swig as _c
+
+_ENUM_NAMES = {
+    "kv_dtype": {
+        "f16": _c.KVRET_KV_F16,
+        "float16": _c.KVRET_KV_F16,
+        "bf16": _c.KVRET_KV_BF16,
+        "bfloat16": _c.KVRET_KV_BF16,
+        "f32": _c.KVRET_KV_F32,
+        "float32": _c.KVRET_KV_F32,
+    },
+    "device_type": {"cpu": _c.KVRET_DEVICE_CPU, "cuda": _c.KVRET_DEVICE_CUDA},
+    "gqa_fold": {"sum_prob": _c.KVRET_FOLD_SUM_PROB, "max_logit": _c.KVRET_FOLD_MAX_LOGIT},
+    "index_kind": {
+        "exact": _c.KVRET_INDEX_EXACT,
+        "pq": _c.KVRET_INDEX_PQ,
+        "streaming": _c.KVRET_INDEX_STREAMING,
+        "page": _c.KVRET_INDEX_PAGE,
+        "cluster": _c.KVRET_INDEX_CLUSTER,
+        "quant": _c.KVRET_INDEX_QUANT,
+    },
+    "cache_policy": {"lru": _c.KVRET_CACHE_LRU, "lfu": _c.KVRET_CACHE_LFU},
+}
+
+# The settable fields, in struct order, straight from the SWIG proxy (so they follow kvret.h).
+FIELDS = tuple(
+    name
+    for name, value in vars(_c.kvret_config).items()
+    if isinstance(value, property) and name not in ("thisown", "struct_size")
+) + ("disk_path",)
+
+
+def _field_value(name, value):
+    names = _ENUM_NAMES.get(name)
+    if names is not None and isinstance(value, str):
+        try:
+            return names[value.lower()]
+        except KeyError:
+            raise ValueError(f"kvret: {name} must be one of {sorted(names)} (or its number), not {value!r}") from None
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _parse_device(device):
+    kind, _, index = str(device).partition(":")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"kvret: device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    return _ENUM_NAMES["device_type"][kind], int(index) if index else 0
+
+
+def make(options):
+    """(kvret_config, disk_path) from keyword options; unknown keywords raise TypeError."""
+    config = _c.kvret_config()
+    _c.kvret_config_init(config)
+    disk_path = None
+    for name, value in options.items():
+        if name == "device":
+            config.device_type, config.device_id = _parse_device(value)
+        elif name == "disk_path":
+            disk_path = None if value is None else os.fsdecode(value)
+        elif name in FIELDS:
+            setattr(config, name, _field_value(name, value))
+        else:
+            raise TypeError(f"kvret: unknown config field {name!r}; the fields are {', '.join(FIELDS)} and device")
+    return config, disk_path
+
+
+def defaults():
+    """The library's default config as a dict."""
+    config = _c.kvret_config()
+    _c.kvret_config_init(config)
+    return to_dict(config)
+
+
+def to_dict(config):
+    values = {name: getattr(config, name) for name in FIELDS if name != "disk_path"}
+    values["disk_path"] = _c.kvret_swig_config_disk_path(config)
+    return values

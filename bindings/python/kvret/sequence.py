@@ -1,0 +1,175 @@
+"""Sequence: one request or conversation whose keys and values kvret stores, indexes and retrieves."""
+
+import collections
+import threading
+
+import numpy as np
+
+from . import kvret_swig as _c
+from . import tensors as _t
+
+WorkingSet = collections.namedtuple("WorkingSet", ["k", "v", "positions"])
+WorkingSet.__doc__ = """The working set of one layer: sink + selected + local tokens of every KV head, in position order.
+
+k, v: [n_kv_heads, rows, head_dim]; positions: int32 [n_kv_heads, rows] (the token position of each row)."""
+
+
+class Sequence:
+    """A sequence of a :class:`Context`. Use it as a context manager, or call :meth:`close`.
+
+    Calls on one sequence are serialized by a lock, so sharing one between threads is safe (if not parallel);
+    distinct sequences run in parallel, with the GIL released inside the library.
+    """
+
+    def __init__(self, context):
+        self._context = context
+        self._lock = threading.Lock()
+        self._handle = _c.kvret_seq_open(context._handle)
+        context._sequences.add(self)
+
+    # ---- lifetime ----
+    @property
+    def context(self):
+        return self._context
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """Waits for the sequence's background work and frees it. Closing twice is a no-op."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+            if handle is not None and self._context._handle is not None:
+                _c.kvret_seq_close(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"<kvret.Sequence {'closed' if self.closed else 'open'}>"
+
+    # ---- appending ----
+    def append_prefill(self, layer, k, v):
+        """Appends prefill tokens to `layer`: k, v are [T, n_kv_heads, head_dim] (f16/bf16/f32; other float dtypes
+        are converted to float32). Schedules the layer's index build (in the background by default)."""
+        with self._lock:
+            _c.kvret_append_prefill(self._handle, layer, _t.as_input(k), _t.as_input(v))
+
+    def append_decode(self, layer, k, v):
+        """Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to `layer`."""
+        with self._lock:
+            _c.kvret_append_decode(self._handle, layer, _t.as_input(k), _t.as_input(v))
+
+    def wait_index(self, layer=-1):
+        """Waits until the index of `layer` (every layer when -1) is built."""
+        with self._lock:
+            _c.kvret_wait_index(self._handle, layer)
+
+    # ---- queries ----
+    def length(self, layer):
+        """Tokens stored for `layer` (sink + middle + local)."""
+        with self._lock:
+            return _c.kvret_seq_length(self._handle, layer)
+
+    def budget(self, layer):
+        """The budget select uses by default for `layer` at its current length."""
+        with self._lock:
+            return _c.kvret_seq_budget(self._handle, layer)
+
+    def working_set_capacity(self, layer, budget=None):
+        """Upper bound of the working-set rows for `layer` at `budget` (None: the default budget)."""
+        with self._lock:
+            return _c.kvret_working_set_capacity(self._handle, layer, _budget_arg(budget))
+
+    def stats(self):
+        """This sequence's statistics as a dict (see kvret_stats)."""
+        from .context import stats_dict
+
+        stats = _c.kvret_stats()
+        _c.kvret_stats_init(stats)
+        with self._lock:
+            _c.kvret_seq_stats(self._handle, stats)
+        return stats_dict(stats)
+
+    # ---- retrieval ----
+    def select(self, layer, q, budget=None, out=None):
+        """Selects the top `budget` middle tokens of every KV head for query q ([n_q_heads, head_dim]).
+
+        Returns int32 positions [n_kv_heads, count], ascending per head (a view of `out` when given: int32
+        [n_kv_heads, >= budget]). budget None means the sequence's default budget."""
+        ctx = self._context
+        with self._lock:
+            if out is None:
+                width = _c.kvret_seq_budget(self._handle, layer) if budget is None else budget
+                out = np.empty((ctx._n_kv_heads, max(int(width), 1)), dtype=np.int32)
+            count = _c.kvret_select(
+                self._handle, layer, _t.as_input(q, device_id=ctx._device_id), _budget_arg(budget), _t.as_output(out)
+            )
+        return out[:, :count]
+
+    def fetch(self, layer, positions, count=None, out=None, stream=None, dtype=None):
+        """Writes the working set of `layer` for a selection (positions [n_kv_heads, >= count] as returned by
+        :meth:`select`; count defaults to positions.shape[1]).
+
+        Returns a :class:`WorkingSet` (k, v, positions) of `rows` rows: views of `out` = (k, v, positions) when
+        given, else of new arrays (NumPy on a CPU context; dtype defaults to the KV dtype, float32 for bf16).
+        On a CUDA context the copy is enqueued on `stream`: synchronize before reading it."""
+        ctx = self._context
+        if count is None:
+            count = int(positions.shape[1])
+        stream = _t.stream_handle(stream)
+        with self._lock:
+            if out is None:
+                if count > 0:
+                    capacity = _c.kvret_working_set_capacity(self._handle, layer, count)
+                else:
+                    capacity = _c.kvret_seq_length(self._handle, layer)
+                out = ctx._empty_working_set(capacity, dtype)
+            k, v, rows_positions = out
+            working_set = (
+                _t.as_output(k, stream, ctx._device_id),
+                _t.as_output(v, stream, ctx._device_id),
+                _t.as_output(rows_positions, stream, ctx._device_id),
+            )
+            rows = _c.kvret_fetch_async(
+                self._handle, layer, _t.as_input(positions, "int32"), count, working_set, stream
+            )
+        return WorkingSet(k[:, :rows], v[:, :rows], rows_positions[:, :rows])
+
+    def prefetch(self, layer, q_guess, budget=None, stream=None):
+        """Experimental: selects with a guessed next query and loads those blocks into the GPU block cache."""
+        ctx = self._context
+        stream = _t.stream_handle(stream)
+        with self._lock:
+            _c.kvret_prefetch_async(
+                self._handle,
+                layer,
+                _t.as_input(q_guess, stream=stream, device_id=ctx._device_id),
+                _budget_arg(budget),
+                stream,
+            )
+
+    def read(self, layer, begin, end, dtype=None):
+        """Experimental: the stored keys and values of positions [begin, end) as (k, v), each
+        [end - begin, n_kv_heads, head_dim] (dtype defaults to the KV dtype, float32 for bf16)."""
+        ctx = self._context
+        shape = (max(int(end) - int(begin), 0), ctx._n_kv_heads, ctx._head_dim)
+        k = np.empty(shape, dtype=dtype or ctx._kv_numpy_dtype)
+        v = np.empty(shape, dtype=dtype or ctx._kv_numpy_dtype)
+        with self._lock:
+            _c.kvret_seq_read(self._handle, layer, begin, end, k, v)
+        return k, v
+
+
+def _budget_arg(budget):
+    return _c.KVRET_BUDGET_DEFAULT if budget is None else int(budget)

@@ -1,0 +1,66 @@
+"""Failures raise kvret.KvretError carrying the status and the library's message."""
+
+import numpy as np
+import pytest
+from conftest import GEOMETRY, TOKENS, make_context, random_kv
+
+import kvret
+
+N_Q, N_KV, D = GEOMETRY["n_q_heads"], GEOMETRY["n_kv_heads"], GEOMETRY["head_dim"]
+
+
+def raised(call, status):
+    with pytest.raises(kvret.KvretError) as info:
+        call()
+    error = info.value
+    assert error.status == status, error
+    assert isinstance(error.message, str) and error.message, "the library's message"
+    assert error.message in str(error)
+    return error
+
+
+def test_wrong_shape_leaves_the_sequence_as_it_was(sequence, rng):
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    bad_k = rng.standard_normal((TOKENS, N_KV + 1, D), dtype=np.float32)
+    raised(lambda: sequence.append_prefill(0, bad_k, bad_k), kvret.Status.SHAPE)
+    assert sequence.length(0) == TOKENS
+    raised(lambda: sequence.select(0, np.zeros((N_Q, D + 1), np.float32)), kvret.Status.SHAPE)
+
+
+def test_layer_out_of_range(sequence, rng):
+    error = raised(lambda: sequence.append_prefill(GEOMETRY["n_layers"], *random_kv(rng)), kvret.Status.OUT_OF_RANGE)
+    assert str(GEOMETRY["n_layers"]) in error.message
+    raised(lambda: sequence.length(-3), kvret.Status.OUT_OF_RANGE)
+
+
+def test_budget_zero(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    raised(lambda: sequence.select(0, np.zeros((N_Q, D), np.float32), budget=0), kvret.Status.BUDGET)
+
+
+def test_wrong_dtype_and_read_only_output(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    q = np.zeros((N_Q, D), np.float32)
+    raised(lambda: sequence.select(0, q, out=np.zeros((N_KV, 64), np.int64)), kvret.Status.DTYPE)
+    read_only = np.zeros((N_KV, 64), np.int32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        sequence.select(0, q, out=read_only)
+
+
+def test_invalid_config():
+    raised(lambda: make_context(n_q_heads=6, n_kv_heads=4), kvret.Status.INVALID_ARGUMENT)
+    with pytest.raises(TypeError, match="unknown config field"):
+        make_context(n_layer=2)
+    with pytest.raises(ValueError, match="index_kind"):
+        make_context(index_kind="faiss")
+
+
+def test_error_is_a_runtime_error_and_pickles():
+    import pickle
+
+    error = kvret.KvretError(kvret.Status.BUDGET, "budget must be >= 1")
+    assert isinstance(error, RuntimeError)
+    again = pickle.loads(pickle.dumps(error))
+    assert again.status == kvret.Status.BUDGET and again.message == error.message

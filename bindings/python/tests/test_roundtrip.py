@@ -1,0 +1,165 @@
+"""prefill -> select -> fetch -> attend through NumPy arrays."""
+
+import numpy as np
+import pytest
+from conftest import BUDGET, GEOMETRY, N_LOCAL, N_SINK, TOKENS, make_context, random_kv, reference_attention
+
+import kvret
+
+N_Q, N_KV, D = GEOMETRY["n_q_heads"], GEOMETRY["n_kv_heads"], GEOMETRY["head_dim"]
+
+
+def test_round_trip(sequence, rng):
+    ctx = sequence.context
+    stored = {}
+    for layer in range(GEOMETRY["n_layers"]):
+        stored[layer] = random_kv(rng)
+        sequence.append_prefill(layer, *stored[layer])
+    sequence.wait_index()
+    for layer in range(GEOMETRY["n_layers"]):
+        assert sequence.length(layer) == TOKENS
+        q = rng.standard_normal((N_Q, D), dtype=np.float32)
+        positions = sequence.select(layer, q)
+        assert isinstance(positions, np.ndarray) and positions.dtype == np.int32
+        assert positions.shape == (N_KV, BUDGET)
+        for head in range(N_KV):
+            assert np.all(np.diff(positions[head]) > 0), "ascending, distinct"
+            assert positions[head].min() >= N_SINK and positions[head].max() < TOKENS - N_LOCAL, "middle tokens"
+
+        ws = sequence.fetch(layer, positions)
+        assert isinstance(ws, kvret.WorkingSet)
+        rows = N_SINK + BUDGET + N_LOCAL
+        assert ws.k.shape == (N_KV, rows, D) and ws.v.shape == (N_KV, rows, D) and ws.positions.shape == (N_KV, rows)
+        for head in range(N_KV):
+            expected = np.concatenate([np.arange(N_SINK), positions[head], np.arange(TOKENS - N_LOCAL, TOKENS)])
+            np.testing.assert_array_equal(ws.positions[head], expected)
+
+        out = ctx.attend(q, ws.k, ws.v)
+        assert out.dtype == np.float32 and out.shape == (N_Q, D)
+        np.testing.assert_allclose(out, reference_attention(q, ws.k, ws.v), rtol=1e-4, atol=1e-5)
+
+
+def test_fetched_rows_equal_stored_rows(sequence, rng):
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    positions = sequence.select(0, rng.standard_normal((N_Q, D), dtype=np.float32))
+    ws = sequence.fetch(0, positions)
+    for head in range(N_KV):
+        np.testing.assert_array_equal(ws.k[head], k[ws.positions[head], head])
+        np.testing.assert_array_equal(ws.v[head], v[ws.positions[head], head])
+    k_read, v_read = sequence.read(0, 10, 20)
+    np.testing.assert_array_equal(k_read, k[10:20])
+    np.testing.assert_array_equal(v_read, v[10:20])
+
+
+def test_exact_index_selects_the_top_logits(rng):
+    # One query head per KV head: every fold ranks tokens by the head's logit.
+    with make_context(n_q_heads=N_KV) as ctx, ctx.open_sequence() as seq:
+        k, v = random_kv(rng)
+        seq.append_prefill(0, k, v)
+        q = rng.standard_normal((N_KV, D), dtype=np.float32)
+        positions = seq.select(0, q, budget=20)
+        for head in range(N_KV):
+            middle = np.arange(N_SINK, TOKENS - N_LOCAL)
+            logits = k[middle, head] @ q[head]
+            top = np.sort(middle[np.argsort(-logits)[:20]])
+            np.testing.assert_array_equal(positions[head], top)
+
+
+def test_full_budget_matches_full_attention(rng):
+    with make_context() as ctx, ctx.open_sequence() as seq:
+        k, v = random_kv(rng)
+        seq.append_prefill(0, k, v)
+        q = rng.standard_normal((N_Q, D), dtype=np.float32)
+        ws = seq.fetch(0, seq.select(0, q, budget=TOKENS - N_SINK - N_LOCAL))
+        full = reference_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        np.testing.assert_allclose(ctx.attend(q, ws.k, ws.v), full, rtol=1e-4, atol=1e-5)
+
+
+def test_outputs_are_written_in_place(sequence, rng):
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    out_positions = np.full((N_KV, 48), -1, dtype=np.int32)
+    positions = sequence.select(0, q, budget=BUDGET, out=out_positions)
+    assert np.shares_memory(positions, out_positions)
+    capacity = sequence.working_set_capacity(0, BUDGET)
+    assert capacity >= N_SINK + BUDGET + N_LOCAL
+    buffers = (
+        np.zeros((N_KV, capacity, D), np.float32),
+        np.zeros((N_KV, capacity, D), np.float32),
+        np.zeros((N_KV, capacity), np.int32),
+    )
+    ws = sequence.fetch(0, positions, out=buffers)
+    assert all(np.shares_memory(a, b) for a, b in zip(ws, buffers))
+    out = np.empty((N_Q, D), np.float32)
+    assert ctx_attend(sequence, q, ws, out) is out
+
+
+def ctx_attend(sequence, q, ws, out):
+    return sequence.context.attend(q, ws.k, ws.v, out=out)
+
+
+def test_strided_and_converted_inputs(sequence, rng):
+    # [n_kv_heads, T, head_dim] memory passed as a [T, n_kv_heads, head_dim] view (no copy needed), and float64
+    # values (converted to float32).
+    k_heads_first = rng.standard_normal((N_KV, TOKENS, D), dtype=np.float32)
+    v64 = rng.standard_normal((TOKENS, N_KV, D))
+    sequence.append_prefill(0, k_heads_first.transpose(1, 0, 2), v64)
+    k_read, v_read = sequence.read(0, 0, TOKENS)
+    np.testing.assert_array_equal(k_read, k_heads_first.transpose(1, 0, 2))
+    np.testing.assert_array_equal(v_read, v64.astype(np.float32))
+
+
+def test_half_precision_store(rng):
+    with make_context(kv_dtype="f16") as ctx, ctx.open_sequence() as seq:
+        k, v = (x.astype(np.float16) for x in random_kv(rng))
+        seq.append_prefill(0, k, v)
+        ws = seq.fetch(0, seq.select(0, rng.standard_normal((N_Q, D), dtype=np.float32)))
+        assert ws.k.dtype == np.float16
+        for head in range(N_KV):
+            np.testing.assert_array_equal(ws.k[head], k[ws.positions[head], head])
+        ws32 = seq.fetch(0, seq.select(0, rng.standard_normal((N_Q, D), dtype=np.float32)), dtype=np.float32)
+        assert ws32.k.dtype == np.float32
+
+
+def test_decode_tokens_join_the_local_window(sequence, rng):
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    for _ in range(3):
+        sequence.append_decode(0, *(x[0] for x in random_kv(rng, tokens=1)))
+    assert sequence.length(0) == TOKENS + 3
+    ws = sequence.fetch(0, sequence.select(0, rng.standard_normal((N_Q, D), dtype=np.float32)))
+    assert ws.positions[0, -1] == TOKENS + 2
+
+
+def test_select_batch(context, rng):
+    sequences = [context.open_sequence() for _ in range(3)]
+    q = rng.standard_normal((3, N_Q, D), dtype=np.float32)
+    for seq in sequences:
+        seq.append_prefill(1, *random_kv(rng))
+    batched = context.select_batch(sequences, 1, q)
+    for i, seq in enumerate(sequences):
+        np.testing.assert_array_equal(batched[i], seq.select(1, q[i]))
+        seq.close()
+
+
+def test_stats_and_config(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    sequence.select(0, rng.standard_normal((N_Q, D), dtype=np.float32))
+    stats = sequence.stats()
+    assert stats["selections"] == 1 and stats["tokens_stored"] == TOKENS
+    assert sequence.context.stats()["selections"] >= 1
+    config = sequence.context.config
+    assert config["n_kv_heads"] == N_KV and config["budget"] == BUDGET
+    assert config["index_kind"] == kvret.kvret_swig.KVRET_INDEX_EXACT
+
+
+def test_version():
+    assert kvret.version().startswith("0.")
+    assert kvret.status_string(kvret.Status.SHAPE) == "KVRET_ERR_SHAPE"
+
+
+@pytest.mark.parametrize("name", ["n_layers", "budget_ratio", "pq_bits", "seed", "disk_path"])
+def test_every_config_field_is_a_keyword(name):
+    assert name in kvret.config.FIELDS

@@ -1,0 +1,60 @@
+"""Distinct sequences used from several threads at once (the GIL is released inside every call)."""
+
+import threading
+
+import numpy as np
+from conftest import GEOMETRY, make_context, random_kv
+
+
+def run_sequence(ctx, seed):
+    rng = np.random.default_rng(seed)
+    results = []
+    with ctx.open_sequence() as seq:
+        for layer in range(GEOMETRY["n_layers"]):
+            seq.append_prefill(layer, *random_kv(rng))
+        for step in range(5):
+            layer = step % GEOMETRY["n_layers"]
+            q = rng.standard_normal((GEOMETRY["n_q_heads"], GEOMETRY["head_dim"]), dtype=np.float32)
+            ws = seq.fetch(layer, seq.select(layer, q))
+            results.append((ws.positions.copy(), ctx.attend(q, ws.k, ws.v)))
+    return results
+
+
+def test_threads_with_distinct_sequences():
+    seeds = list(range(6))
+    with make_context() as ctx:
+        expected = {seed: run_sequence(ctx, seed) for seed in seeds}
+        got, errors = {}, []
+
+        def worker(seed):
+            try:
+                got[seed] = run_sequence(ctx, seed)
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in seeds]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    for seed in seeds:
+        for (positions, out), (positions_ref, out_ref) in zip(got[seed], expected[seed]):
+            np.testing.assert_array_equal(positions, positions_ref)
+            np.testing.assert_array_equal(out, out_ref)
+
+
+def test_one_sequence_shared_by_threads_is_serialized():
+    rng = np.random.default_rng(7)
+    with make_context() as ctx, ctx.open_sequence() as seq:
+        seq.append_prefill(0, *random_kv(rng))
+        tokens = random_kv(rng, tokens=1)
+        threads = [
+            threading.Thread(target=lambda: [seq.append_decode(0, tokens[0][0], tokens[1][0]) for _ in range(50)])
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert seq.length(0) == 400 + 200

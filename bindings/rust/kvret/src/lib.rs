@@ -1,0 +1,45 @@
+//! Safe Rust API of kvret: KV-cache retrieval for long-context LLM decoding.
+//!
+//! ```no_run
+//! use kvret::{Config, Context, IndexKind, KvDtype};
+//!
+//! # fn main() -> kvret::Result<()> {
+//! let config = Config::new().n_layers(2).n_q_heads(8).n_kv_heads(2).head_dim(64)
+//!     .kv_dtype(KvDtype::F32).index_kind(IndexKind::Exact).budget(32);
+//! let ctx = Context::new(&config)?;
+//! let mut seq = ctx.open_sequence()?;
+//! let (k, v) = (vec![0.5f32; 400 * 2 * 64], vec![1.0f32; 400 * 2 * 64]);
+//! seq.append_prefill(0, &k, &v)?;                 // [tokens, n_kv_heads, head_dim]
+//! let q = vec![0.1f32; 8 * 64];                    // [n_q_heads, head_dim]
+//! let selection = seq.select(0, &q, None)?;        // None: the default budget
+//! let ws = seq.fetch::<f32>(0, &selection)?;        // sink + selected + local rows per KV head
+//! let out = ctx.attend(&q, &ws)?;                  // [n_q_heads, head_dim]
+//! # Ok(()) }
+//! ```
+//!
+//! Handles free themselves on drop; a [`Sequence`] borrows its [`Context`], so it cannot outlive it. Every failure
+//! is a [`KvretError`] with the library's [`Status`] and message.
+
+mod config;
+mod context;
+mod error;
+mod sequence;
+mod tensor;
+mod working_set;
+
+pub use config::{CachePolicy, Config, Device, GqaFold, IndexKind, KvDtype};
+pub use context::Context;
+pub use error::{KvretError, Result, Status};
+pub use kvret_sys as sys;
+pub use sequence::{Selection, Sequence};
+pub use tensor::{Bf16, Element, TensorMut, TensorRef, F16};
+pub use working_set::WorkingSet;
+
+/// Statistics of a sequence or a context (`kvret_stats`).
+pub type Stats = sys::kvret_stats;
+
+/// The version of the loaded libkvret ("MAJOR.MINOR.PATCH").
+pub fn version() -> String {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(sys::kvret_version_string()) }.to_string_lossy().into_owned()
+}

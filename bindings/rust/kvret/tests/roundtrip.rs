@@ -1,0 +1,227 @@
+//! prefill -> select -> fetch -> attend through slices, errors as `Err`, RAII and threads.
+
+use kvret::{Config, Context, IndexKind, KvDtype, Sequence, Status, TensorRef, F16};
+
+const LAYERS: usize = 2;
+const Q_HEADS: usize = 8;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 64;
+const SINK: usize = 4;
+const LOCAL: usize = 16;
+const BUDGET: usize = 32;
+const TOKENS: usize = 400;
+
+fn config() -> Config {
+    Config::new()
+        .n_layers(LAYERS as i32)
+        .n_q_heads(Q_HEADS as i32)
+        .n_kv_heads(KV_HEADS as i32)
+        .head_dim(HEAD_DIM as i32)
+        .kv_dtype(KvDtype::F32)
+        .index_kind(IndexKind::Exact)
+        .n_sink(SINK as i32)
+        .n_local(LOCAL as i32)
+        .budget(BUDGET as i32)
+}
+
+/// A small deterministic generator (xorshift + Box-Muller), so the tests need no crates.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn gaussian(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()) as f32)
+            .collect()
+    }
+}
+
+fn kv(rng: &mut Rng) -> (Vec<f32>, Vec<f32>) {
+    (rng.gaussian(TOKENS * KV_HEADS * HEAD_DIM), rng.gaussian(TOKENS * KV_HEADS * HEAD_DIM))
+}
+
+fn reference_attention(q: &[f32], k: &[f32], v: &[f32], rows: usize, capacity: usize) -> Vec<f64> {
+    let group = Q_HEADS / KV_HEADS;
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    let mut out = vec![0f64; Q_HEADS * HEAD_DIM];
+    for h in 0..Q_HEADS {
+        let base = (h / group) * capacity * HEAD_DIM;
+        let logits: Vec<f64> = (0..rows)
+            .map(|r| {
+                let row = &k[base + r * HEAD_DIM..base + (r + 1) * HEAD_DIM];
+                scale * row.iter().zip(&q[h * HEAD_DIM..]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+            })
+            .collect();
+        let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+        let sum: f64 = weights.iter().sum();
+        for (r, w) in weights.iter().enumerate() {
+            for d in 0..HEAD_DIM {
+                out[h * HEAD_DIM + d] += w / sum * v[base + r * HEAD_DIM + d] as f64;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn round_trip() -> kvret::Result<()> {
+    let mut rng = Rng(42);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    for layer in 0..LAYERS {
+        let (k, v) = kv(&mut rng);
+        seq.append_prefill(layer, &k, &v)?;
+    }
+    seq.wait_index(None)?;
+    for layer in 0..LAYERS {
+        assert_eq!(seq.length(layer)?, TOKENS);
+        let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+        let selection = seq.select(layer, &q, None)?;
+        assert_eq!(selection.count(), BUDGET);
+        for head in 0..KV_HEADS {
+            let positions = selection.head(head);
+            assert!(positions.windows(2).all(|w| w[0] < w[1]), "ascending");
+            assert!(positions.iter().all(|&p| p as usize >= SINK && (p as usize) < TOKENS - LOCAL), "middle");
+        }
+        let ws = seq.fetch::<f32>(layer, &selection)?;
+        assert_eq!(ws.rows(), SINK + BUDGET + LOCAL);
+        assert_eq!(ws.positions(0)[0], 0);
+        assert_eq!(*ws.positions(1).last().unwrap() as usize, TOKENS - 1);
+
+        let out = ctx.attend(&q, &ws)?;
+        let expected = reference_attention(&q, ws.k_buffer(), ws.v_buffer(), ws.rows(), ws.capacity());
+        for (got, want) in out.iter().zip(&expected) {
+            assert!((*got as f64 - want).abs() < 1e-4, "{got} vs {want}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fetched_rows_equal_stored_rows() -> kvret::Result<()> {
+    let mut rng = Rng(7);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let selection = seq.select(0, &rng.gaussian(Q_HEADS * HEAD_DIM), None)?;
+    let ws = seq.fetch::<f32>(0, &selection)?;
+    for head in 0..KV_HEADS {
+        for (row, &position) in ws.positions(head).iter().enumerate() {
+            let stored = (position as usize * KV_HEADS + head) * HEAD_DIM;
+            assert_eq!(&ws.k(head)[row * HEAD_DIM..(row + 1) * HEAD_DIM], &k[stored..stored + HEAD_DIM]);
+            assert_eq!(&ws.v(head)[row * HEAD_DIM..(row + 1) * HEAD_DIM], &v[stored..stored + HEAD_DIM]);
+        }
+    }
+    let (k_read, _) = seq.read::<f32>(0, 10..20)?;
+    assert_eq!(k_read, k[10 * KV_HEADS * HEAD_DIM..20 * KV_HEADS * HEAD_DIM]);
+    Ok(())
+}
+
+#[test]
+fn strided_views_and_half_precision() -> kvret::Result<()> {
+    let mut rng = Rng(3);
+    let ctx = Context::new(&config().kv_dtype(KvDtype::F16))?;
+    let mut seq = ctx.open_sequence()?;
+    // [KV_HEADS, TOKENS, HEAD_DIM] memory seen as [TOKENS, KV_HEADS, HEAD_DIM].
+    let heads_first: Vec<F16> = rng.gaussian(KV_HEADS * TOKENS * HEAD_DIM).into_iter().map(F16::from).collect();
+    let strides = [HEAD_DIM, TOKENS * HEAD_DIM, 1];
+    let view = TensorRef::strided(&heads_first, &[TOKENS, KV_HEADS, HEAD_DIM], &strides)?;
+    seq.append_prefill_strided(0, &view, &view)?;
+    let (k, _) = seq.read::<F16>(0, 5..6)?;
+    assert_eq!(k[HEAD_DIM + 3], heads_first[(TOKENS + 5) * HEAD_DIM + 3]);
+    let selection = seq.select(0, &rng.gaussian(Q_HEADS * HEAD_DIM), None)?;
+    let ws = seq.fetch::<F16>(0, &selection)?;
+    assert_eq!(ws.rows(), SINK + BUDGET + LOCAL);
+    Ok(())
+}
+
+#[test]
+fn half_conversions_round_trip() {
+    for x in [0.0f32, -0.0, 1.0, -2.5, 65504.0, 6.1035156e-5, 5.9604645e-8, 0.333_251_95] {
+        assert_eq!(f32::from(F16::from(x)), x, "{x}");
+    }
+    assert!(f32::from(F16::from(1e6)).is_infinite());
+    assert_eq!(f32::from(kvret::Bf16::from(1.5f32)), 1.5);
+}
+
+#[test]
+fn errors_carry_status_and_message() -> kvret::Result<()> {
+    let mut rng = Rng(11);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+
+    let error = seq.append_prefill(LAYERS, &k, &v).unwrap_err();
+    assert_eq!(error.status(), Status::OutOfRange);
+    assert!(error.message().contains(&LAYERS.to_string()), "{error}");
+    assert!(error.to_string().starts_with("[KVRET_ERR_OUT_OF_RANGE]"), "{error}");
+
+    let error = seq.select(0, &q, Some(0)).unwrap_err();
+    assert_eq!(error.status(), Status::Budget);
+    assert!(!error.message().is_empty());
+
+    // A wrong geometry is caught before the call, the sequence is unchanged.
+    let error = seq.append_prefill(0, &k[..100], &v[..100]).unwrap_err();
+    assert_eq!(error.status(), Status::Shape);
+    assert_eq!(seq.length(0)?, TOKENS);
+
+    let error = Context::new(&config().n_q_heads(6).n_kv_heads(4)).unwrap_err();
+    assert_eq!(error.status(), Status::InvalidArgument);
+    assert_eq!(Status::from_code(error.status().code()), error.status());
+    Ok(())
+}
+
+#[test]
+fn distinct_sequences_on_threads() -> kvret::Result<()> {
+    fn run(seq: &mut Sequence<'_>, seed: u64) -> kvret::Result<Vec<Vec<i32>>> {
+        let mut rng = Rng(seed);
+        let (k, v) = kv(&mut rng);
+        seq.append_prefill(1, &k, &v)?;
+        (0..4).map(|_| Ok(seq.select(1, &rng.gaussian(Q_HEADS * HEAD_DIM), None)?.head(1).to_vec())).collect()
+    }
+    let ctx = Context::new(&config())?;
+    let expected: Vec<_> = (0..4).map(|s| run(&mut ctx.open_sequence()?, s + 100)).collect::<kvret::Result<_>>()?;
+    let got: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|s| {
+                let ctx = &ctx;
+                scope.spawn(move || run(&mut ctx.open_sequence()?, s + 100))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect::<kvret::Result<Vec<_>>>()
+    })?;
+    assert_eq!(expected, got);
+
+    let mut a = ctx.open_sequence()?;
+    let mut b = ctx.open_sequence()?;
+    let mut rng = Rng(5);
+    for seq in [&mut a, &mut b] {
+        let (k, v) = kv(&mut rng);
+        seq.append_prefill(0, &k, &v)?;
+    }
+    let q = rng.gaussian(2 * Q_HEADS * HEAD_DIM);
+    let batch = ctx.select_batch(&mut [&mut a, &mut b], 0, &q, None)?;
+    assert_eq!(batch[1], b.select(0, &q[Q_HEADS * HEAD_DIM..], None)?);
+    assert!(ctx.stats()?.selections >= 3);
+    Ok(())
+}
+
+#[test]
+fn effective_config_and_version() -> kvret::Result<()> {
+    let ctx = Context::new(&config().seed(u64::MAX))?;
+    assert_eq!(ctx.config().raw().n_kv_heads, KV_HEADS as i32);
+    assert_eq!(ctx.config().raw().seed, u64::MAX);
+    assert_eq!(ctx.config().disk_path_str(), None);
+    assert!(kvret::version().starts_with("0."));
+    Ok(())
+}
