@@ -58,3 +58,39 @@ def test_one_sequence_shared_by_threads_is_serialized():
         for thread in threads:
             thread.join()
         assert seq.length(0) == 400 + 200
+
+
+def test_the_gil_is_released_during_calls():
+    # While one thread is inside long kvret calls, another thread keeps running Python code. With the GIL held the
+    # second thread would stall for a whole call.
+    import time
+
+    rng = np.random.default_rng(3)
+    tokens = 60000
+    with make_context(n_threads=1, budget=64) as ctx, ctx.open_sequence() as seq:
+        seq.append_prefill(0, *random_kv(rng, tokens=tokens))
+        q = rng.standard_normal((GEOMETRY["n_q_heads"], GEOMETRY["head_dim"]), dtype=np.float32)
+        seq.select(0, q)
+        durations = []
+
+        def selects():
+            for _ in range(5):
+                start = time.perf_counter()
+                seq.select(0, q)
+                durations.append(time.perf_counter() - start)
+
+        worker = threading.Thread(target=selects)
+        gaps, last = [], time.perf_counter()
+        worker.start()
+        while worker.is_alive():
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        worker.join()
+    call = min(durations)
+    if call < 0.005:
+        return  # calls too short to tell a released GIL from a held one on this machine
+    # A held GIL stalls this thread for (nearly) the whole time the worker spends in the library; a released one
+    # only when the OS happens to preempt it.
+    stalled = sum(gap for gap in gaps if gap > 0.8 * call)
+    assert stalled < 0.5 * sum(durations), (stalled, durations)
