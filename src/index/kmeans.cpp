@@ -4,6 +4,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "core/vec_math.hpp"
 
 namespace kvret {
@@ -29,8 +33,7 @@ struct CentroidPanel {
   }
 };
 
-__attribute__((target_clones("avx2", "default"))) int nearest_one(const float* x, int d, const float* transposed,
-                                                                   const float* bias, int k) {
+int nearest_one(const float* x, int d, const float* transposed, const float* bias, int k) {
   alignas(64) float score[kMaxK];
   std::memcpy(score, bias, sizeof(float) * static_cast<size_t>(k));
   for (int t = 0; t < d; ++t) {
@@ -44,24 +47,111 @@ __attribute__((target_clones("avx2", "default"))) int nearest_one(const float* x
   return best;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#define KVRET_KMEANS_AVX2 1
+constexpr int kBlockPoints = 4;  ///< points per register block: 4 points x 16 centroids = 8 accumulators
+
+/// The nearest of k centroids (k % 16 == 0) for P points at once: a register-blocked panel product (each centroid
+/// column loaded once serves P points) with a running per-lane argmax; ties go to the lowest index, as in
+/// nearest_one. This is where k-means and PQ encoding spend their time.
+template <int P>
+__attribute__((target("avx2,fma"))) void nearest_block_avx2(const float* x, int64_t x_stride, int d,
+                                                            const float* transposed, const float* bias, int k,
+                                                            int* best) {
+  __m256 best_score[P];
+  __m256i best_index[P];
+  for (int p = 0; p < P; ++p) {
+    best_score[p] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    best_index[p] = _mm256_setzero_si256();
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int j0 = 0; j0 < k; j0 += 16) {
+    __m256 acc[P][2];
+    for (int p = 0; p < P; ++p) {
+      acc[p][0] = _mm256_loadu_ps(bias + j0);
+      acc[p][1] = _mm256_loadu_ps(bias + j0 + 8);
+    }
+    const float* column = transposed + j0;
+    for (int t = 0; t < d; ++t, column += k) {
+      const __m256 c0 = _mm256_loadu_ps(column);
+      const __m256 c1 = _mm256_loadu_ps(column + 8);
+      for (int p = 0; p < P; ++p) {
+        const __m256 xt = _mm256_broadcast_ss(x + p * x_stride + t);
+        acc[p][0] = _mm256_fmadd_ps(xt, c0, acc[p][0]);
+        acc[p][1] = _mm256_fmadd_ps(xt, c1, acc[p][1]);
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i index = _mm256_add_epi32(lane, _mm256_set1_epi32(j0 + 8 * h));
+      for (int p = 0; p < P; ++p) {
+        const __m256 better = _mm256_cmp_ps(acc[p][h], best_score[p], _CMP_GT_OQ);
+        best_score[p] = _mm256_blendv_ps(best_score[p], acc[p][h], better);
+        best_index[p] = _mm256_blendv_epi8(best_index[p], index, _mm256_castps_si256(better));
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    alignas(32) float score[8];
+    alignas(32) int index[8];
+    _mm256_store_ps(score, best_score[p]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(index), best_index[p]);
+    int b = 0;
+    for (int l = 1; l < 8; ++l)
+      if (score[l] > score[b] || (score[l] == score[b] && index[l] < index[b])) b = l;
+    best[p] = index[b];
+  }
+}
+
+bool has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+#endif
+
+/// Nearest centroids of points [begin, end).
+void nearest_range(const float* x, int64_t begin, int64_t end, int d, int64_t x_stride, const CentroidPanel& panel,
+                   int k, int* best) {
+  int64_t i = begin;
+#ifdef KVRET_KMEANS_AVX2
+  if (k % 16 == 0 && has_avx2_fma()) {
+    for (; i + kBlockPoints <= end; i += kBlockPoints)
+      nearest_block_avx2<kBlockPoints>(x + i * x_stride, x_stride, d, panel.transposed.data(), panel.bias.data(), k,
+                                       best + (i - begin));
+    for (; i < end; ++i)
+      nearest_block_avx2<1>(x + i * x_stride, x_stride, d, panel.transposed.data(), panel.bias.data(), k,
+                            best + (i - begin));
+    return;
+  }
+#endif
+  for (; i < end; ++i)
+    best[i - begin] = nearest_one(x + i * x_stride, d, panel.transposed.data(), panel.bias.data(), k);
+}
+
+constexpr int64_t kAssignChunk = 256;
+
 }  // namespace
 
 template <class Code>
 void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const float* centroids, int k, Code* codes,
                     float* distances, bool parallel) {
   const CentroidPanel panel(centroids, k, d);
+  const int64_t chunks = (n + kAssignChunk - 1) / kAssignChunk;
 #pragma omp parallel for schedule(static) if (parallel && n >= 1024)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * x_stride;
-    const int best = nearest_one(xi, d, panel.transposed.data(), panel.bias.data(), k);
-    codes[i] = static_cast<Code>(best);
-    if (distances) distances[i] = squared_distance(xi, centroids + static_cast<size_t>(best) * d, d);
+  for (int64_t c = 0; c < chunks; ++c) {
+    int best[kAssignChunk];
+    const int64_t begin = c * kAssignChunk;
+    const int64_t end = std::min(n, begin + kAssignChunk);
+    nearest_range(x, begin, end, d, x_stride, panel, k, best);
+    for (int64_t i = begin; i < end; ++i) {
+      const int b = best[i - begin];
+      codes[i] = static_cast<Code>(b);
+      if (distances) distances[i] = squared_distance(x + i * x_stride, centroids + static_cast<size_t>(b) * d, d);
+    }
   }
 }
 
 template void assign_nearest<uint8_t>(const float*, int64_t, int, int64_t, const float*, int, uint8_t*, float*, bool);
-template void assign_nearest<int32_t>(const float*, int64_t, int, int64_t, const float*, int, int32_t*, float*,
-                                      bool);
+template void assign_nearest<int32_t>(const float*, int64_t, int, int64_t, const float*, int, int32_t*, float*, bool);
 
 KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const KmeansOptions& o) {
   KmeansResult r;
