@@ -195,7 +195,8 @@ typedef struct kvret_config {
   /* storage and capacity */
   int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
   int64_t host_bytes_limit; /**< capacity of the host KV store over all sequences; 0 = unlimited; default 0 */
-  const char* disk_path;    /**< directory of the disk tier (reserved); NULL = no disk tier */
+  const char* disk_path;    /**< directory of the disk tier (reserved); NULL = no disk tier. kvret_create copies
+                                 the string; kvret_get_config returns a pointer valid until kvret_destroy */
 
   /* GPU block cache (CUDA backend) */
   int32_t block_tokens;          /**< tokens per cache block; default 128 */
@@ -289,7 +290,8 @@ typedef struct kvret_working_set {
   kvret_tensor positions; /**< int32 [n_kv_heads, capacity]: the token position of each row */
 } kvret_working_set;
 
-/** Upper bound of the working-set rows for `layer` at `budget` (KVRET_BUDGET_DEFAULT allowed). */
+/** Rows of the working set of `layer` for `budget` selected tokens per head: sink + min(budget, middle) + local.
+ *  KVRET_BUDGET_DEFAULT and 0 (a count select may return) are accepted. */
 KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t layer, int32_t budget,
                                                   int64_t* out_rows);
 

@@ -275,7 +275,7 @@ int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, c
 
 int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
   const TokenGroups g = groups(layer);
-  int64_t count = resolve_budget(layer, budget);
+  int64_t count = budget == 0 ? 0 : resolve_budget(layer, budget);  // 0: what kvret_seq_budget may answer
   if (ctx_.config().index_kind == KVRET_INDEX_STREAMING) count = 0;
   return g.mid_begin + count + (g.length - g.mid_end);
 }
