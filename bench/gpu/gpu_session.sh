@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One script for a session that has a GPU machine: configure and build, run the gpu tests, the sanitizers and
+# the benchmarks, and leave every log under $OUT (the device tool's output folder; ./gpu-session-out otherwise).
+#
+#   bash bench/gpu/gpu_session.sh check   # build + ctest -L gpu + compute-sanitizer memcheck/racecheck/synccheck
+#   bash bench/gpu/gpu_session.sh bench   # build (a no-op when warm) + kvret-bench-gpu + torch_peer.py
+#   bash bench/gpu/gpu_session.sh all     # both (may not fit one 10-minute call on a cold machine)
+#
+# Environment: BUILD (build folder, default build-gpu), GTEST_PREFIX (an installed GoogleTest to use when the
+# machine has none, e.g. build-deps/gtest carried from the development machine; see docs/cuda.md), QUICK=1 (the
+# benchmarks' --quick).
+set -uo pipefail
+phase=${1:-all}
+OUT=${OUT:-$PWD/gpu-session-out}
+BUILD=${BUILD:-build-gpu}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+build() {
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+  local prefix=()
+  if [[ -n "${GTEST_PREFIX:-}" ]]; then prefix=(-DCMAKE_PREFIX_PATH="$(realpath "$GTEST_PREFIX")"); fi
+  if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRET_CUDA=ON -DKVRET_BUILD_BINDINGS=OFF \
+    -DKVRET_BUILD_TOOLS=OFF -DKVRET_BUILD_BENCH=ON -DKVRET_BUILD_TESTS=ON "${prefix[@]}" >"$OUT/configure.txt" 2>&1; then
+    note "configure: FAILED"; tail -30 "$OUT/configure.txt"; return 1
+  fi
+  if ! ninja -C "$BUILD" test_gpu >"$OUT/build.txt" 2>&1; then
+    note "build: FAILED"; tail -40 "$OUT/build.txt"; return 1
+  fi
+  ninja -C "$BUILD" kvret-bench-gpu >>"$OUT/build.txt" 2>&1 || note "kvret-bench-gpu: not built (see build.txt)"
+  note "build: ok"
+}
+
+check() {
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/ctest.txt" 2>&1
+  note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
+  note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
+  local bin="$BUILD/bin/test_gpu"
+  # The 128k-token top-k and the PQ-sized k-means are the slow ones under the sanitizers; both are covered by
+  # smaller cases of the same code paths.
+  local filter='--gtest_filter=-*At128kTokens*:*ChunkedGemms*'
+  timeout 540 compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full "$bin" "$filter" \
+    >"$OUT/memcheck.txt" 2>&1
+  note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"
+  timeout 540 compute-sanitizer --tool racecheck --error-exitcode 1 --racecheck-report hazard "$bin" "$filter" \
+    >"$OUT/racecheck.txt" 2>&1
+  note "racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.txt" | tail -1)"
+  timeout 300 compute-sanitizer --tool synccheck --error-exitcode 1 "$bin" "$filter" >"$OUT/synccheck.txt" 2>&1
+  note "synccheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/synccheck.txt" | tail -1)"
+}
+
+bench() {
+  local quick=()
+  if [[ "${QUICK:-0}" == 1 ]]; then quick=(--quick); fi
+  "$BUILD/bin/kvret-bench-gpu" "${quick[@]}" >"$OUT/bench_kvret.txt" 2>&1
+  note "kvret-bench-gpu: rc=$?"
+  python3 bench/gpu/torch_peer.py "${quick[@]}" >"$OUT/bench_torch.txt" 2>&1
+  note "torch_peer.py: rc=$?"
+  grep -hE '^(device|section=select|section=fetch)' "$OUT/bench_kvret.txt" "$OUT/bench_torch.txt" | tee -a "$summary"
+}
+
+case "$phase" in
+  check) build && check ;;
+  bench) build && bench ;;
+  all) build && check && bench ;;
+  *) echo "usage: $0 check|bench|all" >&2; exit 2 ;;
+esac
+echo "---- summary ($OUT/summary.txt)"
+cat "$summary"

@@ -1,0 +1,50 @@
+#pragma once
+// Where the GPU finds a sequence's keys and values for one layer: the block cache in device memory, and the full
+// store in mapped pinned host memory. Shared by the working-set gather and the block-cache update.
+#include <cstdint>
+
+#include "kernel_types.h"
+
+namespace kvret::cuda {
+
+/// Geometry common to every sequence of one launch.
+struct KvGeometry {
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;  ///< 64, 128 or 256
+  ElemType elem_type = ElemType::kF16;
+  int32_t block_tokens = 128;  ///< tokens per cache block
+};
+
+/// Row bytes of one (token, head): head_dim * element size, 128 .. 1024, always a multiple of 16.
+constexpr int64_t kv_row_bytes(const KvGeometry& geo) noexcept {
+  return static_cast<int64_t>(geo.head_dim) * static_cast<int64_t>(elem_size(geo.elem_type));
+}
+
+/// The GPU block cache of one (sequence, layer): per KV head, n_slots slots of block_tokens rows each.
+/// Device memory. A null block_table means "no cache": every row comes from the host store.
+struct BlockCacheView {
+  int32_t* block_table = nullptr;      ///< [n_kv_heads, max_blocks]: block (position / block_tokens) -> slot or -1
+  int32_t* slot_block = nullptr;       ///< [n_kv_heads, n_slots]: slot -> block or -1 (empty)
+  uint32_t* slot_stamp = nullptr;      ///< [n_kv_heads, n_slots]: kLru: step of the last use; kLfu: use count
+  uint8_t* slot_prefetched = nullptr;  ///< optional [n_kv_heads, n_slots]: 1 while a prefetched block is unused
+  void* k = nullptr;                   ///< [n_kv_heads, n_slots, block_tokens, head_dim]
+  void* v = nullptr;                   ///< same layout as k
+  int32_t max_blocks = 0;              ///< entries of block_table per head
+  int32_t n_slots = 0;
+};
+
+/// The full KV of one (sequence, layer) in pinned host memory mapped into the device's address space
+/// (cudaHostAlloc(..., cudaHostAllocMapped) and cudaHostGetDevicePointer). Row (position p, head h) is at
+///   page[p / page_tokens] + (p % page_tokens) * token_stride + h * head_stride        (bytes)
+/// in k_pages (keys) and v_pages (values). One page of page_tokens >= n_tokens describes a flat store.
+/// Rows must be 16-byte aligned.
+struct HostKvView {
+  const void* const* k_pages = nullptr;  ///< device-readable array of device pointers, one per page
+  const void* const* v_pages = nullptr;
+  int64_t page_tokens = 0;
+  int64_t token_stride = 0;  ///< bytes
+  int64_t head_stride = 0;   ///< bytes
+  int64_t n_tokens = 0;      ///< tokens stored; rows at or beyond it are never read
+};
+
+}  // namespace kvret::cuda

@@ -1,0 +1,185 @@
+#pragma once
+// Kernel of launch_topk_positions (see topk_select.h).
+//
+// One thread-block cluster of kClusterSize blocks per row (Hopper distributed shared memory): each block owns one
+// contiguous slice of the row, so even a batch of one sequence keeps 8 x n_kv_heads multiprocessors busy.
+//
+// 1. Radix select over the scores' order keys, 11 + 11 + 10 bits: in each pass every block builds a histogram of
+//    its slice's keys that match the bits fixed so far (shared-memory atomics, warp-aggregated with
+//    __match_any_sync); after a cluster barrier every block adds up the cluster's histograms (read through
+//    distributed shared memory) and runs the same cub::BlockScan over them, so all blocks find the same digit in
+//    which the kk-th largest key lies. Histograms are double-buffered: one cluster barrier per pass.
+// 2. Each block counts its keys above the threshold and equal to it; the blocks exchange these counts, which gives
+//    every block where its output starts and how many threshold-equal keys come before its slice.
+// 3. Each block compacts its slice in index order (one cub::BlockScan per tile), so the selection comes out
+//    ascending with no sort: keys above the threshold, and threshold-equal keys while fewer than `need` were taken.
+#include <cooperative_groups.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "device_util.cuh"
+#include "topk_select.h"
+
+namespace kvret::cuda::topk_detail {
+
+inline constexpr int kClusterSize = 8;
+inline constexpr int kThreads = 512;
+inline constexpr int kLoadUnroll = 4;  // histogram: keys loaded per thread before their atomics
+inline constexpr int kItemsPerThread = 8;
+inline constexpr int kTile = kThreads * kItemsPerThread;  // compaction tile; < 2^16 (packed scan)
+inline constexpr int kPasses = 3;
+inline constexpr int kBins = 1 << 11;
+inline constexpr int kBinsPerThread = kBins / kThreads;
+static_assert(kBinsPerThread * kThreads == kBins);
+
+__device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__device__ __forceinline__ int pass_bits(int pass) { return pass == 2 ? 10 : 11; }
+
+__global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads) topk_positions_kernel(TopkParams p) {
+  namespace cg = cooperative_groups;
+  using Scan = cub::BlockScan<int, kThreads>;
+  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } temp;
+  __shared__ int hist[2][kBins];
+  __shared__ int s_digit;
+  __shared__ int s_digit_count;
+  __shared__ int s_count_above;
+  __shared__ unsigned long long s_slice_counts;  // this block's (above | equal << 32), read by the whole cluster
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row = static_cast<int>(blockIdx.x) / kClusterSize;
+  const int s = row / p.n_kv_heads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int n = p.n_tokens[s];
+  const int kk = min(p.k, n);
+  if (rank == 0 && row % p.n_kv_heads == 0 && tid == 0 && p.counts != nullptr) p.counts[s] = kk;
+  if (kk <= 0) return;  // the whole cluster returns: no distributed shared memory was touched
+  const float* scores = p.scores + static_cast<size_t>(row) * p.score_stride;
+  const int slice = (n + kClusterSize - 1) / kClusterSize;
+  const int begin = min(n, rank * slice);
+  const int end = min(n, begin + slice);
+
+  // ---- 1. radix select: (prefix, mask) of the threshold, and how many keys equal to it to take ----
+  uint32_t prefix = 0;
+  uint32_t mask = 0;
+  int need = kk;
+  for (int pass = 0; pass < kPasses && kk < n; ++pass) {
+    const int shift = pass_shift(pass);
+    const uint32_t digit_mask = (1u << pass_bits(pass)) - 1u;
+    int* my_hist = hist[pass & 1];
+    for (int b = tid; b < kBins; b += kThreads) my_hist[b] = 0;
+    __syncthreads();
+    for (int base = begin; base < end; base += kThreads * kLoadUnroll) {
+      uint32_t keys[kLoadUnroll];
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int idx = base + u * kThreads + tid;
+        keys[u] = idx < end ? float_order_key(scores[idx]) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int idx = base + u * kThreads + tid;
+        const int bin =
+            idx < end && (keys[u] & mask) == prefix ? static_cast<int>((keys[u] >> shift) & digit_mask) : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);  // lanes with the same bin add once
+        if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&my_hist[bin], __popc(peers));
+      }
+    }
+    cluster.sync();  // every block's histogram of this pass is complete and visible
+
+    // Thread t owns the bins kBins-1-4t .. kBins-4-4t (descending), summed over the cluster.
+    int total[kBinsPerThread] = {};
+    for (int r = 0; r < kClusterSize; ++r) {
+      const int* remote = cluster.map_shared_rank(&hist[pass & 1][0], r);
+#pragma unroll
+      for (int i = 0; i < kBinsPerThread; ++i) total[i] += remote[kBins - 1 - (tid * kBinsPerThread + i)];
+    }
+    int at_or_above[kBinsPerThread];
+    Scan(temp.scan).InclusiveSum(total, at_or_above);
+#pragma unroll
+    for (int i = 0; i < kBinsPerThread; ++i) {
+      if (at_or_above[i] >= need && at_or_above[i] - total[i] < need) {
+        s_digit = kBins - 1 - (tid * kBinsPerThread + i);
+        s_digit_count = total[i];
+        s_count_above = at_or_above[i] - total[i];
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(s_digit) << shift;
+    mask |= digit_mask << shift;
+    need -= s_count_above;
+    const bool done = s_digit_count == need;  // every key with this digit is taken: lower bits do not matter
+    __syncthreads();                          // s_* and temp are rewritten by the next pass
+    if (done) break;
+  }
+
+  // ---- 2. this block's keys above / equal to the threshold, exchanged across the cluster ----
+  unsigned long long mine = 0;
+  for (int idx = begin + tid; idx < end; idx += kThreads) {
+    const uint32_t key = float_order_key(scores[idx]) & mask;
+    mine += key > prefix ? 1ull : key == prefix ? (1ull << 32) : 0ull;
+  }
+  mine = Reduce(temp.reduce).Sum(mine);
+  if (tid == 0) s_slice_counts = mine;
+  cluster.sync();       // also ends every block's reads of the others' histograms
+  int out_carry = 0;    // indices written by the blocks before this one (then: by this block's earlier tiles)
+  int equal_carry = 0;  // threshold-equal keys before this block's slice (then: before the current tile)
+  int my_quota = 0;     // indices this block writes
+  for (int r = 0; r <= rank; ++r) {
+    const unsigned long long counts = *cluster.map_shared_rank(&s_slice_counts, r);
+    const int above = static_cast<int>(counts & 0xffffffffu);
+    const int equal = static_cast<int>(counts >> 32);
+    const int taken = above + min(equal_carry + equal, need) - min(equal_carry, need);
+    if (r < rank) {
+      out_carry += taken;
+      equal_carry += equal;
+    } else {
+      my_quota = taken;
+    }
+  }
+  cluster.sync();   // no block touches another's shared memory after this: blocks may finish independently
+  __syncthreads();  // temp.reduce is reused as temp.scan below
+  const int out_end = out_carry + my_quota;
+
+  // ---- 3. order-preserving compaction of this block's slice ----
+  int32_t* out = p.positions + static_cast<size_t>(row) * p.positions_stride;
+  const int32_t offset = p.position_offset != nullptr ? p.position_offset[s] : 0;
+  for (int base = begin; base < end && out_carry < out_end; base += kTile) {
+    bool above[kItemsPerThread];
+    bool equal[kItemsPerThread];
+    int n_above = 0;
+    int n_equal = 0;
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {  // blocked: thread tid owns indices base + tid*8 + i
+      const int idx = base + tid * kItemsPerThread + i;
+      const uint32_t key = idx < end ? float_order_key(scores[idx]) & mask : 0u;
+      above[i] = idx < end && key > prefix;
+      equal[i] = idx < end && key == prefix;
+      n_above += above[i] ? 1 : 0;
+      n_equal += equal[i] ? 1 : 0;
+    }
+    int before = 0;  // (above | equal << 16) of the lower threads of the tile
+    int tile = 0;
+    Scan(temp.scan).ExclusiveSum(n_above | (n_equal << 16), before, tile);
+    __syncthreads();
+    int equal_rank = equal_carry + (before >> 16);
+    int out_index = out_carry + (before & 0xffff) + min(equal_rank, need) - min(equal_carry, need);
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const bool take = above[i] || (equal[i] && equal_rank < need);
+      equal_rank += equal[i] ? 1 : 0;
+      if (take) out[out_index++] = base + tid * kItemsPerThread + i + offset;
+    }
+    const int tile_equal = tile >> 16;
+    out_carry += (tile & 0xffff) + min(equal_carry + tile_equal, need) - min(equal_carry, need);
+    equal_carry += tile_equal;
+  }
+}
+
+}  // namespace kvret::cuda::topk_detail

@@ -1,0 +1,35 @@
+#pragma once
+// Batched top-k over score rows: for every (sequence, KV head) the positions of the k largest scores, written in
+// ascending position order. One launch for the whole batch.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvret::cuda {
+
+/// Inputs and outputs of launch_topk_positions. Every pointer is device memory.
+///
+/// Row (s, h) holds n = n_tokens[s] scores. With kk = min(k, n), the row's selection is the kk indices with the
+/// largest scores; among equal scores the lower index ranks higher (so the selection is unique). Scores compare
+/// as floats with -0 < +0 and NaNs above +inf. The selection is written ascending, each index plus
+/// position_offset[s], to positions[(s * n_kv_heads + h) * positions_stride + 0 .. kk).
+struct TopkParams {
+  int32_t n_seqs = 0;
+  int32_t n_kv_heads = 0;
+  const float* scores = nullptr;  ///< [n_seqs, n_kv_heads, score_stride]
+  int64_t score_stride = 0;
+  const int32_t* n_tokens = nullptr;  ///< [n_seqs] valid scores per row of that sequence (<= score_stride)
+  int32_t k = 0;                      ///< the budget; >= 0
+
+  const int32_t* position_offset = nullptr;  ///< optional [n_seqs], added to every written index (e.g. n_sink)
+  int32_t* positions = nullptr;              ///< [n_seqs, n_kv_heads, positions_stride]
+  int64_t positions_stride = 0;              ///< >= k
+  int32_t* counts = nullptr;                 ///< optional [n_seqs]: kk of each sequence
+};
+
+/// Enqueues the selection on `stream`: one cluster of 8 thread blocks per row (sm_90) runs a 3-pass radix select
+/// (11 + 11 + 10 bits) on the scores' order keys, then an order-preserving compaction writes the selected indices
+/// ascending, so no sort of the selection is needed and k has no upper limit. Needs no workspace.
+cudaError_t launch_topk_positions(const TopkParams& params, cudaStream_t stream);
+
+}  // namespace kvret::cuda

@@ -1,0 +1,136 @@
+// launch_topk_positions against a CPU sort: exact equality of the selected positions, ties included.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "topk_select.h"
+
+namespace kvret::cuda::testing {
+namespace {
+
+uint32_t order_key(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+/// The documented rule: the min(k, n) largest scores, equal scores ranked by lower index, written ascending.
+std::vector<int32_t> reference_topk(const float* scores, int n, int k, int32_t offset) {
+  std::vector<int32_t> index(n);
+  std::iota(index.begin(), index.end(), 0);
+  std::sort(index.begin(), index.end(), [&](int32_t a, int32_t b) {
+    const uint32_t ka = order_key(scores[a]);
+    const uint32_t kb = order_key(scores[b]);
+    return ka != kb ? ka > kb : a < b;
+  });
+  index.resize(std::min(k, n));
+  std::sort(index.begin(), index.end());
+  for (auto& i : index) i += offset;
+  return index;
+}
+
+struct TopkCase {
+  int n_kv_heads;
+  std::vector<int> n_tokens;
+  std::vector<int> offsets;  // empty: no offsets
+  int k;
+};
+
+void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t stride) {
+  const int n_seqs = static_cast<int>(c.n_tokens.size());
+  const int64_t out_stride = c.k + 3;
+  DeviceBuffer<float> d_scores(scores);
+  DeviceBuffer<int32_t> d_n_tokens(std::vector<int32_t>(c.n_tokens.begin(), c.n_tokens.end()));
+  DeviceBuffer<int32_t> d_offsets(std::vector<int32_t>(c.offsets.begin(), c.offsets.end()));
+  DeviceBuffer<int32_t> d_positions(static_cast<size_t>(n_seqs) * c.n_kv_heads * std::max<int64_t>(out_stride, 1));
+  DeviceBuffer<int32_t> d_counts(n_seqs);
+  d_positions.fill_bytes(0xff);
+  d_counts.fill_bytes(0xff);
+
+  TopkParams p;
+  p.n_seqs = n_seqs;
+  p.n_kv_heads = c.n_kv_heads;
+  p.scores = d_scores.get();
+  p.score_stride = stride;
+  p.n_tokens = d_n_tokens.get();
+  p.k = c.k;
+  p.position_offset = c.offsets.empty() ? nullptr : d_offsets.get();
+  p.positions = d_positions.get();
+  p.positions_stride = out_stride;
+  p.counts = d_counts.get();
+  KVRET_LAUNCH_AND_SYNC(launch_topk_positions(p, nullptr));
+
+  const auto positions = d_positions.download();
+  const auto counts = d_counts.download();
+  for (int s = 0; s < n_seqs; ++s) {
+    EXPECT_EQ(counts[s], std::min(c.k, c.n_tokens[s])) << "seq " << s;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const size_t row = static_cast<size_t>(s) * c.n_kv_heads + h;
+      const auto want = reference_topk(&scores[row * stride], c.n_tokens[s], c.k, c.offsets.empty() ? 0 : c.offsets[s]);
+      const std::vector<int32_t> got(positions.begin() + static_cast<std::ptrdiff_t>(row * out_stride),
+                                     positions.begin() + static_cast<std::ptrdiff_t>(row * out_stride + want.size()));
+      EXPECT_EQ(got, want) << "seq " << s << " head " << h;
+      if (static_cast<int64_t>(want.size()) < out_stride) {
+        EXPECT_EQ(positions[row * out_stride + want.size()], -1) << "wrote past the selection, seq " << s;
+      }
+    }
+  }
+}
+
+std::vector<float> normal_scores(size_t n, uint64_t seed) { return random_normal<float>(n, seed); }
+
+class TopkSelectTest : public GpuTest {};
+
+TEST_F(TopkSelectTest, RandomScoresWithOffsetsAndEmptyRows) {
+  const TopkCase c{8, {10000, 5, 0}, {16, 0, 7}, 1000};
+  const int64_t stride = 10003;
+  run_case(c, normal_scores(3 * 8 * stride, 11), stride);
+}
+
+TEST_F(TopkSelectTest, HeavyTiesTakeLowerPositionsFirst) {
+  const TopkCase c{4, {50000, 4097}, {}, 12345};
+  const int64_t stride = 50000;
+  std::vector<float> scores(2 * 4 * stride);
+  std::mt19937_64 rng(12);
+  std::uniform_int_distribution<int> level(0, 9);
+  for (auto& x : scores) x = static_cast<float>(level(rng));
+  run_case(c, scores, stride);
+}
+
+TEST_F(TopkSelectTest, BudgetAtOrAboveLengthTakesEverything) {
+  const TopkCase c{2, {150, 200, 250}, {}, 200};
+  run_case(c, normal_scores(3 * 2 * 256, 13), 256);
+}
+
+TEST_F(TopkSelectTest, SpecialValuesOrderAsFloats) {
+  const TopkCase c{1, {4096}, {}, 100};
+  auto scores = normal_scores(4096, 14);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 4096; i += 97) scores[i] = 0.0f;
+  for (int i = 1; i < 4096; i += 89) scores[i] = -0.0f;
+  for (int i = 2; i < 4096; i += 211) scores[i] = inf;
+  for (int i = 3; i < 4096; i += 101) scores[i] = -inf;
+  for (auto& x : scores) x = x > 0 && x < 1.0f ? -x : x;  // many negatives
+  run_case(c, scores, 4096);
+}
+
+TEST_F(TopkSelectTest, SoftmaxLikeScoresAt128kTokens) {
+  // Probabilities share a few exponents: the histogram's hottest bins, as in a real select.
+  const TopkCase c{8, {131072, 131072}, {16, 16}, 13107};
+  const int64_t stride = 131072;
+  auto scores = normal_scores(2 * 8 * stride, 15);
+  for (auto& x : scores) x = std::exp(2.0f * x) / 131072.0f;
+  run_case(c, scores, stride);
+}
+
+TEST_F(TopkSelectTest, ZeroBudgetWritesNothing) {
+  const TopkCase c{3, {100}, {}, 0};
+  run_case(c, normal_scores(3 * 100, 16), 100);
+}
+
+}  // namespace
+}  // namespace kvret::cuda::testing
