@@ -34,7 +34,7 @@ cudaError_t launch(const BlockCacheUpdateParams& p, bool prefetch, void* workspa
   auto* load_counts = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + loads_bytes(p));
 
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
-  cudaError_t err = prepare_dynamic_smem(bookkeeping_kernel, smem);
+  cudaError_t err = prepare_dynamic_smem<bookkeeping_kernel>(smem);
   if (err != cudaSuccess) return err;
   bookkeeping_kernel<<<static_cast<unsigned>(pairs), kBookThreads, smem, stream>>>(p.seqs, p.geo, p.policy, p.max_admit,
                                                                                    prefetch, loads, load_counts);

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <mutex>
 #include <type_traits>
 
 #include "kernel_types.h"
@@ -46,22 +48,36 @@ cudaError_t dispatch_elem_type(ElemType type, F&& f) {
   }
 }
 
-/// Raises a kernel's dynamic shared-memory limit when its static plus `bytes` of dynamic shared memory exceed the
-/// default 48 KiB; cudaErrorInvalidValue when the device cannot give that much to one block.
-template <typename Kernel>
-cudaError_t prepare_dynamic_smem(Kernel kernel, size_t bytes) {
-  cudaFuncAttributes attributes{};
-  cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
-  if (err != cudaSuccess) return err;
-  if (attributes.sharedSizeBytes + bytes <= 48 * 1024) return cudaSuccess;
+/// Lets `Kernel` launch with `bytes` of dynamic shared memory: raises its limit (cudaFuncSetAttribute) when its
+/// static plus dynamic shared memory exceed the default 48 KiB; cudaErrorInvalidValue when the device cannot give
+/// that much to one block. What was granted is remembered per device, so the common call costs one cudaGetDevice.
+template <auto Kernel>
+cudaError_t prepare_dynamic_smem(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> granted[kMaxDevices] = {};
+  static std::mutex raising;
   int device = 0;
-  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
-  int optin = 0;
-  if ((err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) != cudaSuccess) {
-    return err;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (bytes <= granted[device].load(std::memory_order_acquire)) return cudaSuccess;
+
+  std::lock_guard<std::mutex> lock(raising);  // the limit only ever goes up
+  const size_t have = granted[device].load(std::memory_order_relaxed);
+  if (bytes <= have) return cudaSuccess;
+  cudaFuncAttributes attributes{};
+  if ((err = cudaFuncGetAttributes(&attributes, Kernel)) != cudaSuccess) return err;
+  if (attributes.sharedSizeBytes + bytes > 48 * 1024) {
+    int optin = 0;
+    if ((err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) != cudaSuccess) {
+      return err;
+    }
+    if (attributes.sharedSizeBytes + bytes > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
   }
-  if (attributes.sharedSizeBytes + bytes > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  granted[device].store(bytes, std::memory_order_release);
+  return cudaSuccess;
 }
 
 }  // namespace kvret::cuda

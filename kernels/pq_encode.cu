@@ -24,7 +24,7 @@ cudaError_t launch_pq_encode(const PqEncodeParams& params, cudaStream_t stream) 
   const size_t smem = smem_bytes(p.head_dim / p.pq_m);
   return dispatch_elem_type(p.key_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cudaError_t err = prepare_dynamic_smem(pq_encode_kernel<T>, smem);
+    cudaError_t err = prepare_dynamic_smem<pq_encode_kernel<T>>(smem);
     if (err != cudaSuccess) return err;
     pq_encode_kernel<T><<<grid, kThreads, smem, stream>>>(p, token_stride, head_stride);
     return cudaGetLastError();

@@ -43,7 +43,7 @@ cudaError_t launch_pq_scores(const PqScoreParams& params, void* workspace, size_
                   static_cast<unsigned>(params.n_seqs));
 
   if (params.fold == GqaFold::kMaxLogit) {
-    cudaError_t err = prepare_dynamic_smem(max_logit_kernel, smem);
+    cudaError_t err = prepare_dynamic_smem<max_logit_kernel>(smem);
     if (err != cudaSuccess) return err;
     max_logit_kernel<<<grid, kThreads, smem, stream>>>(params, scale);
     return cudaGetLastError();
@@ -51,9 +51,9 @@ cudaError_t launch_pq_scores(const PqScoreParams& params, void* workspace, size_
 
   if (workspace == nullptr || workspace_bytes < pq_scores_workspace_bytes(params)) return cudaErrorInvalidValue;
   auto* partials = static_cast<SoftmaxPartial*>(workspace);
-  cudaError_t err = prepare_dynamic_smem(softmax_partials_kernel, smem);
+  cudaError_t err = prepare_dynamic_smem<softmax_partials_kernel>(smem);
   if (err != cudaSuccess) return err;
-  err = prepare_dynamic_smem(sum_prob_kernel, smem);
+  err = prepare_dynamic_smem<sum_prob_kernel>(smem);
   if (err != cudaSuccess) return err;
   softmax_partials_kernel<<<grid, kThreads, smem, stream>>>(params, scale, partials, chunks);
   err = cudaGetLastError();
