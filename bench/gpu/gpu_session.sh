@@ -2,9 +2,10 @@
 # One script for a session that has a GPU machine: configure and build, run the gpu tests, the sanitizers and
 # the benchmarks, and leave every log under $OUT (the device tool's output folder; ./gpu-session-out otherwise).
 #
-#   bash bench/gpu/gpu_session.sh check   # build + ctest -L gpu + compute-sanitizer memcheck/racecheck/synccheck
-#   bash bench/gpu/gpu_session.sh bench   # build (a no-op when warm) + kvret-bench-gpu + torch_peer.py
-#   bash bench/gpu/gpu_session.sh all     # both (may not fit one 10-minute call on a cold machine)
+#   bash bench/gpu/gpu_session.sh check     # build + ctest -L gpu + compute-sanitizer memcheck
+#   bash bench/gpu/gpu_session.sh sanitize  # build (a no-op when warm) + racecheck, synccheck, initcheck
+#   bash bench/gpu/gpu_session.sh bench     # build (a no-op when warm) + kvret-bench-gpu + torch_peer.py
+#   bash bench/gpu/gpu_session.sh all       # everything (more than one 10-minute device call on a cold machine)
 #
 # Environment: BUILD (build folder, default build-gpu), GTEST_PREFIX (an installed GoogleTest to use when the
 # machine has none, e.g. build-deps/gtest carried from the development machine; see docs/cuda.md), QUICK=1 (the
@@ -33,22 +34,29 @@ build() {
   note "build: ok"
 }
 
+# The 128k-token top-k and the PQ-sized k-means are the slow ones under the sanitizers; smaller cases of the same
+# code paths stay in.
+SANITIZER_FILTER='--gtest_filter=-*At128kTokens*:*ChunkedGemms*'
+
+sanitize() {  # sanitize TOOL SECONDS [extra compute-sanitizer options]
+  local tool=$1 seconds=$2
+  shift 2
+  timeout "$seconds" compute-sanitizer --tool "$tool" --error-exitcode 1 "$@" "$BUILD/bin/test_gpu" \
+    "$SANITIZER_FILTER" >"$OUT/$tool.txt" 2>&1
+  note "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.txt" | tail -1)"
+}
+
 check() {
   (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/ctest.txt" 2>&1
   note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
   note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
-  local bin="$BUILD/bin/test_gpu"
-  # The 128k-token top-k and the PQ-sized k-means are the slow ones under the sanitizers; both are covered by
-  # smaller cases of the same code paths.
-  local filter='--gtest_filter=-*At128kTokens*:*ChunkedGemms*'
-  timeout 540 compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full "$bin" "$filter" \
-    >"$OUT/memcheck.txt" 2>&1
-  note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"
-  timeout 540 compute-sanitizer --tool racecheck --error-exitcode 1 --racecheck-report hazard "$bin" "$filter" \
-    >"$OUT/racecheck.txt" 2>&1
-  note "racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.txt" | tail -1)"
-  timeout 300 compute-sanitizer --tool synccheck --error-exitcode 1 "$bin" "$filter" >"$OUT/synccheck.txt" 2>&1
-  note "synccheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/synccheck.txt" | tail -1)"
+  sanitize memcheck 240 --leak-check full
+}
+
+sanitizers() {
+  sanitize racecheck 240 --racecheck-report hazard
+  sanitize synccheck 120
+  sanitize initcheck 120
 }
 
 bench() {
@@ -63,9 +71,10 @@ bench() {
 
 case "$phase" in
   check) build && check ;;
+  sanitize) build && sanitizers ;;
   bench) build && bench ;;
-  all) build && check && bench ;;
-  *) echo "usage: $0 check|bench|all" >&2; exit 2 ;;
+  all) build && check && sanitizers && bench ;;
+  *) echo "usage: $0 check|sanitize|bench|all" >&2; exit 2 ;;
 esac
 echo "---- summary ($OUT/summary.txt)"
 cat "$summary"

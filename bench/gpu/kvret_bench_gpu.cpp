@@ -352,15 +352,15 @@ void bench_build(const Options& o, cudaStream_t stream) {
   const int problems = kKvHeads * kPqM;
   const int iters = 25;
   for (const int tokens : context_sizes(o)) {
+    Device<uint16_t> keys(static_cast<size_t>(tokens) * kKvHeads * kHeadDim);  // f16 bits
+    {
+      std::vector<uint16_t> host(keys.n);
+      std::mt19937_64 rng(5);
+      for (auto& x : host) x = static_cast<uint16_t>(0x3000 + rng() % 0x1000);  // f16 values in [0.125, 1)
+      keys.upload(host);
+    }
     for (const int sample : {8192, 0}) {  // 0: train on every token
       const int n_points = sample == 0 ? tokens : std::min(sample, tokens);
-      Device<uint16_t> keys(static_cast<size_t>(tokens) * kKvHeads * kHeadDim);  // f16 bits
-      {
-        std::vector<uint16_t> host(keys.n);
-        std::mt19937_64 rng(5);
-        for (auto& x : host) x = static_cast<uint16_t>(0x3000 + rng() % 0x1000);  // f16 values in [0.125, 1)
-        keys.upload(host);
-      }
       Device<int32_t> sample_idx(n_points);
       {
         std::vector<int32_t> idx(n_points);
