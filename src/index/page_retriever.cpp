@@ -13,13 +13,11 @@ namespace kvret {
 namespace {
 constexpr int64_t kKeyChunk = 256;         ///< keys converted to f32 at a time
 constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode)
-constexpr int kMaxHeadDim = 256;
 }  // namespace
 
 PageRetriever::PageRetriever(int n_kv_heads, int head_dim, int page_size)
     : n_kv_(n_kv_heads), d_(head_dim), page_size_(page_size), bounds_(static_cast<size_t>(n_kv_heads)) {
   require(page_size >= 1, KVRET_ERR_INVALID_ARGUMENT, "page_size must be >= 1");
-  require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim must be in 1..256");
 }
 
 int64_t PageRetriever::bytes() const noexcept {
@@ -95,22 +93,29 @@ void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end,
   end_ = end;
 }
 
-void PageRetriever::scaled_bounds(int head, const float* q, float scale, float* out) const {
+void PageRetriever::scaled_bounds(int head, const float* q, int n_queries, float scale, float* split,
+                                  float* out) const {
   // max(q_i min_i, q_i max_i) = min(q_i, 0) min_i + max(q_i, 0) max_i: one dot product of length 2d per page
-  // against the page's [min, max] row.
+  // against the page's [min, max] row. Every query of the group is scored while a row is in cache, so the bounds
+  // are read from memory once per select.
   const size_t d = static_cast<size_t>(d_);
-  alignas(64) float split[2 * kMaxHeadDim];
-  for (size_t i = 0; i < d; ++i) {
-    split[i] = std::min(q[i], 0.0f);
-    split[d + i] = std::max(q[i], 0.0f);
-  }
+  for (int g = 0; g < n_queries; ++g)
+    for (size_t i = 0; i < d; ++i) {
+      split[g * 2 * d + i] = std::min(q[g * d + i], 0.0f);
+      split[g * 2 * d + d + i] = std::max(q[g * d + i], 0.0f);
+    }
   const int64_t n = pages();
   const float* b = bounds_[static_cast<size_t>(head)].data();
-  for (int64_t p = 0; p < n; ++p) out[p] = scale * dot(split, b + static_cast<size_t>(p) * 2 * d, 2 * d_);
+  for (int64_t p = 0; p < n; ++p) {
+    const float* row = b + static_cast<size_t>(p) * 2 * d;
+    for (int g = 0; g < n_queries; ++g) out[g * n + p] = scale * dot(split + g * 2 * d, row, 2 * d_);
+  }
 }
 
-void PageRetriever::upper_bounds(int head, const float* q, float* out) const { scaled_bounds(head, q, 1.0f, out); }
-
+void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
+  std::vector<float> split(2 * static_cast<size_t>(d_));
+  scaled_bounds(head, q, 1, 1.0f, split.data(), out);
+}
 int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
   require(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
           "page index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
@@ -121,7 +126,8 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   if (n > 0) weight.back() = static_cast<int32_t>(page_tokens(n - 1));
   // Pages needed to cover the budget: every page is full except perhaps the last one.
   const int64_t need = std::min<int64_t>(n, (r.budget + page_size_ - 1) / page_size_ + 1);
-  const size_t per_head = static_cast<size_t>(n) * (group + 1);
+  const size_t split_size = static_cast<size_t>(group) * 2 * d_;
+  const size_t per_head = static_cast<size_t>(n) * (group + 1) + split_size;
   std::vector<float> scratch(per_head * n_kv_);
   std::vector<int32_t> orders(static_cast<size_t>(n) * n_kv_);
 
@@ -129,8 +135,8 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   for (int h = 0; h < n_kv_; ++h) {
     float* logits = scratch.data() + per_head * h;  // [group, n]
     float* folded = logits + static_cast<size_t>(group) * n;
-    const float* qg = r.q + static_cast<int64_t>(h) * group * d_;
-    for (int g = 0; g < group; ++g) scaled_bounds(h, qg + g * d_, r.scale, logits + static_cast<size_t>(g) * n);
+    float* split = folded + n;
+    scaled_bounds(h, r.q + static_cast<int64_t>(h) * group * d_, group, r.scale, split, logits);
     fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
 
     int32_t* order = orders.data() + static_cast<size_t>(n) * h;

@@ -41,7 +41,9 @@ class PageRetriever final : public Retriever {
   const float* bounds(int head, int64_t p) const noexcept {
     return bounds_[static_cast<size_t>(head)].data() + static_cast<size_t>(p) * 2 * d_;
   }
-  void scaled_bounds(int head, const float* q, float scale, float* out) const;
+  /// Scaled bounds of every page for n_queries queries q [n_queries, d] into out [n_queries, pages()];
+  /// split is scratch of n_queries * 2d floats.
+  void scaled_bounds(int head, const float* q, int n_queries, float scale, float* split, float* out) const;
 
   int n_kv_;
   int d_;
