@@ -4,8 +4,14 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KVRET_DEMO_F16C 1
+#endif
 
 namespace kvret_demo {
 
@@ -62,5 +68,46 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 inline float bf16_to_f32(uint16_t b) { return bits_f32(static_cast<uint32_t>(b) << 16); }
+
+// ---- bulk conversions (F16C where the CPU has it) ----
+#if defined(KVRET_DEMO_F16C)
+__attribute__((target("avx,f16c"))) inline void f32_to_f16_f16c(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) inline void f16_to_f32_f16c(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+inline bool have_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
+/// dst[i] = f16(src[i]) for i < n.
+inline void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
+#if defined(KVRET_DEMO_F16C)
+  if (have_f16c()) return f32_to_f16_f16c(src, dst, n);
+#endif
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+
+/// dst[i] = f32(src[i]) for i < n.
+inline void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+#if defined(KVRET_DEMO_F16C)
+  if (have_f16c()) return f16_to_f32_f16c(src, dst, n);
+#endif
+  for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
 
 }  // namespace kvret_demo

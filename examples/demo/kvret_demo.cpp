@@ -294,40 +294,41 @@ struct Tensor {
 constexpr kvret_dtype kF32{KVRET_DTYPE_FLOAT, 32, 1};
 constexpr kvret_dtype kI32{KVRET_DTYPE_INT, 32, 1};
 
-/// Converts n floats to the KV dtype into dst, and rounds src in place to what that dtype stores.
-void convert_kv(float* src, size_t n, KvType type, void* dst) {
-  switch (type) {
-    case KvType::F16: {
-      auto* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        d[i] = kvret_demo::f32_to_f16(src[i]);
-        src[i] = kvret_demo::f16_to_f32(d[i]);
-      }
-      break;
+constexpr size_t kChunk = 4096;  // conversion chunk (per OpenMP iteration)
+
+/// Converts n floats to the KV dtype into dst.
+void convert_kv(const float* src, size_t n, KvType type, void* dst) {
+  if (type == KvType::F32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  const auto chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (n > kChunk)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = static_cast<size_t>(c) * kChunk, m = std::min(kChunk, n - b);
+    if (type == KvType::F16) {
+      kvret_demo::f32_to_f16_n(src + b, d + b, m);
+    } else {
+      for (size_t i = b; i < b + m; ++i) d[i] = kvret_demo::f32_to_bf16(src[i]);
     }
-    case KvType::BF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        d[i] = kvret_demo::f32_to_bf16(src[i]);
-        src[i] = kvret_demo::bf16_to_f32(d[i]);
-      }
-      break;
-    }
-    case KvType::F32:
-      std::memcpy(dst, src, n * sizeof(float));
-      break;
   }
 }
 
 /// Rounds n floats in place to what the KV dtype stores.
 void round_kv(float* x, size_t n, KvType type) {
   if (type == KvType::F32) return;
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    x[i] = type == KvType::F16 ? kvret_demo::f16_to_f32(kvret_demo::f32_to_f16(x[i]))
-                               : kvret_demo::bf16_to_f32(kvret_demo::f32_to_bf16(x[i]));
+  const auto chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (n > kChunk)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = static_cast<size_t>(c) * kChunk, m = std::min(kChunk, n - b);
+    if (type == KvType::F16) {
+      uint16_t h[kChunk];
+      kvret_demo::f32_to_f16_n(x + b, h, m);
+      kvret_demo::f16_to_f32_n(h, x + b, m);
+    } else {
+      for (size_t i = b; i < b + m; ++i) x[i] = kvret_demo::bf16_to_f32(kvret_demo::f32_to_bf16(x[i]));
+    }
   }
 }
 
@@ -620,17 +621,93 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
+// The two hot loops of the quality pass, compiled for AVX2/FMA too where GCC can dispatch at run time.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define KVRET_DEMO_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define KVRET_DEMO_CLONES
+#endif
+
+/// P[r * ldp + j] = scale * q[r] . K[j * stride .. + D] for r < R, j < n. Rows go four at a time so that each key
+/// chunk is loaded once for four independent accumulators.
+KVRET_DEMO_CLONES void logits_rows(const float* const* q, int R, const float* K, int64_t stride, int64_t n, int D,
+                                   float scale, float* P, int64_t ldp) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = K + j * stride;
+    int r = 0;
+    for (; r + 4 <= R; r += 4) {
+      const float *q0 = q[r], *q1 = q[r + 1], *q2 = q[r + 2], *q3 = q[r + 3];
+      float a0[8] = {}, a1[8] = {}, a2[8] = {}, a3[8] = {};
+      int d = 0;
+      for (; d + 8 <= D; d += 8) {
+        for (int t = 0; t < 8; ++t) {
+          const float kv = k[d + t];
+          a0[t] += q0[d + t] * kv;
+          a1[t] += q1[d + t] * kv;
+          a2[t] += q2[d + t] * kv;
+          a3[t] += q3[d + t] * kv;
+        }
+      }
+      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+      for (; d < D; ++d) s0 += q0[d] * k[d], s1 += q1[d] * k[d], s2 += q2[d] * k[d], s3 += q3[d] * k[d];
+      for (int t = 0; t < 8; ++t) s0 += a0[t], s1 += a1[t], s2 += a2[t], s3 += a3[t];
+      P[r * ldp + j] = s0 * scale;
+      P[(r + 1) * ldp + j] = s1 * scale;
+      P[(r + 2) * ldp + j] = s2 * scale;
+      P[(r + 3) * ldp + j] = s3 * scale;
+    }
+    for (; r < R; ++r) P[r * ldp + j] = dot(q[r], k, D) * scale;
+  }
+}
+
+/// O[r * D .. + D] += P[r * ldp + j] * V[j * stride .. + D] for r < R, j < n. Blocks of 64 values rows (they stay in
+/// cache across the R rows) and 32-wide output chunks (their accumulators stay in registers).
+KVRET_DEMO_CLONES void weighted_values(const float* P, int64_t ldp, int R, const float* V, int64_t stride, int64_t n,
+                                       int D, float* O) {
+  constexpr int64_t kRows = 64;
+  constexpr int kC = 32;
+  for (int64_t jb = 0; jb < n; jb += kRows) {
+    const int64_t je = std::min(n, jb + kRows);
+    for (int r = 0; r < R; ++r) {
+      const float* p = P + r * ldp;
+      float* o = O + static_cast<int64_t>(r) * D;
+      int c = 0;
+      for (; c + kC <= D; c += kC) {
+        float acc[kC];
+        for (int t = 0; t < kC; ++t) acc[t] = o[c + t];
+        for (int64_t j = jb; j < je; ++j) {
+          const float pj = p[j];
+          const float* v = V + j * stride + c;
+          for (int t = 0; t < kC; ++t) acc[t] += pj * v[t];
+        }
+        for (int t = 0; t < kC; ++t) o[c + t] = acc[t];
+      }
+      for (; c < D; ++c) {
+        for (int64_t j = jb; j < je; ++j) o[c] += p[j] * V[j * stride + c];
+      }
+    }
+  }
+}
+
+// Per KV group and layer, all decode steps at once: the group's G query heads x S steps form R = S*G query rows;
+// logits [R, tokens] come from one pass over the group's keys (each key row is used R times while in L1), then
+// softmax per row over that step's context, then the outputs from one pass over the values.
 void quality(const Options& o, const kvret::workload::Workload& w, const std::vector<float>& queries,
              std::vector<Record>& recs) {
   if (recs.empty()) return;
   const KvFormat fmt = kv_format(o.kv_dtype);
-  const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim, G = HQ / HK;
-  const int64_t total = o.prefill + o.decode;
+  const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim, G = HQ / HK, S = o.decode;
+  const int R = S * G;
+  const int64_t total = o.prefill + S;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t n = static_cast<size_t>(total) * HK * D;
+  const size_t NR = recs.size();
   std::vector<float> K(n), V(n);
-  std::vector<double> tok_sum(recs.size(), 0), mass_sum(recs.size(), 0), err_sum(recs.size(), 0);
-  std::vector<int64_t> tok_n(recs.size(), 0), head_n(recs.size(), 0);
+  struct Sums {
+    double tok = 0, mass = 0, err = 0;
+    int64_t tok_n = 0, head_n = 0;
+  };
+  std::vector<Sums> sums(NR);
   // the sink/local split is the same for every kind (one config); take it from the first record
   const int n_sink_cfg = recs.front().n_sink, n_local_cfg = recs.front().n_local;
   Progress bar(o.progress, "quality (exact attention)", L);
@@ -638,90 +715,105 @@ void quality(const Options& o, const kvret::workload::Workload& w, const std::ve
     w.keys_values(l, 0, total, K.data(), V.data());
     round_kv(K.data(), n, fmt.type);
     round_kv(V.data(), n, fmt.type);
-    for (int s = 0; s < o.decode; ++s) {
-      const size_t sl = static_cast<size_t>(s) * L + l;
-      const int64_t len = o.prefill + s + 1;
-      const int64_t mid_lo = std::min<int64_t>(n_sink_cfg, len);
-      const int64_t mid_hi = std::max(mid_lo, len - std::min<int64_t>(n_local_cfg, len - mid_lo));
-      const int64_t n_mid = mid_hi - mid_lo;
-      // exact probabilities over all tokens and outputs, per query head
-      std::vector<float> prob(static_cast<size_t>(HQ) * len);
-      std::vector<double> o_full(static_cast<size_t>(HQ) * D, 0.0);
-      std::vector<float> fold(static_cast<size_t>(HK) * n_mid, 0.f);
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int h = 0; h < HQ; ++h) {
-        const float* q = &queries[((static_cast<size_t>(l) * o.decode + s) * HQ + h) * D];
-        const int g = h / G;
-        float* p = &prob[static_cast<size_t>(h) * len];
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) {
-          p[j] = dot(q, &K[(static_cast<size_t>(j) * HK + g) * D], D) * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double z = 0;
-        for (int64_t j = 0; j < len; ++j) z += (p[j] = std::exp(p[j] - mx));
-        const auto inv = static_cast<float>(1.0 / z);
-        std::vector<float> acc(static_cast<size_t>(D), 0.f);
-        double mid_z = 0;
-        for (int64_t j = 0; j < len; ++j) {
-          p[j] *= inv;
-          const float* vr = &V[(static_cast<size_t>(j) * HK + g) * D];
-          for (int d = 0; d < D; ++d) acc[d] += p[j] * vr[d];
-          if (j >= mid_lo && j < mid_hi) mid_z += p[j];
-        }
-        for (int d = 0; d < D; ++d) o_full[static_cast<size_t>(h) * D + d] = acc[d];
-        // the head's softmax over the middle tokens, added into its group's fold
-        if (mid_z > 0) {
-          const auto mi = static_cast<float>(1.0 / mid_z);
-          float* f = &fold[static_cast<size_t>(g) * n_mid];
-#pragma omp critical
-          for (int64_t j = 0; j < n_mid; ++j) f[j] += p[mid_lo + j] * mi;
-        }
-      }
-      for (size_t r = 0; r < recs.size(); ++r) {
-        Record& rec = recs[r];
-        const int32_t count = rec.count[sl];
-        for (int g = 0; g < HK; ++g) {
-          const int32_t* sel = &rec.selected[(sl * HK + g) * rec.max_count];
-          // token recall: selected tokens whose exact folded score reaches the B-th best (ties within 1e-4)
-          if (rec.kind != KVRET_INDEX_STREAMING && count > 0) {
-            const float* f = &fold[static_cast<size_t>(g) * n_mid];
-            std::vector<float> sorted(f, f + n_mid);
-            std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(), std::greater<float>());
-            const float kth = sorted[static_cast<size_t>(count - 1)];
-            const float thr = kth - 1e-4f * std::abs(kth);
-            int64_t hit = 0;
-            for (int32_t i = 0; i < count; ++i) hit += f[sel[i] - mid_lo] >= thr ? 1 : 0;
-            tok_sum[r] += static_cast<double>(std::min<int64_t>(hit, count)) / count;
+    std::vector<Sums> part(static_cast<size_t>(HK) * NR);
+#pragma omp parallel
+    {
+      std::vector<float> P(static_cast<size_t>(R) * total);  // logits, then probabilities
+      std::vector<float> O(static_cast<size_t>(R) * D);      // exact outputs
+      std::vector<float> fold, sorted;
+#pragma omp for schedule(dynamic, 1)
+      for (int g = 0; g < HK; ++g) {
+        // query rows r = s * G + (h - g * G)
+        std::vector<const float*> q(static_cast<size_t>(R));
+        for (int s = 0; s < S; ++s) {
+          for (int i = 0; i < G; ++i) {
+            q[static_cast<size_t>(s * G + i)] =
+                &queries[((static_cast<size_t>(l) * S + s) * HQ + static_cast<size_t>(g * G + i)) * D];
           }
-          ++tok_n[r];
-          // mass recall and output error of the group's query heads
-          for (int h = g * G; h < (g + 1) * G; ++h) {
-            const float* p = &prob[static_cast<size_t>(h) * len];
-            double mass = 0;
-            for (int64_t j = 0; j < mid_lo; ++j) mass += p[j];
-            for (int64_t j = mid_hi; j < len; ++j) mass += p[j];
-            for (int32_t i = 0; i < count; ++i) mass += p[sel[i]];
-            const float* ow = &rec.o_ws[(sl * HQ + h) * D];
-            const double* of = &o_full[static_cast<size_t>(h) * D];
-            double e2 = 0, f2 = 0;
-            for (int d = 0; d < D; ++d) {
-              e2 += (ow[d] - of[d]) * (ow[d] - of[d]);
-              f2 += of[d] * of[d];
+        }
+        logits_rows(q.data(), R, &K[static_cast<size_t>(g) * D], static_cast<int64_t>(HK) * D, total, D, scale,
+                    P.data(), total);
+        for (int r = 0; r < R; ++r) {  // softmax over the step's context [0, prefill + s + 1)
+          float* p = &P[static_cast<size_t>(r) * total];
+          const int64_t len = o.prefill + r / G + 1;
+          const float mx = *std::max_element(p, p + len);
+          double z = 0;
+          for (int64_t j = 0; j < len; ++j) z += (p[j] = std::exp(p[j] - mx));
+          const auto inv = static_cast<float>(1.0 / z);
+          for (int64_t j = 0; j < len; ++j) p[j] *= inv;
+          std::fill(p + len, p + total, 0.0f);
+        }
+        std::fill(O.begin(), O.end(), 0.0f);
+        weighted_values(P.data(), total, R, &V[static_cast<size_t>(g) * D], static_cast<int64_t>(HK) * D, total, D,
+                        O.data());
+        for (int s = 0; s < S; ++s) {
+          const size_t sl = static_cast<size_t>(s) * L + l;
+          const int64_t len = o.prefill + s + 1;
+          const int64_t mid_lo = std::min<int64_t>(n_sink_cfg, len);
+          const int64_t mid_hi = std::max(mid_lo, len - std::min<int64_t>(n_local_cfg, len - mid_lo));
+          const int64_t n_mid = mid_hi - mid_lo;
+          // the fold kvret uses by default: the sum over the group of each head's softmax over the middle tokens
+          fold.assign(static_cast<size_t>(n_mid), 0.0f);
+          for (int i = 0; i < G; ++i) {
+            const float* p = &P[static_cast<size_t>(s * G + i) * total];
+            double mid_z = 0;
+            for (int64_t j = mid_lo; j < mid_hi; ++j) mid_z += p[j];
+            if (mid_z <= 0) continue;
+            const auto mi = static_cast<float>(1.0 / mid_z);
+            for (int64_t j = 0; j < n_mid; ++j) fold[static_cast<size_t>(j)] += p[mid_lo + j] * mi;
+          }
+          for (size_t x = 0; x < NR; ++x) {
+            const Record& rec = recs[x];
+            Sums& acc = part[static_cast<size_t>(g) * NR + x];
+            const int32_t count = rec.count[sl];
+            const int32_t* sel = &rec.selected[(sl * HK + g) * rec.max_count];
+            // token recall: selected tokens whose exact folded score reaches the B-th best (ties within 1e-4)
+            if (rec.kind != KVRET_INDEX_STREAMING && count > 0) {
+              sorted = fold;
+              std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(), std::greater<float>());
+              const float kth = sorted[static_cast<size_t>(count - 1)];
+              const float thr = kth - 1e-4f * std::abs(kth);
+              int64_t hit = 0;
+              for (int32_t c = 0; c < count; ++c) hit += fold[static_cast<size_t>(sel[c] - mid_lo)] >= thr ? 1 : 0;
+              acc.tok += static_cast<double>(std::min<int64_t>(hit, count)) / count;
             }
-            mass_sum[r] += mass;
-            err_sum[r] += f2 > 0 ? std::sqrt(e2 / f2) : 0.0;
-            ++head_n[r];
+            ++acc.tok_n;
+            // mass recall and output error of the group's query heads
+            for (int i = 0; i < G; ++i) {
+              const float* p = &P[static_cast<size_t>(s * G + i) * total];
+              double mass = 0;
+              for (int64_t j = 0; j < mid_lo; ++j) mass += p[j];
+              for (int64_t j = mid_hi; j < len; ++j) mass += p[j];
+              for (int32_t c = 0; c < count; ++c) mass += p[sel[c]];
+              const float* ow = &rec.o_ws[(sl * HQ + static_cast<size_t>(g * G + i)) * D];
+              const float* of = &O[static_cast<size_t>(s * G + i) * D];
+              double e2 = 0, f2 = 0;
+              for (int d = 0; d < D; ++d) {
+                e2 += static_cast<double>(ow[d] - of[d]) * (ow[d] - of[d]);
+                f2 += static_cast<double>(of[d]) * of[d];
+              }
+              acc.mass += mass;
+              acc.err += f2 > 0 ? std::sqrt(e2 / f2) : 0.0;
+              ++acc.head_n;
+            }
           }
         }
       }
     }
+    for (int g = 0; g < HK; ++g) {
+      for (size_t x = 0; x < NR; ++x) {
+        const Sums& a = part[static_cast<size_t>(g) * NR + x];
+        sums[x].tok += a.tok, sums[x].mass += a.mass, sums[x].err += a.err;
+        sums[x].tok_n += a.tok_n, sums[x].head_n += a.head_n;
+      }
+    }
     bar.update(l + 1);
   }
-  for (size_t r = 0; r < recs.size(); ++r) {
-    recs[r].token_recall = tok_n[r] ? tok_sum[r] / static_cast<double>(tok_n[r]) : 0.0;
-    recs[r].mass_recall = head_n[r] ? mass_sum[r] / static_cast<double>(head_n[r]) : 0.0;
-    recs[r].output_error = head_n[r] ? err_sum[r] / static_cast<double>(head_n[r]) : 0.0;
+  for (size_t x = 0; x < NR; ++x) {
+    const Sums& a = sums[x];
+    recs[x].token_recall = a.tok_n ? a.tok / static_cast<double>(a.tok_n) : 0.0;
+    recs[x].mass_recall = a.head_n ? a.mass / static_cast<double>(a.head_n) : 0.0;
+    recs[x].output_error = a.head_n ? a.err / static_cast<double>(a.head_n) : 0.0;
   }
 }
 
