@@ -154,10 +154,10 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BuildPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseManualTime()->Iterations(2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -17,9 +17,16 @@ class Error : public std::runtime_error {
   kvret_status status_;
 };
 
-/// Throws Error(status, message) unless `condition` holds.
+/// Throws Error(status, message) unless `condition` holds. The message is built before the call: in loops, use
+/// KVRET_REQUIRE, which builds it only on failure.
 inline void require(bool condition, kvret_status status, const std::string& message) {
   if (!condition) throw Error(status, message);
 }
 
 }  // namespace kvret
+
+/// require() whose message expression is evaluated only when the condition fails (for checks inside loops).
+#define KVRET_REQUIRE(condition, status, message)                 \
+  do {                                                             \
+    if (!(condition)) throw ::kvret::Error((status), (message));   \
+  } while (0)

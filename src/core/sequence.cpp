@@ -22,7 +22,7 @@ std::vector<float> load_query(const TensorView& q, bool check_finite) {
   std::vector<float> out(static_cast<size_t>(heads * d));
   for (int64_t h = 0; h < heads; ++h) q.load_f32(q.at({h}), static_cast<size_t>(d), out.data() + h * d);
   if (check_finite)
-    for (float f : out) require(std::isfinite(f), KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
+    for (float f : out) KVRET_REQUIRE(std::isfinite(f), KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
   return out;
 }
 
@@ -126,7 +126,7 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
       for (int h = 0; h < c.n_kv_heads; ++h) {
         const std::byte* kr = tokens_dim ? kv.at({t, h}) : kv.at({h});
         const std::byte* vr = tokens_dim ? vv.at({t, h}) : vv.at({h});
-        require(!has_nonfinite(kr, kv.dtype(), static_cast<size_t>(c.head_dim)) &&
+        KVRET_REQUIRE(!has_nonfinite(kr, kv.dtype(), static_cast<size_t>(c.head_dim)) &&
                     !has_nonfinite(vr, vv.dtype(), static_cast<size_t>(c.head_dim)),
                 KVRET_ERR_NONFINITE,
                 std::string(prefill ? "prefill" : "decode") + " k/v of " + layer_name(layer) +
@@ -315,12 +315,12 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
       s.assign(p, p + count);
       std::sort(s.begin(), s.end());
       for (int64_t i = 0; i < count; ++i) {
-        require(s[static_cast<size_t>(i)] >= g.mid_begin && s[static_cast<size_t>(i)] < g.mid_end,
+        KVRET_REQUIRE(s[static_cast<size_t>(i)] >= g.mid_begin && s[static_cast<size_t>(i)] < g.mid_end,
                 KVRET_ERR_OUT_OF_RANGE,
                 "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " (head " + std::to_string(h) +
                     ") is not a middle position of " + layer_name(layer) + " [" + std::to_string(g.mid_begin) +
                     ", " + std::to_string(g.mid_end) + ")");
-        require(i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
+        KVRET_REQUIRE(i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
                 "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " appears twice for head " +
                     std::to_string(h));
       }

@@ -1,6 +1,22 @@
 #include "fetch/working_set.hpp"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 namespace kvret {
+
+namespace {
+
+/// Rows this far ahead are prefetched: scattered 256-byte rows are latency-bound, and keeping ~16 rows (64 cache
+/// lines) in flight turns the gather into a bandwidth-bound copy.
+constexpr int64_t kPrefetchDistance = 16;
+
+inline void prefetch_row(const std::byte* row, size_t bytes) noexcept {
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 0);
+}
+
+}  // namespace
 
 int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                            int64_t count, const WorkingSetViews& out, int n_threads) {
@@ -8,18 +24,38 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
   const int64_t rows = mid_begin + count + (length - mid_end);
   const int n_kv = store.n_kv_heads();
   const size_t d = static_cast<size_t>(store.head_dim());
+  const size_t row_bytes = store.row_bytes();
+  const bool same_type = out.k.dtype() == store.dtype() && out.v.dtype() == store.dtype();
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (rows * n_kv >= 4096)
   for (int h = 0; h < n_kv; ++h) {
+    std::vector<int32_t> positions(static_cast<size_t>(rows));
     int64_t r = 0;
-    auto put = [&](int64_t pos) {
-      convert_row(store.key_row(h, pos), store.dtype(), out.k.at({h, r}), out.k.dtype(), d);
-      convert_row(store.value_row(h, pos), store.dtype(), out.v.at({h, r}), out.v.dtype(), d);
-      *reinterpret_cast<int32_t*>(out.positions.at({h, r})) = static_cast<int32_t>(pos);
-      ++r;
-    };
-    for (int64_t p = 0; p < mid_begin; ++p) put(p);
-    for (int64_t i = 0; i < count; ++i) put(selected[h][i]);
-    for (int64_t p = mid_end; p < length; ++p) put(p);
+    for (int64_t p = 0; p < mid_begin; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
+    for (int64_t i = 0; i < count; ++i) positions[static_cast<size_t>(r++)] = selected[h][i];
+    for (int64_t p = mid_end; p < length; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
+
+    for (int64_t i = 0; i < std::min(rows, kPrefetchDistance); ++i) {
+      prefetch_row(store.key_row(h, positions[static_cast<size_t>(i)]), row_bytes);
+      prefetch_row(store.value_row(h, positions[static_cast<size_t>(i)]), row_bytes);
+    }
+    auto* out_pos = reinterpret_cast<int32_t*>(out.positions.at({h}));
+    const int64_t pos_stride = out.positions.stride(1);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (i + kPrefetchDistance < rows) {
+        const int64_t ahead = positions[static_cast<size_t>(i + kPrefetchDistance)];
+        prefetch_row(store.key_row(h, ahead), row_bytes);
+        prefetch_row(store.value_row(h, ahead), row_bytes);
+      }
+      const int64_t pos = positions[static_cast<size_t>(i)];
+      if (same_type) {
+        std::memcpy(out.k.at({h, i}), store.key_row(h, pos), row_bytes);
+        std::memcpy(out.v.at({h, i}), store.value_row(h, pos), row_bytes);
+      } else {
+        convert_row(store.key_row(h, pos), store.dtype(), out.k.at({h, i}), out.k.dtype(), d);
+        convert_row(store.value_row(h, pos), store.dtype(), out.v.at({h, i}), out.v.dtype(), d);
+      }
+      out_pos[i * pos_stride] = static_cast<int32_t>(pos);
+    }
   }
   return rows;
 }
