@@ -340,27 +340,34 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
     const int d = cfg.head_dim;
     const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
     const int group = cfg.n_q_heads / cfg.n_kv_heads;
-#pragma omp parallel for schedule(static) num_threads(c.threads())
-    for (int h = 0; h < cfg.n_q_heads; ++h) {
-      std::vector<float> qf(static_cast<size_t>(d)), row(static_cast<size_t>(d)), acc(static_cast<size_t>(d), 0.0f);
-      std::vector<float> logits(static_cast<size_t>(rows));
-      qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
-      const int64_t g = h / group;
-      float mx = -INFINITY;
+    // One KV head per task: its rows are converted to f32 once and shared by the group's query heads.
+#pragma omp parallel for schedule(static) num_threads(c.threads()) if (rows * cfg.n_q_heads >= 8192)
+    for (int g = 0; g < cfg.n_kv_heads; ++g) {
+      std::vector<float> keys(static_cast<size_t>(rows * d)), values(static_cast<size_t>(rows * d));
       for (int64_t r = 0; r < rows; ++r) {
-        kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), row.data());
-        logits[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), row.data(), d);
-        mx = std::max(mx, logits[static_cast<size_t>(r)]);
+        kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), keys.data() + r * d);
+        vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), values.data() + r * d);
       }
-      double z = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float p = std::exp(logits[static_cast<size_t>(r)] - mx);
-        z += p;
-        vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), row.data());
-        for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += p * row[static_cast<size_t>(t)];
+      std::vector<float> qf(static_cast<size_t>(d)), acc(static_cast<size_t>(d)), p(static_cast<size_t>(rows));
+      for (int h = g * group; h < (g + 1) * group; ++h) {
+        qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
+        float mx = -INFINITY;
+        for (int64_t r = 0; r < rows; ++r) {
+          p[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), keys.data() + r * d, d);
+          mx = std::max(mx, p[static_cast<size_t>(r)]);
+        }
+        double z = 0;
+        for (int64_t r = 0; r < rows; ++r) z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float w = p[static_cast<size_t>(r)];
+          const float* vr = values.data() + r * d;
+          for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += w * vr[t];
+        }
+        auto* o = reinterpret_cast<float*>(ov.at({h}));
+        const float inv = static_cast<float>(1.0 / z);
+        for (int t = 0; t < d; ++t) o[t] = acc[static_cast<size_t>(t)] * inv;
       }
-      auto* o = reinterpret_cast<float*>(ov.at({h}));
-      for (int t = 0; t < d; ++t) o[t] = static_cast<float>(acc[static_cast<size_t>(t)] / z);
     }
   });
 }

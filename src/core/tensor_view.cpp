@@ -1,5 +1,7 @@
 #include "core/tensor_view.hpp"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -114,6 +116,25 @@ void TensorView::expect_dim_at_least(int i, int64_t extent, const char* what) co
 
 void TensorView::load_f32(const std::byte* p, size_t n, float* out) const noexcept { load_row_f32(p, dtype_, out, n); }
 
+namespace {
+
+// f16 -> f32 with the F16C instruction where the CPU has it (every x86-64 since 2012), the exact table elsewhere.
+__attribute__((target("avx,f16c"))) void f16_row_f16c(const uint16_t* h, float* out, size_t n) noexcept {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) out[i] = f16_to_f32(h[i]);
+}
+
+bool cpu_has_f16c() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}
+
+const bool kHasF16c = cpu_has_f16c();
+
+}  // namespace
+
 void load_row_f32(const std::byte* src, DType src_type, float* dst, size_t n) noexcept {
   switch (src_type) {
     case DType::F32:
@@ -121,6 +142,10 @@ void load_row_f32(const std::byte* src, DType src_type, float* dst, size_t n) no
       return;
     case DType::F16: {
       const auto* h = reinterpret_cast<const uint16_t*>(src);
+      if (kHasF16c) {
+        f16_row_f16c(h, dst, n);
+        return;
+      }
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
       return;
     }

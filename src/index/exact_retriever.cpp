@@ -1,5 +1,6 @@
 #include "index/exact_retriever.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/vec_math.hpp"
@@ -14,12 +15,15 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
   const int n_kv = store.n_kv_heads();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
   for (int h = 0; h < n_kv; ++h) {
+    constexpr int64_t kBlock = 256;  // keys converted to f32 a block at a time, shared by the group's heads
     std::vector<float> logits(static_cast<size_t>(r.group) * n);
-    std::vector<float> key(static_cast<size_t>(d));
+    std::vector<float> keys(static_cast<size_t>(kBlock * d));
     const float* qg = r.q + static_cast<int64_t>(h) * r.group * d;
-    for (int64_t t = 0; t < n; ++t) {
-      store.keys_f32(h, r.mid_begin + t, r.mid_begin + t + 1, key.data());
-      for (int g = 0; g < r.group; ++g) logits[g * n + t] = r.scale * dot(qg + g * d, key.data(), d);
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t nb = std::min(kBlock, n - b);
+      store.keys_f32(h, r.mid_begin + b, r.mid_begin + b + nb, keys.data());
+      for (int g = 0; g < r.group; ++g)
+        for (int64_t t = 0; t < nb; ++t) logits[g * n + b + t] = r.scale * dot(qg + g * d, keys.data() + t * d, d);
     }
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
