@@ -69,6 +69,7 @@ struct Options {
   uint64_t seed = 1;
   int threads = 0;
   int n_sink = -1, n_local = -1;  // -1: the library's defaults
+  int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1;  // -1: the library's defaults
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";
   std::string device = "cpu";
@@ -92,6 +93,10 @@ void usage(FILE* f) {
       "  --budget N          budget in middle tokens per KV head (overrides --budget-ratio)\n"
       "  --n-sink N          sink tokens (library default: 16)\n"
       "  --n-local N         local window (library default: 64)\n"
+      "  --pq-m N            PQ sub-spaces (library default: 2)\n"
+      "  --pq-bits N         PQ bits per code (library default: 6)\n"
+      "  --pq-iters N        k-means iterations, 0 = adaptive (library default: 0)\n"
+      "  --pq-sample N       PQ training tokens per KV head, 0 = all (library default: 8192)\n"
       "  --seed N            workload seed (1)\n"
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
       "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant)\n"
@@ -160,6 +165,14 @@ Options parse(int argc, char** argv) {
       o.n_sink = static_cast<int>(parse_int("--n-sink", val(), 0, INT32_MAX));
     } else if (a == "--n-local") {
       o.n_local = static_cast<int>(parse_int("--n-local", val(), 0, INT32_MAX));
+    } else if (a == "--pq-m") {
+      o.pq_m = static_cast<int>(parse_int("--pq-m", val(), 1, 256));
+    } else if (a == "--pq-bits") {
+      o.pq_bits = static_cast<int>(parse_int("--pq-bits", val(), 1, 8));
+    } else if (a == "--pq-iters") {
+      o.pq_iters = static_cast<int>(parse_int("--pq-iters", val(), 0, 1000));
+    } else if (a == "--pq-sample") {
+      o.pq_sample = static_cast<int>(parse_int("--pq-sample", val(), 0, INT32_MAX));
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int("--seed", val(), 0, INT64_MAX));
     } else if (a == "--threads") {
@@ -450,6 +463,10 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   cfg.seed = o.seed;
   if (o.n_sink >= 0) cfg.n_sink = o.n_sink;
   if (o.n_local >= 0) cfg.n_local = o.n_local;
+  if (o.pq_m >= 0) cfg.pq_m = o.pq_m;
+  if (o.pq_bits >= 0) cfg.pq_bits = o.pq_bits;
+  if (o.pq_iters >= 0) cfg.pq_iters = o.pq_iters;
+  if (o.pq_sample >= 0) cfg.pq_train_sample = o.pq_sample;
   kvret_context* ctx = nullptr;
   KVRET_CHECK(kvret_create(&cfg, &ctx));
   kvret_config eff;
