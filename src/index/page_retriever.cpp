@@ -1,6 +1,7 @@
 #include "index/page_retriever.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -116,6 +117,7 @@ void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
   std::vector<float> split(2 * static_cast<size_t>(d_));
   scaled_bounds(head, q, 1, 1.0f, split.data(), out);
 }
+
 int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
   require(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
           "page index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
@@ -138,6 +140,8 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
     float* split = folded + n;
     scaled_bounds(h, r.q + static_cast<int64_t>(h) * group * d_, group, r.scale, split, logits);
     fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
+    for (int64_t p = 0; p < n; ++p)  // a NaN (from NaN keys) ranks lowest and keeps the ordering strict
+      if (std::isnan(folded[p])) folded[p] = -std::numeric_limits<float>::infinity();
 
     int32_t* order = orders.data() + static_cast<size_t>(n) * h;
     std::iota(order, order + n, 0);

@@ -332,6 +332,34 @@ TEST(Page, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
       }
 }
 
+TEST(Page, NanKeysRankLowestWithoutBreakingTheSelection) {
+  kvret_config c = test::small_config(KVRET_INDEX_PAGE);
+  c.n_layers = 1;
+  auto ctx = test::make_context(c);
+  kvret_seq* seq = nullptr;
+  test::expect_ok(kvret_seq_open(ctx.get(), &seq));
+  F32 k({600, 2, 64}), v({600, 2, 64});
+  test::clustered_kv(600, 2, 64, 41, k, v);
+  for (int64_t t = 100; t < 400; t += 7) k.data[static_cast<size_t>(t * 128 + 5)] = std::nanf("");
+  test::expect_ok(kvret_append_prefill(seq, 0, &k, &v));
+  F32 qt({8, 64});
+  qt.data = test::random_vector(8 * 64, 8);
+  qt.refresh();
+  for (int32_t budget : {10, 200, 500}) {
+    I32 out({2, budget});
+    int32_t count = 0;
+    test::expect_ok(kvret_select(seq, 0, &qt, budget, &out, &count));
+    ASSERT_EQ(count, budget);
+    for (int h = 0; h < 2; ++h) {
+      const int32_t* rows = out.data.data() + h * budget;
+      EXPECT_TRUE(std::is_sorted(rows, rows + budget));
+      EXPECT_EQ(std::set<int32_t>(rows, rows + budget).size(), static_cast<size_t>(budget));
+      EXPECT_GE(rows[0], c.n_sink);
+      EXPECT_LT(rows[budget - 1], 600 - c.n_local);
+    }
+  }
+}
+
 TEST(Page, ConfigRejectsABadPageSize) {
   kvret_config c = test::small_config(KVRET_INDEX_PAGE);
   c.page_size = 0;
