@@ -332,7 +332,7 @@ TEST(Page, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
       }
 }
 
-TEST(Page, NanKeysRankLowestWithoutBreakingTheSelection) {
+TEST(Page, NonFiniteKeysDoNotBreakTheSelection) {
   kvret_config c = test::small_config(KVRET_INDEX_PAGE);
   c.n_layers = 1;
   auto ctx = test::make_context(c);
@@ -340,7 +340,10 @@ TEST(Page, NanKeysRankLowestWithoutBreakingTheSelection) {
   test::expect_ok(kvret_seq_open(ctx.get(), &seq));
   F32 k({600, 2, 64}), v({600, 2, 64});
   test::clustered_kv(600, 2, 64, 41, k, v);
+  // NaN, +inf and -inf keys (check_finite is off): bounds of 0 * inf are NaN, which must rank lowest
   for (int64_t t = 100; t < 400; t += 7) k.data[static_cast<size_t>(t * 128 + 5)] = std::nanf("");
+  for (int64_t t = 103; t < 400; t += 11) k.data[static_cast<size_t>(t * 128 + 9)] = INFINITY;
+  for (int64_t t = 105; t < 400; t += 13) k.data[static_cast<size_t>(t * 128 + 70)] = -INFINITY;
   test::expect_ok(kvret_append_prefill(seq, 0, &k, &v));
   F32 qt({8, 64});
   qt.data = test::random_vector(8 * 64, 8);
