@@ -182,7 +182,7 @@ typedef struct kvret_config {
   int32_t cluster_decode_interval; /**< re-cluster decoded tokens every this many; default 320 */
   int32_t cluster_decode_k;        /**< clusters made from each decoded interval; default 4 */
 
-  /* Quest pages (reserved for the page index) */
+  /* Quest pages (the page index) */
   int32_t page_size; /**< tokens per page; default 16 */
 
   /* SpeCache quantized copy (reserved for the quant index) */

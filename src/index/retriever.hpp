@@ -1,6 +1,7 @@
 #pragma once
 // A retriever indexes the middle tokens of one (sequence, layer) and selects, per KV head, the `budget` middle
-// positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), streaming (none).
+// positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), page (Quest),
+// streaming (none).
 #include <cstdint>
 #include <memory>
 
