@@ -156,7 +156,13 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 
 BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_BuildPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseManualTime()->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BuildPq)
+    ->Arg(8192)
+    ->Arg(32768)
+    ->Arg(131072)
+    ->UseManualTime()
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

@@ -88,9 +88,9 @@ KVRET_API void kvret_clear_error(void);
  * kvret_tensor* and NumPy / PyTorch / CuPy / JAX arrays map onto it without copies.
  * ------------------------------------------------------------------------------------------------------------- */
 typedef enum kvret_device_type {
-  KVRET_DEVICE_CPU = 1,       /**< == kDLCPU */
-  KVRET_DEVICE_CUDA = 2,      /**< == kDLCUDA */
-  KVRET_DEVICE_CUDA_HOST = 3  /**< == kDLCUDAHost: pinned host memory, readable by the CPU backend */
+  KVRET_DEVICE_CPU = 1,      /**< == kDLCPU */
+  KVRET_DEVICE_CUDA = 2,     /**< == kDLCUDA */
+  KVRET_DEVICE_CUDA_HOST = 3 /**< == kDLCUDAHost: pinned host memory, readable by the CPU backend */
 } kvret_device_type;
 
 typedef struct kvret_device {
@@ -99,10 +99,10 @@ typedef struct kvret_device {
 } kvret_device;
 
 typedef enum kvret_dtype_code {
-  KVRET_DTYPE_INT = 0,    /**< == kDLInt */
-  KVRET_DTYPE_UINT = 1,   /**< == kDLUInt */
-  KVRET_DTYPE_FLOAT = 2,  /**< == kDLFloat */
-  KVRET_DTYPE_BFLOAT = 4  /**< == kDLBfloat */
+  KVRET_DTYPE_INT = 0,   /**< == kDLInt */
+  KVRET_DTYPE_UINT = 1,  /**< == kDLUInt */
+  KVRET_DTYPE_FLOAT = 2, /**< == kDLFloat */
+  KVRET_DTYPE_BFLOAT = 4 /**< == kDLBfloat */
 } kvret_dtype_code;
 
 typedef struct kvret_dtype {
@@ -112,7 +112,7 @@ typedef struct kvret_dtype {
 } kvret_dtype;
 
 typedef struct kvret_tensor {
-  void* data;             /**< base pointer (add byte_offset) */
+  void* data; /**< base pointer (add byte_offset) */
   kvret_device device;
   int32_t ndim;
   kvret_dtype dtype;
@@ -162,12 +162,12 @@ typedef struct kvret_config {
   int32_t device_id;   /**< CUDA device ordinal; default 0 */
 
   /* token groups and budget */
-  int32_t n_sink;       /**< first tokens always attended; default 16 */
-  int32_t n_local;      /**< most recent tokens always attended; default 64 */
-  int32_t budget;       /**< middle tokens selected per KV head; 0 = use budget_ratio (default 0) */
-  float budget_ratio;   /**< budget as a fraction of the context length when budget == 0; default 0.1 */
-  int32_t gqa_fold;     /**< a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB */
-  int32_t index_kind;   /**< a kvret_index_kind; default KVRET_INDEX_PQ */
+  int32_t n_sink;     /**< first tokens always attended; default 16 */
+  int32_t n_local;    /**< most recent tokens always attended; default 64 */
+  int32_t budget;     /**< middle tokens selected per KV head; 0 = use budget_ratio (default 0) */
+  float budget_ratio; /**< budget as a fraction of the context length when budget == 0; default 0.1 */
+  int32_t gqa_fold;   /**< a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB */
+  int32_t index_kind; /**< a kvret_index_kind; default KVRET_INDEX_PQ */
 
   /* PQ (PQCache) */
   int32_t pq_m;            /**< sub-spaces; head_dim % pq_m == 0; default 2 */
@@ -189,7 +189,7 @@ typedef struct kvret_config {
   int32_t quant_bits; /**< 1 or 2; default 2 */
 
   /* KVCrush hamming grouping (reserved) */
-  float hamming_fraction; /**< part of the budget spent on bucket representatives; default 0 (off) */
+  float hamming_fraction;  /**< part of the budget spent on bucket representatives; default 0 (off) */
   int32_t hamming_buckets; /**< default 0 = automatic */
 
   /* storage and capacity */
@@ -256,8 +256,7 @@ KVRET_API kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const
                                             const kvret_tensor* v);
 /** Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to `layer`. The token that
  *  leaves the local window enters the middle and gets its index entry (e.g. its nearest PQ code). */
-KVRET_API kvret_status kvret_append_decode(kvret_seq* seq, int32_t layer, const kvret_tensor* k,
-                                           const kvret_tensor* v);
+KVRET_API kvret_status kvret_append_decode(kvret_seq* seq, int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
 /** Waits until the index of `layer` (or of every layer when layer == -1) is built. */
 KVRET_API kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer);
 
@@ -280,8 +279,8 @@ KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_t
  *  out_counts has n entries). The sequences must belong to ctx and be distinct. All are validated before any is
  *  touched. */
 KVRET_API kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
-                                          const kvret_tensor* q, int32_t budget,
-                                          const kvret_tensor* out_positions, int32_t* out_counts);
+                                          const kvret_tensor* q, int32_t budget, const kvret_tensor* out_positions,
+                                          int32_t* out_counts);
 
 /** Output buffers of a working set: sink + selected + local tokens of every KV head, in position order. */
 typedef struct kvret_working_set {
@@ -298,9 +297,8 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
 /** Writes the working set of `layer` for the selection (positions: int32 [n_kv_heads, >= count], as written by
  *  kvret_select) into *out and its row count into *out_rows. Stream-ordered: on the CUDA backend it only
  *  enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the call returns. */
-KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions,
-                                         int32_t count, const kvret_working_set* out, int64_t* out_rows,
-                                         kvret_stream stream);
+KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
+                                         const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 
 /** Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
  *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim];
@@ -317,24 +315,24 @@ KVRET_API kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream
  * Statistics
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct kvret_stats {
-  size_t struct_size;       /**< sizeof(kvret_stats), set by kvret_stats_init */
-  int64_t sequences;        /**< open sequences (context stats) or 1 */
-  int64_t tokens_stored;    /**< tokens over all layers */
-  int64_t host_bytes;       /**< KV bytes in host memory */
-  int64_t device_bytes;     /**< bytes in GPU memory (index, windows, cache) */
-  int64_t disk_bytes;       /**< bytes in the disk tier */
-  int64_t index_bytes;      /**< bytes of the index (wherever it lives) */
-  int64_t index_builds;     /**< completed layer builds */
-  double index_build_ms;    /**< summed wall time of those builds */
-  int64_t selections;       /**< select calls (per sequence and layer) */
-  int64_t fetches;          /**< fetch calls */
-  int64_t fetched_rows;     /**< working-set rows written */
-  int64_t cache_hits;       /**< working-set rows served from the GPU block cache */
-  int64_t cache_misses;     /**< rows read from host memory */
-  int64_t prefetch_hits;    /**< rows served from blocks a prefetch loaded */
-  int64_t bytes_h2d;        /**< bytes moved host to device */
-  int64_t disk_reads;       /**< disk tier reads */
-  int64_t disk_writes;      /**< disk tier writes */
+  size_t struct_size;    /**< sizeof(kvret_stats), set by kvret_stats_init */
+  int64_t sequences;     /**< open sequences (context stats) or 1 */
+  int64_t tokens_stored; /**< tokens over all layers */
+  int64_t host_bytes;    /**< KV bytes in host memory */
+  int64_t device_bytes;  /**< bytes in GPU memory (index, windows, cache) */
+  int64_t disk_bytes;    /**< bytes in the disk tier */
+  int64_t index_bytes;   /**< bytes of the index (wherever it lives) */
+  int64_t index_builds;  /**< completed layer builds */
+  double index_build_ms; /**< summed wall time of those builds */
+  int64_t selections;    /**< select calls (per sequence and layer) */
+  int64_t fetches;       /**< fetch calls */
+  int64_t fetched_rows;  /**< working-set rows written */
+  int64_t cache_hits;    /**< working-set rows served from the GPU block cache */
+  int64_t cache_misses;  /**< rows read from host memory */
+  int64_t prefetch_hits; /**< rows served from blocks a prefetch loaded */
+  int64_t bytes_h2d;     /**< bytes moved host to device */
+  int64_t disk_reads;    /**< disk tier reads */
+  int64_t disk_writes;   /**< disk tier writes */
 } kvret_stats;
 
 /** Sets struct_size and zeroes the rest. */
@@ -350,8 +348,8 @@ KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats
 #ifdef KVRET_EXPERIMENTAL
 /** Selects with a guessed next query and loads those blocks into the GPU block cache so that the next fetch hits.
  *  The CPU backend has no cache: it validates and returns KVRET_OK without doing anything. */
-KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess,
-                                            int32_t budget, kvret_stream stream);
+KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
+                                            kvret_stream stream);
 /** Copies the raw stored keys and values of positions [begin, end) of `layer` into k and v
  *  ([end-begin, n_kv_heads, head_dim], kv_dtype or f32). Meant for tests and tooling. */
 KVRET_API kvret_status kvret_seq_read(const kvret_seq* seq, int32_t layer, int64_t begin, int64_t end,

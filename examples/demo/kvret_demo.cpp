@@ -68,7 +68,7 @@ struct Options {
   int budget = 0;  // 0: use budget_ratio
   uint64_t seed = 1;
   int threads = 0;
-  int n_sink = -1, n_local = -1;  // -1: the library's defaults
+  int n_sink = -1, n_local = -1;                               // -1: the library's defaults
   int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1;  // -1: the library's defaults
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";

@@ -283,8 +283,7 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
     std::unordered_set<const void*> seen;
     for (int32_t i = 0; i < n; ++i) {
       kvret::Sequence& s = sequence_of(seqs[i]);
-      require(c.owns(&s), KVRET_ERR_INVALID_HANDLE,
-              "seqs[" + std::to_string(i) + "] belongs to another context");
+      require(c.owns(&s), KVRET_ERR_INVALID_HANDLE, "seqs[" + std::to_string(i) + "] belongs to another context");
       require(seen.insert(&s).second, KVRET_ERR_INVALID_ARGUMENT,
               "seqs[" + std::to_string(i) + "] appears twice in the batch");
       (void)s.check_select(layer, qv.slice(i), budget, ov.slice(i));
@@ -357,7 +356,8 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
           mx = std::max(mx, p[static_cast<size_t>(r)]);
         }
         double z = 0;
-        for (int64_t r = 0; r < rows; ++r) z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
+        for (int64_t r = 0; r < rows; ++r)
+          z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           const float w = p[static_cast<size_t>(r)];

@@ -26,7 +26,7 @@ inline void require(bool condition, kvret_status status, const std::string& mess
 }  // namespace kvret
 
 /// require() whose message expression is evaluated only when the condition fails (for checks inside loops).
-#define KVRET_REQUIRE(condition, status, message)                 \
-  do {                                                             \
-    if (!(condition)) throw ::kvret::Error((status), (message));   \
+#define KVRET_REQUIRE(condition, status, message)                \
+  do {                                                           \
+    if (!(condition)) throw ::kvret::Error((status), (message)); \
   } while (0)

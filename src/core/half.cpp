@@ -38,9 +38,9 @@ uint16_t f32_to_f16(float f) noexcept {
   std::memcpy(&bits, &f, sizeof bits);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (incl. rounding) -> Inf
-  if (abs < 0x38800000u) {                                                // subnormal or zero in f16
+  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // below half the smallest subnormal
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;

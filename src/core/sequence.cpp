@@ -50,8 +50,7 @@ void Sequence::drain() noexcept {
 
 void Sequence::check_layer(int32_t layer) const {
   require(layer >= 0 && layer < ctx_.config().n_layers, KVRET_ERR_OUT_OF_RANGE,
-          layer_name(layer) + " is out of range: the model has " + std::to_string(ctx_.config().n_layers) +
-              " layers");
+          layer_name(layer) + " is out of range: the model has " + std::to_string(ctx_.config().n_layers) + " layers");
 }
 
 Sequence::Layer& Sequence::layer_at(int32_t layer) const {
@@ -104,10 +103,10 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
   Layer& l = layer_at(layer);
   const char* kname = prefill ? "k" : "k (decode)";
   const char* vname = prefill ? "v" : "v (decode)";
-  const TensorView kv = TensorView::from(k, kname, kFloatTypes, prefill ? std::initializer_list<int>{3}
-                                                                         : std::initializer_list<int>{2, 3});
-  const TensorView vv = TensorView::from(v, vname, kFloatTypes, prefill ? std::initializer_list<int>{3}
-                                                                         : std::initializer_list<int>{2, 3});
+  const TensorView kv = TensorView::from(k, kname, kFloatTypes,
+                                         prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3});
+  const TensorView vv = TensorView::from(v, vname, kFloatTypes,
+                                         prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3});
   require(kv.ndim() == vv.ndim(), KVRET_ERR_SHAPE, "k and v must have the same number of dimensions");
   const bool tokens_dim = kv.ndim() == 3;
   const int off = tokens_dim ? 1 : 0;
@@ -127,10 +126,10 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
         const std::byte* kr = tokens_dim ? kv.at({t, h}) : kv.at({h});
         const std::byte* vr = tokens_dim ? vv.at({t, h}) : vv.at({h});
         KVRET_REQUIRE(!has_nonfinite(kr, kv.dtype(), static_cast<size_t>(c.head_dim)) &&
-                    !has_nonfinite(vr, vv.dtype(), static_cast<size_t>(c.head_dim)),
-                KVRET_ERR_NONFINITE,
-                std::string(prefill ? "prefill" : "decode") + " k/v of " + layer_name(layer) +
-                    " contain NaN or Inf (token " + std::to_string(t) + ", head " + std::to_string(h) + ")");
+                          !has_nonfinite(vr, vv.dtype(), static_cast<size_t>(c.head_dim)),
+                      KVRET_ERR_NONFINITE,
+                      std::string(prefill ? "prefill" : "decode") + " k/v of " + layer_name(layer) +
+                          " contain NaN or Inf (token " + std::to_string(t) + ", head " + std::to_string(h) + ")");
       }
   }
   wait_layer(layer, l);  // the store must not grow under a running build
@@ -216,13 +215,13 @@ int64_t Sequence::resolve_budget(int32_t layer, int32_t budget) const {
   const kvret_config& c = ctx_.config();
   const TokenGroups g = groups(layer);
   if (budget == KVRET_BUDGET_DEFAULT) {
-    const int64_t wanted = c.budget > 0 ? c.budget
-                                        : static_cast<int64_t>(std::llround(static_cast<double>(c.budget_ratio) *
-                                                                            static_cast<double>(g.length)));
+    const int64_t wanted =
+        c.budget > 0
+            ? c.budget
+            : static_cast<int64_t>(std::llround(static_cast<double>(c.budget_ratio) * static_cast<double>(g.length)));
     return std::clamp<int64_t>(wanted, g.middle() > 0 ? 1 : 0, g.middle());
   }
-  require(budget > 0, KVRET_ERR_BUDGET,
-          "budget must be >= 1 (or KVRET_BUDGET_DEFAULT), got " + std::to_string(budget));
+  require(budget > 0, KVRET_ERR_BUDGET, "budget must be >= 1 (or KVRET_BUDGET_DEFAULT), got " + std::to_string(budget));
   require(budget <= g.length, KVRET_ERR_BUDGET,
           "budget " + std::to_string(budget) + " is above the context length of " + layer_name(layer) + " (" +
               std::to_string(g.length) + " tokens)");
@@ -316,13 +315,13 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
       std::sort(s.begin(), s.end());
       for (int64_t i = 0; i < count; ++i) {
         KVRET_REQUIRE(s[static_cast<size_t>(i)] >= g.mid_begin && s[static_cast<size_t>(i)] < g.mid_end,
-                KVRET_ERR_OUT_OF_RANGE,
-                "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " (head " + std::to_string(h) +
-                    ") is not a middle position of " + layer_name(layer) + " [" + std::to_string(g.mid_begin) +
-                    ", " + std::to_string(g.mid_end) + ")");
-        KVRET_REQUIRE(i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
-                "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " appears twice for head " +
-                    std::to_string(h));
+                      KVRET_ERR_OUT_OF_RANGE,
+                      "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " (head " + std::to_string(h) +
+                          ") is not a middle position of " + layer_name(layer) + " [" + std::to_string(g.mid_begin) +
+                          ", " + std::to_string(g.mid_end) + ")");
+        KVRET_REQUIRE(
+            i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
+            "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " appears twice for head " + std::to_string(h));
       }
       rows_ptr[static_cast<size_t>(h)] = s.data();
     }

@@ -39,11 +39,16 @@ namespace {
 
 bool decode_dtype(const kvret_dtype& d, DType* out) {
   if (d.lanes != 1) return false;
-  if (d.code == KVRET_DTYPE_FLOAT && d.bits == 16) *out = DType::F16;
-  else if (d.code == KVRET_DTYPE_BFLOAT && d.bits == 16) *out = DType::BF16;
-  else if (d.code == KVRET_DTYPE_FLOAT && d.bits == 32) *out = DType::F32;
-  else if (d.code == KVRET_DTYPE_INT && d.bits == 32) *out = DType::I32;
-  else return false;
+  if (d.code == KVRET_DTYPE_FLOAT && d.bits == 16)
+    *out = DType::F16;
+  else if (d.code == KVRET_DTYPE_BFLOAT && d.bits == 16)
+    *out = DType::BF16;
+  else if (d.code == KVRET_DTYPE_FLOAT && d.bits == 32)
+    *out = DType::F32;
+  else if (d.code == KVRET_DTYPE_INT && d.bits == 32)
+    *out = DType::I32;
+  else
+    return false;
   return true;
 }
 

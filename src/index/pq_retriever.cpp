@@ -72,8 +72,7 @@ std::vector<float> PqRetriever::train(const HostKvStore& store, int64_t begin, i
     o.seed = splitmix64(seed_state);
     o.parallel = false;
     const KmeansResult r = kmeans(points.data(), n, dsub_, dsub_, o);
-    std::copy(r.centroids.begin(), r.centroids.end(),
-              codebook.begin() + static_cast<int64_t>(task) * k_ * dsub_);
+    std::copy(r.centroids.begin(), r.centroids.end(), codebook.begin() + static_cast<int64_t>(task) * k_ * dsub_);
   }
   return codebook;
 }

@@ -13,11 +13,11 @@ namespace kvret {
 struct SelectRequest {
   const float* q = nullptr;  ///< [n_q_heads, head_dim] f32, unscaled
   int n_q_heads = 0;
-  int group = 1;             ///< query heads per KV head
-  float scale = 1.0f;        ///< logit scale, 1/sqrt(head_dim)
-  int64_t mid_begin = 0;     ///< middle positions [mid_begin, mid_end)
+  int group = 1;          ///< query heads per KV head
+  float scale = 1.0f;     ///< logit scale, 1/sqrt(head_dim)
+  int64_t mid_begin = 0;  ///< middle positions [mid_begin, mid_end)
   int64_t mid_end = 0;
-  int64_t budget = 0;        ///< 1 <= budget <= mid_end - mid_begin
+  int64_t budget = 0;  ///< 1 <= budget <= mid_end - mid_begin
   kvret_gqa_fold fold = KVRET_FOLD_SUM_PROB;
   int n_threads = 1;
 };

@@ -10,24 +10,24 @@
 static int failures = 0;
 static int checks = 0;
 
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    ++checks;                                                             \
-    if (!(cond)) {                                                        \
-      ++failures;                                                         \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    ++checks;                                                                  \
+    if (!(cond)) {                                                             \
+      ++failures;                                                              \
       fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                     \
+    }                                                                          \
   } while (0)
 
-#define CHECK_OK(call)                                                                                  \
-  do {                                                                                                  \
-    kvret_status s_ = (call);                                                                           \
-    ++checks;                                                                                           \
-    if (s_ != KVRET_OK) {                                                                               \
-      ++failures;                                                                                       \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvret_status_string(s_),      \
-              kvret_last_error());                                                                      \
-    }                                                                                                   \
+#define CHECK_OK(call)                                                                             \
+  do {                                                                                             \
+    kvret_status s_ = (call);                                                                      \
+    ++checks;                                                                                      \
+    if (s_ != KVRET_OK) {                                                                          \
+      ++failures;                                                                                  \
+      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvret_status_string(s_), \
+              kvret_last_error());                                                                 \
+    }                                                                                              \
   } while (0)
 
 static kvret_tensor f32_tensor(float* data, int ndim, const int64_t* shape) {
@@ -136,7 +136,7 @@ int main(void) {
         CHECK_OK(kvret_fetch_async(seq, layer, &st, count, &ws, &rows, NULL));
         CHECK(rows == cap);
         for (r = 1; r < rows; ++r) CHECK(wp[r] > wp[r - 1]); /* position order */
-        CHECK(wp[0] == 0 && wp[rows - 1] == T);               /* first sink, newest local */
+        CHECK(wp[0] == 0 && wp[rows - 1] == T);              /* first sink, newest local */
         /* the newest row is the decode token we appended (stored as f16, the default kv_dtype) */
         for (h = 0; h < D; ++h) CHECK(fabsf(wk[(rows - 1) * D + h] - k1[h]) <= 1e-3f);
         {

@@ -181,8 +181,7 @@ TEST_F(BadInput, DtypesStridesDevices) {
   I32 out({2, 10});
   int32_t count = 0;
   F32 out_float({2, 10});
-  expect_rejected(KVRET_ERR_DTYPE, "float32",
-                  [&] { return kvret_select(seq_, 0, &q_, 10, &out_float, &count); });
+  expect_rejected(KVRET_ERR_DTYPE, "float32", [&] { return kvret_select(seq_, 0, &q_, 10, &out_float, &count); });
 
   std::vector<int64_t> shape{5, 2, 64}, bad_inner{256, 128, 2}, negative{128, -64, 1};
   F32 big({10, 2, 128});
@@ -215,8 +214,7 @@ TEST_F(BadInput, LayersAndBudgets) {
   expect_rejected(KVRET_ERR_OUT_OF_RANGE, "-1", [&] { return kvret_wait_index(seq_, -5); });
   expect_rejected(KVRET_ERR_BUDGET, ">= 1", [&] { return kvret_select(seq_, 0, &q_, 0, &out, &count); });
   expect_rejected(KVRET_ERR_BUDGET, ">= 1", [&] { return kvret_select(seq_, 0, &q_, -7, &out, &count); });
-  expect_rejected(KVRET_ERR_BUDGET, "above the context",
-                  [&] { return kvret_select(seq_, 0, &q_, 601, &out, &count); });
+  expect_rejected(KVRET_ERR_BUDGET, "above the context", [&] { return kvret_select(seq_, 0, &q_, 601, &out, &count); });
   // a budget above the middle but within the context selects the whole middle
   ASSERT_EQ(kvret_select(seq_, 0, &q_, 600, &out, &count), KVRET_OK);
   EXPECT_EQ(count, 600 - 4 - 16);
@@ -232,8 +230,10 @@ TEST_F(BadInput, LayersAndBudgets) {
   sel.data = {10, 100, 100, 5, 6, 7};
   expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "twice",
                   [&] { return kvret_fetch_async(seq_, 0, &sel, 3, &ws, &rows, nullptr); });
-  expect_rejected(KVRET_ERR_BUDGET, "exceeds", [&] { return kvret_fetch_async(seq_, 0, &sel, 999, &ws, &rows, nullptr); });
-  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "count", [&] { return kvret_fetch_async(seq_, 0, &sel, -1, &ws, &rows, nullptr); });
+  expect_rejected(KVRET_ERR_BUDGET, "exceeds",
+                  [&] { return kvret_fetch_async(seq_, 0, &sel, 999, &ws, &rows, nullptr); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "count",
+                  [&] { return kvret_fetch_async(seq_, 0, &sel, -1, &ws, &rows, nullptr); });
 }
 
 TEST_F(BadInput, CapacityAndState) {
@@ -264,7 +264,7 @@ TEST_F(BadInput, HostBytesLimit) {
   kvret_seq* seq = nullptr;
   ASSERT_EQ(kvret_seq_open(ctx.get(), &seq), KVRET_OK);
   F32 k({512, 2, 64}), v({512, 2, 64});
-  ASSERT_EQ(kvret_append_prefill(seq, 0, &k, &v), KVRET_OK);  // 2 pages
+  ASSERT_EQ(kvret_append_prefill(seq, 0, &k, &v), KVRET_OK);            // 2 pages
   EXPECT_EQ(kvret_append_prefill(seq, 1, &k, &v), KVRET_ERR_CAPACITY);  // would need 2 more
   EXPECT_NE(std::string(kvret_last_error()).find("host_bytes_limit"), std::string::npos);
   int64_t n = -1;

@@ -22,10 +22,10 @@ TEST(Half, EveryF16RoundTripsExactly) {
 TEST(Half, F16RoundsToNearestEven) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // rounds up to Inf
-  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // halfway, even stays
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);                          // rounds up to Inf
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // halfway, even stays
   EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // halfway, odd rounds up
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
   EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
   // Random values: the result is one of the two neighbours and the nearer one.
   for (int i = 1; i < 20000; ++i) {

@@ -14,7 +14,8 @@ std::vector<float> blobs(int64_t n, int d, int centers, uint64_t seed) {
   std::vector<float> x(static_cast<size_t>(n * d));
   for (int64_t i = 0; i < n; ++i)
     for (int t = 0; t < d; ++t)
-      x[static_cast<size_t>(i * d + t)] = c[static_cast<size_t>((i % centers) * d + t)] + noise[static_cast<size_t>(i * d + t)];
+      x[static_cast<size_t>(i * d + t)] =
+          c[static_cast<size_t>((i % centers) * d + t)] + noise[static_cast<size_t>(i * d + t)];
   return x;
 }
 

@@ -9,9 +9,6 @@
 #include "core/sequence.hpp"
 #include "index/page_retriever.hpp"
 #include "test_util.hpp"
-#ifdef KVRET_HAVE_WORKLOAD
-#include "workload.hpp"
-#endif
 
 // Fault injection for the strong guarantee: while armed, the calling thread's n-th allocation from now fails.
 // The replacement new is malloc-backed, so libstdc++'s default operator delete (free) still matches; noinline keeps
@@ -371,70 +368,6 @@ TEST(Page, ConfigRejectsABadPageSize) {
   EXPECT_EQ(ctx, nullptr);
   EXPECT_NE(std::string(kvret_last_error()).find("page_size"), std::string::npos);
 }
-
-#ifdef KVRET_HAVE_WORKLOAD
-TEST(Page, RecallRisesWithTheBudgetOnTheSyntheticWorkload) {
-  workload::Config wc;
-  wc.n_layers = 1;
-  wc.n_q_heads = 8;
-  wc.n_kv_heads = 2;
-  wc.head_dim = 128;
-  wc.n_prefill = 8192;
-  wc.n_decode = 4;
-  wc.seed = 3;
-  const workload::Workload w(wc);
-  kvret_config c = test::small_config(KVRET_INDEX_PAGE);
-  c.n_layers = 1;
-  c.head_dim = 128;
-  c.n_sink = 16;
-  c.n_local = 64;
-  auto ctx = test::make_context(c);
-  kvret_seq* seq = nullptr;
-  test::expect_ok(kvret_seq_open(ctx.get(), &seq));
-  F32 k({wc.n_prefill, 2, 128}), v({wc.n_prefill, 2, 128});
-  w.keys_values(0, 0, wc.n_prefill, k.data.data(), v.data.data());
-  test::expect_ok(kvret_append_prefill(seq, 0, &k, &v));
-  std::vector<float> qs(static_cast<size_t>(4 * 8 * 128));
-  w.queries(0, 4, qs.data());
-  const int64_t mb = 16, me = wc.n_prefill - 64;
-  std::vector<double> recall_by_budget, mass_by_budget;
-  for (int32_t budget : {82, 164, 410, 819, 1638}) {  // 1/100 .. 1/5 of the context
-    double recall = 0, mass = 0;
-    for (int step = 0; step < 4; ++step) {
-      const std::vector<float> q(qs.begin() + step * 1024, qs.begin() + (step + 1) * 1024);
-      F32 qt({8, 128});
-      qt.data = q;
-      qt.refresh();
-      I32 out({2, budget});
-      int32_t n = 0;
-      test::expect_ok(kvret_select(seq, 0, &qt, budget, &out, &n));
-      for (int h = 0; h < 2; ++h) {
-        const auto scores = test::exact_folded(k.data, 2, 128, q, 4, h, mb, me, false);
-        const auto want = test::top_positions(scores, budget, mb);
-        int hit = 0;
-        double m = 0, total = 0;
-        for (int i = 0; i < budget; ++i) {
-          const int32_t pos = out.data[static_cast<size_t>(h * budget + i)];
-          hit += want.count(pos) ? 1 : 0;
-          m += scores[static_cast<size_t>(pos - mb)];
-        }
-        for (double s : scores) total += s;
-        recall += static_cast<double>(hit) / budget / 8.0;
-        mass += m / total / 8.0;
-      }
-    }
-    recall_by_budget.push_back(recall);
-    mass_by_budget.push_back(mass);
-  }
-  // the selections are nested as the budget grows, so the folded mass they hold never drops
-  for (size_t i = 1; i < mass_by_budget.size(); ++i) EXPECT_GE(mass_by_budget[i], mass_by_budget[i - 1] - 1e-9);
-  for (size_t i = 1; i < recall_by_budget.size(); ++i)
-    EXPECT_GE(recall_by_budget[i], recall_by_budget[i - 1] - 0.02) << "budget step " << i;
-  EXPECT_GT(recall_by_budget.back(), recall_by_budget.front());
-  EXPECT_GT(recall_by_budget.back(), 0.3);
-  EXPECT_GT(mass_by_budget.back(), 0.5);
-}
-#endif
 
 }  // namespace
 }  // namespace kvret

@@ -55,7 +55,8 @@ TEST_P(PqShapes, ScoreIsQueryDotReconstructedKey) {
         std::copy_n(c, pq.sub_dim(), recon.data() + j * pq.sub_dim());
       }
       double expect = 0;
-      for (int i = 0; i < 64; ++i) expect += static_cast<double>(q[static_cast<size_t>(i)]) * recon[static_cast<size_t>(i)];
+      for (int i = 0; i < 64; ++i)
+        expect += static_cast<double>(q[static_cast<size_t>(i)]) * recon[static_cast<size_t>(i)];
       ASSERT_NEAR(approx[static_cast<size_t>(t)], expect, 1e-4 * (1 + std::fabs(expect))) << "token " << t;
     }
   }
@@ -71,7 +72,8 @@ TEST_P(PqShapes, CodesAreNearestCentroids) {
       const float* key = f.k.data.data() + ((pq.base() + t) * 2 + h) * 64;
       for (int j = 0; j < pq.m(); ++j) {
         float best = INFINITY;
-        for (int c = 0; c < k; ++c) best = std::min(best, squared_distance(key + j * ds, pq.centroids(h, j) + c * ds, ds));
+        for (int c = 0; c < k; ++c)
+          best = std::min(best, squared_distance(key + j * ds, pq.centroids(h, j) + c * ds, ds));
         const float got = squared_distance(key + j * ds, pq.centroids(h, j) + pq.codes(h)[t * pq.m() + j] * ds, ds);
         ASSERT_LE(got, best * (1 + 1e-5f) + 1e-5f) << "head " << h << " token " << t << " sub " << j;
       }
@@ -105,8 +107,10 @@ TEST_P(PqShapes, SelectionIsTheTopOfTheApproximateFoldedScore) {
       float min_in = INFINITY, max_out = -INFINITY;
       for (int64_t t = 0; t < pq.size(); ++t) {
         const float s = folded[static_cast<size_t>(t)];
-        if (chosen.count(static_cast<int32_t>(pq.base() + t))) min_in = std::min(min_in, s);
-        else max_out = std::max(max_out, s);
+        if (chosen.count(static_cast<int32_t>(pq.base() + t)))
+          min_in = std::min(min_in, s);
+        else
+          max_out = std::max(max_out, s);
       }
       EXPECT_GE(min_in, max_out * (1 - 1e-4f)) << "head " << h;
       EXPECT_TRUE(std::is_sorted(out.data.begin() + h * 300, out.data.begin() + (h + 1) * 300));

@@ -50,11 +50,10 @@ using I32 = Buffer<int32_t>;
 inline void expect_ok(kvret_status s) {
   ASSERT_EQ(s, KVRET_OK) << kvret_status_string(s) << ": " << kvret_last_error();
 }
-#define KVRET_ASSERT_OK(call)                                                                           \
-  do {                                                                                                  \
-    kvret_status kvret_s_ = (call);                                                                     \
-    ASSERT_EQ(kvret_s_, KVRET_OK) << #call << " -> " << kvret_status_string(kvret_s_) << ": "           \
-                                  << kvret_last_error();                                                \
+#define KVRET_ASSERT_OK(call)                                                                                        \
+  do {                                                                                                               \
+    kvret_status kvret_s_ = (call);                                                                                  \
+    ASSERT_EQ(kvret_s_, KVRET_OK) << #call << " -> " << kvret_status_string(kvret_s_) << ": " << kvret_last_error(); \
   } while (0)
 
 struct ContextDeleter {
@@ -143,8 +142,9 @@ inline std::vector<double> exact_folded(const std::vector<float>& k, int heads, 
 inline std::set<int32_t> top_positions(const std::vector<double>& scores, int64_t b, int64_t base) {
   std::vector<int32_t> idx(scores.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](int32_t a, int32_t c) { return scores[static_cast<size_t>(a)] > scores[static_cast<size_t>(c)]; });
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t c) {
+    return scores[static_cast<size_t>(a)] > scores[static_cast<size_t>(c)];
+  });
   std::set<int32_t> out;
   for (int64_t i = 0; i < b; ++i) out.insert(static_cast<int32_t>(base + idx[static_cast<size_t>(i)]));
   return out;
