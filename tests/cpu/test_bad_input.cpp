@@ -1,6 +1,7 @@
 // Bad input for every call: a specific status, a message, and the sequence exactly as it was.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -255,6 +256,61 @@ TEST_F(BadInput, CapacityAndState) {
   int64_t n = -1;
   ASSERT_EQ(kvret_seq_length(fresh, 0, &n), KVRET_OK);
   EXPECT_EQ(n, 0);
+}
+
+TEST_F(BadInput, AttendCapacityConfigAndStats) {
+  F32 q({8, 64}), k({2, 40, 64}), v({2, 40, 64}), out({8, 64});
+  F32 k_heads({3, 40, 64}), out_small({8, 32});
+  test::Buffer<int32_t> out_int({8, 64});
+  expect_rejected(KVRET_ERR_SHAPE, "n_kv_heads",
+                  [&] { return kvret_attend(ctx_.get(), &q, &k_heads, &v, 10, 0, &out, nullptr); });
+  expect_rejected(KVRET_ERR_SHAPE, "rows", [&] { return kvret_attend(ctx_.get(), &q, &k, &v, 41, 0, &out, nullptr); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "rows",
+                  [&] { return kvret_attend(ctx_.get(), &q, &k, &v, 0, 0, &out, nullptr); });
+  expect_rejected(KVRET_ERR_SHAPE, "head_dim",
+                  [&] { return kvret_attend(ctx_.get(), &q, &k, &v, 10, 0, &out_small, nullptr); });
+  expect_rejected(KVRET_ERR_DTYPE, "int32",
+                  [&] { return kvret_attend(ctx_.get(), &q, &k, &v, 10, 0, &out_int, nullptr); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "scale",
+                  [&] { return kvret_attend(ctx_.get(), &q, &k, &v, 10, NAN, &out, nullptr); });
+
+  int64_t rows = 0;
+  expect_rejected(KVRET_ERR_BUDGET, "above the context",
+                  [&] { return kvret_working_set_capacity(seq_, 0, 100000, &rows); });
+  expect_rejected(KVRET_ERR_OUT_OF_RANGE, "layer 9", [&] { return kvret_working_set_capacity(seq_, 9, 10, &rows); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "out_rows",
+                  [&] { return kvret_working_set_capacity(seq_, 0, 10, nullptr); });
+  ASSERT_EQ(kvret_working_set_capacity(seq_, 0, 0, &rows), KVRET_OK);  // 0: sink + local
+  EXPECT_EQ(rows, 4 + 16);
+
+  kvret_config c;
+  c.struct_size = 0;
+  expect_rejected(KVRET_ERR_VERSION, "kvret_config_init", [&] { return kvret_get_config(ctx_.get(), &c); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "out", [&] { return kvret_get_config(ctx_.get(), nullptr); });
+  kvret_stats st;
+  st.struct_size = 0;
+  expect_rejected(KVRET_ERR_VERSION, "kvret_stats_init", [&] { return kvret_seq_stats(seq_, &st); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "out", [&] { return kvret_context_stats(ctx_.get(), nullptr); });
+  int32_t budget = 0;
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "out_budget", [&] { return kvret_seq_budget(seq_, 0, nullptr); });
+  expect_rejected(KVRET_ERR_OUT_OF_RANGE, "layer 2", [&] { return kvret_seq_budget(seq_, 2, &budget); });
+
+  // fetch into buffers of the wrong dtype or device
+  I32 sel({2, 10});
+  int32_t count = 0;
+  ASSERT_EQ(kvret_select(seq_, 0, &q_, 10, &sel, &count), KVRET_OK);
+  test::Buffer<uint16_t> half_k({2, 30, 64}), half_v({2, 30, 64});  // the store is f32: f16 output is not offered
+  F32 wk({2, 30, 64}), wv({2, 30, 64});
+  I32 wp({2, 30});
+  kvret_working_set ws_half{*half_k.get(), *half_v.get(), *wp.get()};
+  expect_rejected(KVRET_ERR_DTYPE, "float16",
+                  [&] { return kvret_fetch_async(seq_, 0, &sel, count, &ws_half, &rows, nullptr); });
+  kvret_working_set ws_gpu{*wk.get(), *wv.get(), *wp.get()};
+  ws_gpu.k.device = {KVRET_DEVICE_CUDA, 0};
+  expect_rejected(KVRET_ERR_DEVICE, "out.k",
+                  [&] { return kvret_fetch_async(seq_, 0, &sel, count, &ws_gpu, &rows, nullptr); });
+  expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "NULL",
+                  [&] { return kvret_fetch_async(seq_, 0, &sel, count, nullptr, &rows, nullptr); });
 }
 
 TEST_F(BadInput, HostBytesLimit) {
