@@ -8,6 +8,7 @@ import numpy as np
 from . import config as _config
 from . import kvret_swig as _c
 from . import tensors as _t
+from ._resource import Resource
 from .sequence import Sequence
 
 _KV_NUMPY_DTYPES = {_c.KVRET_KV_F16: np.float16, _c.KVRET_KV_BF16: np.float32, _c.KVRET_KV_F32: np.float32}
@@ -23,7 +24,7 @@ def stats_dict(stats):
     return {name: getattr(stats, name) for name in STATS_FIELDS}
 
 
-class Context:
+class Context(Resource):
     """A kvret context. Keyword arguments are kvret_config fields (see :mod:`kvret.config`), e.g.::
 
         with kvret.Context(n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64, kv_dtype="f32",
@@ -69,18 +70,6 @@ class Context:
         finally:
             handle, self._handle = self._handle, None
             _c.kvret_destroy(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if self.closed:

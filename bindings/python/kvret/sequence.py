@@ -7,6 +7,7 @@ import numpy as np
 
 from . import kvret_swig as _c
 from . import tensors as _t
+from ._resource import Resource
 
 WorkingSet = collections.namedtuple("WorkingSet", ["k", "v", "positions"])
 WorkingSet.__doc__ = """The working set of one layer: sink + selected + local tokens of every KV head, in position order.
@@ -14,7 +15,7 @@ WorkingSet.__doc__ = """The working set of one layer: sink + selected + local to
 k, v: [n_kv_heads, rows, head_dim]; positions: int32 [n_kv_heads, rows] (the token position of each row)."""
 
 
-class Sequence:
+class Sequence(Resource):
     """A sequence of a :class:`Context`. Use it as a context manager, or call :meth:`close`.
 
     Calls on one sequence are serialized by a lock, so sharing one between threads is safe (if not parallel);
@@ -42,18 +43,6 @@ class Sequence:
             handle, self._handle = self._handle, None
             if handle is not None and self._context._handle is not None:
                 _c.kvret_seq_close(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         return f"<kvret.Sequence {'closed' if self.closed else 'open'}>"
