@@ -113,29 +113,7 @@ fn header_structs(header: &str) -> Vec<(String, Vec<String>)> {
     structs
 }
 
-fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    loop {
-        let block = rest.find("/*");
-        let line = rest.find("//");
-        match (block, line) {
-            (Some(b), l) if l.map_or(true, |l| b < l) => {
-                out.push_str(&rest[..b]);
-                rest = rest[b + 2..].split_once("*/").map_or("", |(_, after)| after);
-            }
-            (_, Some(l)) => {
-                out.push_str(&rest[..l]);
-                rest = rest[l..].split_once('\n').map_or("", |(_, after)| after);
-                out.push('\n');
-            }
-            _ => {
-                out.push_str(rest);
-                return out;
-            }
-        }
-    }
-}
+include!("c_text.rs");
 
 /// A Rust test asserting the C sizes, alignments and offsets of every struct of kvret.h.
 fn layout_test(header: &Path, out_dir: &Path) -> Result<String, String> {

@@ -21,29 +21,7 @@ struct Api {
     enum_types: Vec<String>,
 }
 
-fn strip_comments(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    loop {
-        let block = rest.find("/*");
-        let line = rest.find("//");
-        match (block, line) {
-            (Some(b), l) if l.map_or(true, |l| b < l) => {
-                out.push_str(&rest[..b]);
-                rest = rest[b + 2..].split_once("*/").map_or("", |(_, after)| after);
-            }
-            (_, Some(l)) => {
-                out.push_str(&rest[..l]);
-                rest = rest[l..].split_once('\n').map_or("", |(_, after)| after);
-                out.push('\n');
-            }
-            _ => {
-                out.push_str(rest);
-                return out;
-            }
-        }
-    }
-}
+include!("../c_text.rs");
 
 fn squash(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
