@@ -44,6 +44,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->background_build = 1;
   c->check_finite = 0;
   c->seed = 42;
+  c->pq_exact_fraction = kDefaultPqExactFraction;
 }
 
 namespace {
@@ -113,6 +114,8 @@ void validate_config(const kvret_config& c) {
   check(c.pq_tol >= 0.0f, "pq_tol", "must be >= 0");
   check(c.pq_train_sample == 0 || c.pq_train_sample >= (1 << c.pq_bits), "pq_train_sample",
         "must be 0 (all tokens) or at least 2^pq_bits = " + std::to_string(1 << c.pq_bits));
+  check(c.pq_exact_fraction >= 0.0f && c.pq_exact_fraction <= kMaxPqExactFraction, "pq_exact_fraction",
+        "must be in [0, 0.5] (0 = off), got " + std::to_string(c.pq_exact_fraction));
   check(c.cluster_tokens >= 1, "cluster_tokens", "must be >= 1");
   check(c.cluster_decode_interval >= 1, "cluster_decode_interval", "must be >= 1");
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");

@@ -5,6 +5,12 @@
 
 namespace kvret {
 
+/// Default of kvret_config.pq_exact_fraction: a placeholder until a real-model needle suite tunes it (keep the
+/// "default" in kvret.h's comment of the field in step with it).
+constexpr float kDefaultPqExactFraction = 0.02f;
+/// Largest accepted kvret_config.pq_exact_fraction.
+constexpr float kMaxPqExactFraction = 0.5f;
+
 /// Fills every field of *config with the documented defaults (see kvret.h).
 void config_defaults(kvret_config* config) noexcept;
 

@@ -1,6 +1,7 @@
 #include "index/pq_retriever.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -15,7 +16,23 @@ namespace kvret {
 namespace {
 constexpr int64_t kEncodeBlock = 256;
 constexpr int kAdaptiveMaxIters = 25;
+
+/// Grows v's capacity geometrically so that it holds `needed` elements (reserve(size() + n) at every decode step
+/// would reallocate, and copy, at every step).
+template <class T>
+void reserve_for(std::vector<T>& v, size_t needed) {
+  if (v.capacity() < needed) v.reserve(std::max(2 * v.capacity(), needed));
+}
+
+/// The error a token ranks by for the exact set: NaN (a NaN key) ranks lowest.
+inline float rank_error(float e) noexcept { return e == e ? e : -std::numeric_limits<float>::infinity(); }
 }  // namespace
+
+int64_t PqRetriever::exact_count(float fraction, int64_t n) noexcept {
+  if (!(fraction > 0.0f) || n <= 0) return 0;
+  const double x = static_cast<double>(fraction) * static_cast<double>(n);
+  return std::min(n, static_cast<int64_t>(std::ceil(x - x * 1e-6)));
+}
 
 PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
     : n_kv_(n_kv_heads),
@@ -27,13 +44,19 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       params_(params),
       codes_(static_cast<size_t>(n_kv_heads)),
       cell_counts_(static_cast<size_t>(n_kv_heads)),
-      cells_of_(static_cast<size_t>(n_kv_heads)) {}
+      cells_of_(static_cast<size_t>(n_kv_heads)),
+      exact_pos_(static_cast<size_t>(n_kv_heads)),
+      exact_keys_(static_cast<size_t>(n_kv_heads)),
+      exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()) {}
 
 int64_t PqRetriever::bytes() const noexcept {
   int64_t b = static_cast<int64_t>(codebook_.size() * sizeof(float));
   for (const auto& c : codes_) b += static_cast<int64_t>(c.size());
   for (const auto& c : cell_counts_) b += static_cast<int64_t>(c.size() * sizeof(int32_t));
   for (const auto& c : cells_of_) b += static_cast<int64_t>(c.size() * sizeof(uint16_t));
+  for (const auto& p : exact_pos_) b += static_cast<int64_t>(p.size() * sizeof(int64_t));
+  for (const auto& k : exact_keys_) b += static_cast<int64_t>(k.size() * sizeof(float));
+  b += static_cast<int64_t>(exact_threshold_.size() * sizeof(float));
   return b;
 }
 
@@ -78,12 +101,12 @@ std::vector<float> PqRetriever::train(const HostKvStore& store, int64_t begin, i
 }
 
 void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
-                         std::vector<std::vector<uint8_t>>& out, int n_threads) const {
+                         std::vector<std::vector<uint8_t>>& out, std::vector<std::vector<float>>* errors,
+                         int n_threads) const {
   const int64_t n = end - begin;
   const int64_t blocks = (n + kEncodeBlock - 1) / kEncodeBlock;
   const int64_t tasks = blocks * n_kv_;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-  for (int64_t task = 0; task < tasks; ++task) {
+  auto run = [&](int64_t task) {
     const int h = static_cast<int>(task % n_kv_);
     const int64_t b0 = (task / n_kv_) * kEncodeBlock;
     const int64_t nb = std::min(kEncodeBlock, n - b0);
@@ -96,7 +119,26 @@ void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& cod
       assign_nearest(rows.data() + j * dsub_, nb, dsub_, d_, c, k_, sub.data(), nullptr, false);
       for (int64_t i = 0; i < nb; ++i) dst[i * m_ + j] = sub[static_cast<size_t>(i)];
     }
+    if (errors) {
+      float* err = (*errors)[static_cast<size_t>(h)].data() + b0;
+      for (int64_t i = 0; i < nb; ++i) {
+        float e = 0;
+        for (int j = 0; j < m_; ++j) {
+          const float* c = codebook.data() + ((static_cast<size_t>(h) * m_ + j) * k_ + dst[i * m_ + j]) * dsub_;
+          e += squared_distance(rows.data() + i * d_ + j * dsub_, c, dsub_);
+        }
+        err[i] = e;
+      }
+    }
+  };
+  // One block per head (decode steps) or one thread: no OpenMP region, whose overhead would dominate and which an
+  // exception (an allocation failure) cannot leave, so extend keeps its strong guarantee there.
+  if (n_threads <= 1 || blocks <= 1) {
+    for (int64_t task = 0; task < tasks; ++task) run(task);
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+  for (int64_t task = 0; task < tasks; ++task) run(task);
 }
 
 void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
@@ -114,7 +156,38 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     std::vector<float> codebook = train(store, base, end, n_threads);
     std::vector<std::vector<uint8_t>> codes(static_cast<size_t>(n_kv_));
     for (auto& c : codes) c.resize(static_cast<size_t>(total) * um);
-    encode(store, codebook, base, end, codes, n_threads);
+    std::vector<std::vector<float>> errors;
+    if (keeps_exact()) errors.assign(static_cast<size_t>(n_kv_), std::vector<float>(static_cast<size_t>(total)));
+    encode(store, codebook, base, end, codes, keeps_exact() ? &errors : nullptr, n_threads);
+    // The exact set of each head: the top exact_count tokens by reconstruction error, ties to the earlier token.
+    std::vector<std::vector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
+    std::vector<std::vector<float>> exact_keys(static_cast<size_t>(n_kv_));
+    std::vector<float> threshold(static_cast<size_t>(n_kv_), std::numeric_limits<float>::infinity());
+    const int64_t n_exact = exact_count(params_.exact_fraction, total);
+    if (n_exact > 0) {
+      for (int h = 0; h < n_kv_; ++h) {
+        const std::vector<float>& err = errors[static_cast<size_t>(h)];
+        std::vector<int64_t> order(static_cast<size_t>(total));
+        std::iota(order.begin(), order.end(), int64_t{0});
+        auto before = [&](int64_t a, int64_t b) {
+          const float ea = rank_error(err[static_cast<size_t>(a)]), eb = rank_error(err[static_cast<size_t>(b)]);
+          return ea > eb || (ea == eb && a < b);
+        };
+        std::nth_element(order.begin(), order.begin() + (n_exact - 1), order.end(), before);
+        threshold[static_cast<size_t>(h)] =
+            rank_error(err[static_cast<size_t>(order[static_cast<size_t>(n_exact - 1)])]);
+        order.resize(static_cast<size_t>(n_exact));
+        std::sort(order.begin(), order.end());
+        auto& keys = exact_keys[static_cast<size_t>(h)];
+        keys.resize(static_cast<size_t>(n_exact) * d_);
+        for (int64_t e = 0; e < n_exact; ++e) {
+          const int64_t pos = base + order[static_cast<size_t>(e)];
+          store.keys_f32(h, pos, pos + 1, keys.data() + e * d_);
+          order[static_cast<size_t>(e)] = pos;
+        }
+        exact_pos[static_cast<size_t>(h)] = std::move(order);
+      }
+    }
     std::vector<std::vector<int32_t>> counts(static_cast<size_t>(n_kv_));
     std::vector<std::vector<uint16_t>> cells(static_cast<size_t>(n_kv_));
     if (uses_cells()) {
@@ -128,6 +201,7 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
           cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(c + t * m_));
           ++count[cell[static_cast<size_t>(t)]];
         }
+        for (const int64_t pos : exact_pos[static_cast<size_t>(h)]) --count[cell[static_cast<size_t>(pos - base)]];
       }
     }
     // commit (no throw below)
@@ -135,6 +209,9 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     codes_.swap(codes);
     cell_counts_.swap(counts);
     cells_of_.swap(cells);
+    exact_pos_.swap(exact_pos);
+    exact_keys_.swap(exact_keys);
+    exact_threshold_.swap(threshold);
     base_ = base;
     end_ = end;
     trained_on_ = total;
@@ -144,22 +221,58 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
   const int64_t n = end - begin;
   std::vector<std::vector<uint8_t>> fresh(static_cast<size_t>(n_kv_));
   for (auto& c : fresh) c.resize(static_cast<size_t>(n) * um);
-  encode(store, codebook_, begin, end, fresh, n_threads);
+  std::vector<std::vector<float>> errors;
+  if (keeps_exact()) errors.assign(static_cast<size_t>(n_kv_), std::vector<float>(static_cast<size_t>(n)));
+  encode(store, codebook_, begin, end, fresh, keeps_exact() ? &errors : nullptr, n_threads);
+  // New tokens whose error is strictly above the head's threshold become exact (strictly: when the threshold is
+  // 0 because the bulk quantizes without error, equal tokens do not pile into the exact set).
+  std::vector<std::vector<int64_t>> new_exact(static_cast<size_t>(n_kv_));  // offsets in [0, n)
+  std::vector<std::vector<float>> new_keys(static_cast<size_t>(n_kv_));
+  if (keeps_exact()) {
+    for (int h = 0; h < n_kv_; ++h) {
+      const float threshold = exact_threshold_[static_cast<size_t>(h)];
+      auto& picked = new_exact[static_cast<size_t>(h)];
+      for (int64_t t = 0; t < n; ++t)
+        if (errors[static_cast<size_t>(h)][static_cast<size_t>(t)] > threshold) picked.push_back(t);
+      auto& keys = new_keys[static_cast<size_t>(h)];
+      keys.resize(picked.size() * static_cast<size_t>(d_));
+      for (size_t e = 0; e < picked.size(); ++e)
+        store.keys_f32(h, begin + picked[e], begin + picked[e] + 1, keys.data() + e * d_);
+    }
+  }
   // the only steps that may throw: nothing has changed yet
-  for (auto& c : codes_) c.reserve(c.size() + static_cast<size_t>(n) * um);
+  for (auto& c : codes_) reserve_for(c, c.size() + static_cast<size_t>(n) * um);
   if (uses_cells())
-    for (auto& c : cells_of_) c.reserve(c.size() + static_cast<size_t>(n));
+    for (auto& c : cells_of_) reserve_for(c, c.size() + static_cast<size_t>(n));
+  for (int h = 0; h < n_kv_; ++h) {
+    const size_t added = new_exact[static_cast<size_t>(h)].size();
+    if (added == 0) continue;
+    auto& pos = exact_pos_[static_cast<size_t>(h)];
+    auto& keys = exact_keys_[static_cast<size_t>(h)];
+    reserve_for(pos, pos.size() + added);
+    reserve_for(keys, keys.size() + added * static_cast<size_t>(d_));
+  }
+  // commit (no throw below: every append fits the reserved capacity)
   for (int h = 0; h < n_kv_; ++h) {
     auto& dst = codes_[static_cast<size_t>(h)];
     const auto& src = fresh[static_cast<size_t>(h)];
     dst.insert(dst.end(), src.begin(), src.end());
+    const auto& picked = new_exact[static_cast<size_t>(h)];
     if (uses_cells()) {
+      size_t next = 0;  // the next of `picked`: exact tokens keep their cell id but are not counted in it
       for (int64_t t = 0; t < n; ++t) {
         const auto cell = static_cast<uint16_t>(cell_of(src.data() + t * m_));
         cells_of_[static_cast<size_t>(h)].push_back(cell);
-        ++cell_counts_[static_cast<size_t>(h)][cell];
+        if (next < picked.size() && picked[next] == t)
+          ++next;
+        else
+          ++cell_counts_[static_cast<size_t>(h)][cell];
       }
     }
+    auto& pos = exact_pos_[static_cast<size_t>(h)];
+    for (const int64_t t : picked) pos.push_back(begin + t);
+    const auto& keys = new_keys[static_cast<size_t>(h)];
+    exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
   end_ = end;
 }
@@ -195,6 +308,14 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     for (int g = 0; g < group; ++g) lookup_table(h, qg + g * d_, r.scale, lut.data() + g * m_ * k_);
     const uint8_t* codes = codes_[static_cast<size_t>(h)].data();
     int32_t* out = out_rows[h];
+    const std::vector<int64_t>& exact_pos = exact_pos_[static_cast<size_t>(h)];
+    const int64_t n_exact = static_cast<int64_t>(exact_pos.size());
+    const float* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
+    // The exact logits of the exact tokens, [group, n_exact]: each key row is read once for the whole group.
+    std::vector<float> exact_logits(static_cast<size_t>(group * n_exact));
+    for (int64_t e = 0; e < n_exact; ++e)
+      for (int g = 0; g < group; ++g)
+        exact_logits[static_cast<size_t>(g * n_exact + e)] = r.scale * dot(qg + g * d_, exact_keys + e * d_, d_);
 
     if (!uses_cells()) {
       std::vector<float> logits(static_cast<size_t>(group) * n);
@@ -205,6 +326,9 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
           for (int j = 0; j < m_; ++j) s += l[j * k_ + codes[t * m_ + j]];
           logits[static_cast<size_t>(g * n + t)] = s;
         }
+        for (int64_t e = 0; e < n_exact; ++e)
+          logits[static_cast<size_t>(g * n + exact_pos[static_cast<size_t>(e)] - base_)] =
+              exact_logits[static_cast<size_t>(g * n_exact + e)];
       }
       std::vector<float> folded(static_cast<size_t>(n));
       fold_logits(logits.data(), group, n, r.fold, folded.data());
@@ -213,12 +337,20 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     }
 
     // Cell path: score every code tuple once. Cell u = sum_j code_j k^j, so the table of sub-space j is added to
-    // k^j-strided copies of the cells built so far (no division per cell).
-    const auto& counts = cell_counts_[static_cast<size_t>(h)];
-    std::vector<float> cell_logits(static_cast<size_t>(group * cells_));
+    // k^j-strided copies of the cells built so far (no division per cell). The exact tokens follow the cells as
+    // items cells_ + e of count 1, so that one weighted fold sees every token.
+    const int64_t items = cells_ + n_exact;
+    std::vector<int32_t> exact_counts;
+    if (n_exact > 0) {
+      exact_counts.reserve(static_cast<size_t>(items));
+      exact_counts.assign(cell_counts_[static_cast<size_t>(h)].begin(), cell_counts_[static_cast<size_t>(h)].end());
+      exact_counts.resize(static_cast<size_t>(items), 1);
+    }
+    const std::vector<int32_t>& counts = n_exact > 0 ? exact_counts : cell_counts_[static_cast<size_t>(h)];
+    std::vector<float> cell_logits(static_cast<size_t>(group * items));
     for (int g = 0; g < group; ++g) {
       const float* l = lut.data() + g * m_ * k_;
-      float* s = cell_logits.data() + g * cells_;
+      float* s = cell_logits.data() + g * items;
       std::copy_n(l, k_, s);
       int64_t size = k_;
       for (int j = 1; j < m_; ++j, size *= k_)
@@ -227,16 +359,19 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
           float* dst = s + c * size;
           for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;  // c == 0 last: reads s before it changes
         }
+      std::copy_n(exact_logits.data() + g * n_exact, n_exact, s + cells_);
     }
-    std::vector<float> folded(static_cast<size_t>(cells_));
-    fold_weighted_logits(cell_logits.data(), counts.data(), group, cells_, r.fold, folded.data());
+    std::vector<float> folded(static_cast<size_t>(items));
+    fold_weighted_logits(cell_logits.data(), counts.data(), group, items, r.fold, folded.data());
     for (float& f : folded) f = f == f ? f : -std::numeric_limits<float>::infinity();  // NaN ranks lowest
 
-    // Take whole cells best first (a heap: only the cells that fit the budget are ever ordered); the cell that
-    // crosses the budget is trimmed to its earliest tokens. Ties: the lower cell id first.
+    // Take whole items (cells, exact tokens) best first (a heap: only the items that fit the budget are ever
+    // ordered); the cell that crosses the budget is trimmed to its earliest tokens (an exact token, of count 1,
+    // never crosses). Ties: the lower item id first (every cell before the exact tokens, which follow in position
+    // order).
     std::vector<int32_t> heap;
-    heap.reserve(static_cast<size_t>(cells_));
-    for (int64_t u = 0; u < cells_; ++u)
+    heap.reserve(static_cast<size_t>(items));
+    for (int64_t u = 0; u < items; ++u)
       if (counts[static_cast<size_t>(u)] > 0) heap.push_back(static_cast<int32_t>(u));
     auto worse = [&](int32_t a, int32_t b) {
       return folded[static_cast<size_t>(a)] < folded[static_cast<size_t>(b)] ||
@@ -244,7 +379,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     };
     std::make_heap(heap.begin(), heap.end(), worse);
     enum : uint8_t { kSkip = 0, kTake = 1, kTrim = 2 };
-    std::vector<uint8_t> state(static_cast<size_t>(cells_), kSkip);
+    std::vector<uint8_t> state(static_cast<size_t>(items), kSkip);
     int64_t taken = 0;
     int64_t quota = 0;
     while (taken < r.budget && !heap.empty()) {
@@ -263,7 +398,17 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     }
     const uint16_t* cell = cells_of_[static_cast<size_t>(h)].data();
     int64_t written = 0;
+    // Exact tokens are merged in by position (every uint16 is a valid cell id, so none can mark them).
+    int64_t next_exact = 0;
+    int64_t next_exact_at = n_exact > 0 ? exact_pos[0] - r.mid_begin : n;
     for (int64_t t = 0; t < n && written < r.budget; ++t) {
+      if (t == next_exact_at) {
+        if (state[static_cast<size_t>(cells_ + next_exact)] == kTake)
+          out[written++] = static_cast<int32_t>(r.mid_begin + t);
+        ++next_exact;
+        next_exact_at = next_exact < n_exact ? exact_pos[static_cast<size_t>(next_exact)] - r.mid_begin : n;
+        continue;
+      }
       const uint8_t s = state[cell[t]];
       if (s == kTake || (s == kTrim && quota-- > 0)) out[written++] = static_cast<int32_t>(r.mid_begin + t);
     }

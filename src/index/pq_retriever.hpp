@@ -7,9 +7,19 @@
 // runs over cells weighted by their token counts (identical to a per-token softmax), whole cells are taken best
 // first until the budget, and the last cell is trimmed to its earliest positions. That makes a step O(cells +
 // tokens) with one table lookup per token instead of m, and no per-token exp or sort.
+//
+// Exact outliers (ShadowKV's idea, Params::exact_fraction): the keys PQ reconstructs worst are kept exact. At each
+// training, per head, the ceil(fraction * n) tokens with the largest squared reconstruction error ||k - k_hat||^2
+// (ties: the earlier position) get an f32 copy of their key and are scored with the exact q.k; a token encoded
+// later with the same codebook joins them when its error is strictly above the smallest error of the set at
+// training (the head's threshold), so the share stays about constant. A rare, sharp key -- the one a retrieval head
+// copies from -- is exactly the kind PQ reconstructs worst, and ranking it by its PQ score can drop it at every
+// budget. Exact tokens leave their cells (cell counts exclude them) and compete as single items of count 1 next
+// to the cells: each query head's softmax runs over cells and exact tokens together.
 #include <cstdint>
 #include <vector>
 
+#include "core/config.hpp"
 #include "index/retriever.hpp"
 
 namespace kvret {
@@ -23,7 +33,12 @@ class PqRetriever final : public Retriever {
     float tol = 1e-3f;
     int64_t train_sample = 8192;  ///< 0 = all
     uint64_t seed = 42;
+    float exact_fraction = kDefaultPqExactFraction;  ///< share of tokens kept exact per head; 0 = off
   };
+
+  /// Exact tokens chosen per head at a training over n tokens: ceil(fraction * n), with a relative slack of 1e-6
+  /// so that a fraction not representable in float (0.1f is 0.100000001...) does not round 100.0000015 up to 101.
+  static int64_t exact_count(float fraction, int64_t n) noexcept;
 
   PqRetriever(int n_kv_heads, int head_dim, const Params& params);
 
@@ -44,13 +59,24 @@ class PqRetriever final : public Retriever {
   }
   /// Codes of a head: [size(), m], token i at position base() + i.
   const uint8_t* codes(int head) const noexcept { return codes_[static_cast<size_t>(head)].data(); }
-  /// Unscaled approximate logits sum_j <q_j, C_j[code_j]> of every indexed token of `head` (out: [size()]).
+  /// Unscaled approximate logits sum_j <q_j, C_j[code_j]> of every indexed token of `head` (out: [size()]): the
+  /// pure PQ score, exact tokens included (select replaces theirs by the exact q.k).
   void approximate_logits(int head, const float* q, float* out) const;
+  /// Positions (absolute, ascending) of the tokens of `head` kept exact.
+  const std::vector<int64_t>& exact_positions(int head) const noexcept { return exact_pos_[static_cast<size_t>(head)]; }
+  /// The f32 keys of exact_positions(head): [exact_positions(head).size(), head_dim].
+  const float* exact_keys(int head) const noexcept { return exact_keys_[static_cast<size_t>(head)].data(); }
+  /// The squared reconstruction error above which a newly encoded token of `head` becomes exact: the smallest
+  /// error in the set chosen at the last training (+inf when the set is empty, e.g. fraction 0).
+  float exact_threshold(int head) const noexcept { return exact_threshold_[static_cast<size_t>(head)]; }
 
  private:
   std::vector<float> train(const HostKvStore& store, int64_t begin, int64_t end, int n_threads) const;
+  /// Codes of [begin, end) into out (per head [n, m]); when errors is not null, also each token's squared
+  /// reconstruction error sum_j ||k_j - C_j[code_j]||^2 (per head [n]).
   void encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
-              std::vector<std::vector<uint8_t>>& out, int n_threads) const;
+              std::vector<std::vector<uint8_t>>& out, std::vector<std::vector<float>>* errors, int n_threads) const;
+  bool keeps_exact() const noexcept { return params_.exact_fraction > 0.0f; }
   void lookup_table(int head, const float* q, float scale, float* lut) const;
   bool uses_cells() const noexcept { return cells_ > 0; }
   /// Cell id of a code tuple: sum_j code_j * k^j.
@@ -70,7 +96,11 @@ class PqRetriever final : public Retriever {
   std::vector<float> codebook_;                    ///< [H, m, k, dsub]
   std::vector<std::vector<uint8_t>> codes_;        ///< per head [n, m]
   std::vector<std::vector<int32_t>> cell_counts_;  ///< per head [cells]
-  std::vector<std::vector<uint16_t>> cells_of_;    ///< per head [n]: the cell of each token (cell path only)
+  std::vector<std::vector<uint16_t>> cells_of_;    ///< per head [n]: the cell of each token (cell path only;
+                                                   ///< exact tokens keep theirs but are not counted in it)
+  std::vector<std::vector<int64_t>> exact_pos_;    ///< per head: positions of the exact tokens, ascending
+  std::vector<std::vector<float>> exact_keys_;     ///< per head [exact, d]: their keys
+  std::vector<float> exact_threshold_;             ///< per head: see exact_threshold()
   int64_t base_ = -1;
   int64_t end_ = -1;
   int64_t trained_on_ = 0;

@@ -21,6 +21,7 @@ std::unique_ptr<Retriever> make_retriever(const kvret_config& c, int layer) {
       p.iters = c.pq_iters;
       p.tol = c.pq_tol;
       p.train_sample = c.pq_train_sample;
+      p.exact_fraction = c.pq_exact_fraction;
       uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32);
       p.seed = splitmix64(state);
       return std::make_unique<PqRetriever>(c.n_kv_heads, c.head_dim, p);

@@ -395,5 +395,44 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
   kvret_destroy(ctx);
 }
 
+TEST(Config, PqExactFractionIsValidated) {
+  kvret_config c;
+  kvret_config_init(&c);
+  EXPECT_FLOAT_EQ(c.pq_exact_fraction, 0.02f);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -0.01f, -0.0001f, 0.5001f, 0.75f, 1.0f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+    kvret_config_init(&c);
+    c.pq_exact_fraction = bad;
+    kvret_context* ctx = reinterpret_cast<kvret_context*>(0x1);
+    EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(ctx, nullptr) << bad;
+    const std::string message = kvret_last_error();
+    EXPECT_NE(message.find("config.pq_exact_fraction"), std::string::npos) << message;
+    EXPECT_NE(message.find("[0, 0.5]"), std::string::npos) << message;
+  }
+  for (const float good : {0.0f, 0.001f, 0.25f, 0.5f}) {
+    kvret_config_init(&c);
+    c.pq_exact_fraction = good;
+    kvret_context* ctx = nullptr;
+    ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << good << ": " << kvret_last_error();
+    kvret_config got;
+    kvret_config_init(&got);
+    ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
+    EXPECT_EQ(got.pq_exact_fraction, good);
+    kvret_destroy(ctx);
+  }
+  // a struct from before the field existed gets its default
+  kvret_config_init(&c);
+  c.struct_size = offsetof(kvret_config, pq_exact_fraction);
+  c.pq_exact_fraction = -5.0f;  // beyond the declared size: must be ignored
+  kvret_context* ctx = nullptr;
+  ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << kvret_last_error();
+  kvret_config got;
+  kvret_config_init(&got);
+  ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
+  EXPECT_FLOAT_EQ(got.pq_exact_fraction, 0.02f);
+  kvret_destroy(ctx);
+}
+
 }  // namespace
 }  // namespace kvret

@@ -12,17 +12,19 @@
 
 // Fault injection for the strong guarantee: while armed, the calling thread's n-th allocation from now fails.
 // The replacement new is malloc-backed, so libstdc++'s default operator delete (free) still matches; noinline keeps
-// GCC from pairing the inlined malloc with delete (-Wmismatched-new-delete).
-namespace {
+// GCC from pairing the inlined malloc with delete (-Wmismatched-new-delete). The counter is declared in
+// test_util.hpp (the PQ tests use it too).
+namespace kvret::test {
 thread_local int64_t g_allocations_until_failure = -1;
-}  // namespace
+}  // namespace kvret::test
 
 __attribute__((noinline)) void* operator new(std::size_t size) {
-  if (g_allocations_until_failure == 0) {
-    g_allocations_until_failure = -1;
+  int64_t& until_failure = kvret::test::g_allocations_until_failure;
+  if (until_failure == 0) {
+    until_failure = -1;
     throw std::bad_alloc();
   }
-  if (g_allocations_until_failure > 0) --g_allocations_until_failure;
+  if (until_failure > 0) --until_failure;
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -301,14 +303,14 @@ TEST(Page, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
     const int64_t bytes_before = f.index.bytes();
     int failures = 0;
     for (int64_t fail_at = 0;; ++fail_at) {
-      g_allocations_until_failure = fail_at;
+      test::g_allocations_until_failure = fail_at;
       bool threw = false;
       try {
         f.index.extend(f.store, begin, end, false, 1);
       } catch (const std::bad_alloc&) {
         threw = true;
       }
-      g_allocations_until_failure = -1;
+      test::g_allocations_until_failure = -1;
       if (!threw) break;
       ++failures;
       ASSERT_EQ(f.index.size(), size_before) << "failure " << fail_at << " at [" << begin << ", " << end << ")";

@@ -17,6 +17,10 @@
 
 namespace kvret::test {
 
+/// Fault injection for strong-guarantee tests (defined with the replacement operator new in test_page.cpp): while
+/// >= 0, the calling thread's n-th allocation from now fails with std::bad_alloc (0: the next one).
+extern thread_local int64_t g_allocations_until_failure;
+
 template <class T>
 struct Buffer {
   std::vector<T> data;

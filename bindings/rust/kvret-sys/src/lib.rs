@@ -142,6 +142,7 @@ pub struct kvret_config {
     pub background_build: i32,
     pub check_finite: i32,
     pub seed: u64,
+    pub pq_exact_fraction: f32,
 }
 
 // ---- context and sequences: opaque handles ----

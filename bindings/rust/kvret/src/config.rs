@@ -128,6 +128,9 @@ impl Config {
         pq_iters: i32,
         pq_tol: f32,
         pq_train_sample: i32,
+        /// Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst that it keeps exact
+        /// (scored with the exact q.k); 0 = off, at most 0.5.
+        pq_exact_fraction: f32,
         cluster_tokens: i32,
         cluster_decode_interval: i32,
         cluster_decode_k: i32,

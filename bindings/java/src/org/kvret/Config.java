@@ -125,6 +125,11 @@ public final class Config {
     return fields.getPq_train_sample();
   }
 
+  /** Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst that it keeps exact. */
+  public float pqExactFraction() {
+    return fields.getPq_exact_fraction();
+  }
+
   // ---- ClusterKV, Quest pages, SpeCache, KVCrush ----
   public int clusterTokens() {
     return fields.getCluster_tokens();
@@ -299,6 +304,15 @@ public final class Config {
 
     public Builder pqTrainSample(int value) {
       fields.setPq_train_sample(value);
+      return this;
+    }
+
+    /**
+     * Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst (largest reconstruction error)
+     * that it keeps exact and scores exactly; 0 = off, valid range [0, 0.5].
+     */
+    public Builder pqExactFraction(float value) {
+      fields.setPq_exact_fraction(value);
       return this;
     }
 
