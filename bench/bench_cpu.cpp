@@ -1,5 +1,7 @@
 // CPU benchmarks of the library's hot paths on the synthetic workload (Google Benchmark):
-//  - PQ select (score + GQA fold + top-k) for a Llama-3-8B-like layer: 32 query heads, 8 KV heads, head_dim 128;
+//  - PQ select (score + GQA fold + top-k) for a Llama-3-8B-like layer: 32 query heads, 8 KV heads, head_dim 128,
+//    with the default pq_exact_fraction (BM_SelectPq) and with exact outliers off (BM_SelectPqExactOff), so that
+//    one run compares them;
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
 //  - working-set fetch against plain memcpy of the same bytes.
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "core/half.hpp"
@@ -42,7 +45,8 @@ struct Fixture {
   int64_t tokens = 0;
   double build_ms = 0;
 
-  Fixture(int index_kind, int64_t n, int train_sample = 8192) : tokens(n) {
+  /// exact_fraction < 0: the library's default pq_exact_fraction.
+  Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f) : tokens(n) {
     kvret::workload::Config wc;
     wc.n_layers = 1;
     wc.n_prefill = n;
@@ -62,6 +66,7 @@ struct Fixture {
     c.n_layers = 1;
     c.index_kind = index_kind;
     c.pq_train_sample = train_sample;
+    if (exact_fraction >= 0.0f) c.pq_exact_fraction = exact_fraction;
     kvret_create(&c, &ctx);
     kvret_seq_open(ctx, &seq);
     Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
@@ -74,17 +79,17 @@ struct Fixture {
   }
   ~Fixture() { kvret_destroy(ctx); }
 
-  static Fixture& get(int index_kind, int64_t n) {
-    static std::map<std::pair<int, int64_t>, std::unique_ptr<Fixture>> cache;
-    auto& f = cache[{index_kind, n}];
-    if (!f) f = std::make_unique<Fixture>(index_kind, n);
+  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f) {
+    static std::map<std::tuple<int, int64_t, float>, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[{index_kind, n, exact_fraction}];
+    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction);
     return *f;
   }
 };
 
-void select_bench(benchmark::State& state, int index_kind) {
+void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f) {
   const int64_t n = state.range(0);
-  Fixture& f = Fixture::get(index_kind, n);
+  Fixture& f = Fixture::get(index_kind, n, exact_fraction);
   int32_t budget = 0;
   kvret_seq_budget(f.seq, 0, &budget);
   std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
@@ -98,9 +103,20 @@ void select_bench(benchmark::State& state, int index_kind) {
   }
   state.counters["budget"] = budget;
   state.counters["tokens"] = static_cast<double>(n);
+  if (index_kind == KVRET_INDEX_PQ) {
+    kvret_config c;
+    kvret_config_init(&c);
+    kvret_get_config(f.ctx, &c);
+    state.counters["exact_fraction"] = c.pq_exact_fraction;
+    kvret_stats s;
+    kvret_stats_init(&s);
+    kvret_seq_stats(f.seq, &s);
+    state.counters["index_MiB"] = static_cast<double>(s.index_bytes) / (1 << 20);
+  }
 }
 
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
+void BM_SelectPqExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f); }
 void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
 
 void BM_BuildPq(benchmark::State& state) {
@@ -155,6 +171,7 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BuildPq)
     ->Arg(8192)

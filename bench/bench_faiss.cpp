@@ -286,6 +286,7 @@ kvret::PqRetriever::Params kvret_params(const Options& o, uint64_t seed) {
   p.iters = kvret_iters(o);
   p.train_sample = o.sample;
   p.seed = seed;
+  p.exact_fraction = 0.0f;  // plain PQ, like FAISS's IndexPQ (no exact outliers)
   return p;
 }
 
