@@ -235,6 +235,8 @@ def run(args):
         print(f"[{ci + 1}/{len(cases)}] {kind} {len(ids)} tokens, depth {depth:.0%}, {haystack}: full attention "
               f"{ref_text!r} ({'right' if base['correct'] else 'WRONG'}), prefill {prefill_s:.1f} s", file=sys.stderr,
               flush=True)
+        if args.only_answered and not base["correct"]:
+            continue
         for name, cfg in variants:
             kind_name = cfg["index_kind"]
             for budget in budgets if kind_name != "streaming" else [0.0]:
@@ -457,6 +459,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=0, help="most tokens generated per run (0: 12 single, 18 multi)")
     ap.add_argument("--threads", type=int, default=1,
                     help="kvret n_threads (default 1: the model's BLAS already uses every core; 0: all cores)")
+    ap.add_argument("--only-answered", action="store_true",
+                    help="run the indexes only on the cases full attention answers right")
     ap.add_argument("--cache", help="directory keeping each case's prefill keys/values and reference answer")
     ap.add_argument("--jsonl", help="append one JSON record per run to this file")
     ap.add_argument("--report", help="read records from this JSONL file instead of running")
