@@ -1,7 +1,7 @@
 // CPU benchmarks of the library's hot paths on the synthetic workload (Google Benchmark):
 //  - PQ select (score + GQA fold + top-k) for a Llama-3-8B-like layer: 32 query heads, 8 KV heads, head_dim 128,
-//    with the default pq_exact_fraction (BM_SelectPq) and with exact outliers off (BM_SelectPqExactOff), so that
-//    one run compares them;
+//    with the default pq_exact_fraction (BM_SelectPq), with exact outliers off (BM_SelectPqExactOff) and with 5%
+//    of the tokens exact (BM_SelectPqExact5), so that one run compares them;
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
 //  - working-set fetch against plain memcpy of the same bytes.
@@ -117,6 +117,7 @@ void select_bench(benchmark::State& state, int index_kind, float exact_fraction 
 
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
 void BM_SelectPqExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f); }
+void BM_SelectPqExact5(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.05f); }
 void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
 
 void BM_BuildPq(benchmark::State& state) {
@@ -172,6 +173,7 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 
 BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqExact5)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BuildPq)
     ->Arg(8192)

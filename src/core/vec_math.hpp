@@ -50,6 +50,16 @@ inline float exp_nonpositive(float x) noexcept {
   return x <= -87.0f ? 0.0f : p * scale;
 }
 
+/// Whether the CPU runs the AVX2 paths of the hot loops (checked once; they compute the same bits as the scalar
+/// code they replace, so the choice never changes a result).
+bool cpu_has_avx2() noexcept;
+
+/// out[g * out_stride + e] = scale * dot(q + g * q_stride, keys + e * key_stride, len) for g < nq and e < n_keys:
+/// bit for bit what the scalar dot gives (same eight partial sums, same order), blocked so that each key row is
+/// loaded once for several queries (AVX2 where the CPU has it).
+void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, int64_t key_stride, int64_t n_keys,
+                 int64_t len, float scale, float* out, int64_t out_stride) noexcept;
+
 /// splitmix64: the seeded generator behind every randomized step (portable and reproducible across platforms).
 inline uint64_t splitmix64(uint64_t& state) noexcept {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);

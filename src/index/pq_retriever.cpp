@@ -1,7 +1,9 @@
 #include "index/pq_retriever.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -22,6 +24,125 @@ constexpr int kAdaptiveMaxIters = 25;
 template <class T>
 void reserve_for(std::vector<T>& v, size_t needed) {
   if (v.capacity() < needed) v.reserve(std::max(2 * v.capacity(), needed));
+}
+
+/// Item states of the cell path's take.
+enum : uint8_t { kSkip = 0, kTake = 1, kTrim = 2 };
+
+/// Bit i of *take / *trim: whether state[cell[i]] is kTake / kTrim, for i < len <= 64. The states (kTake = 1,
+/// kTrim = 2: a state is its two bits) are loaded into bytes and packed eight at a time by a multiply (byte i's low
+/// bit to bit 56 + i), with no per-token shift or branch.
+void cell_state_masks(const uint8_t* state, const uint16_t* cell, int len, uint64_t* take, uint64_t* trim) {
+  uint8_t bytes[64] = {};
+  for (int i = 0; i < len; ++i) bytes[i] = state[cell[i]];
+  constexpr uint64_t kLow = 0x0101010101010101ull, kPack = 0x0102040810204080ull;
+  uint64_t a = 0, b = 0;
+  for (int w = 0; w < 8; ++w) {
+    uint64_t x;
+    std::memcpy(&x, bytes + 8 * w, sizeof x);
+    a |= (((x & kLow) * kPack) >> 56) << (8 * w);
+    b |= ((((x >> 1) & kLow) * kPack) >> 56) << (8 * w);
+  }
+  *take = a;
+  *trim = b;
+}
+
+/// v's storage with at least n elements (grown, never shrunk; the contents are the caller's to set).
+template <class T>
+T* sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+/// The order of the take as one integer: (score descending, id ascending) is the ascending order of
+/// (~monotone(score) << 32 | id) (score not NaN; -0 counts as +0, as == has it).
+inline uint64_t take_key(float score, int64_t id) noexcept {
+  uint32_t b;
+  const float f = score + 0.0f;
+  std::memcpy(&b, &f, sizeof b);
+  const uint32_t ascending = b ^ ((b >> 31) != 0 ? 0xffffffffu : 0x80000000u);
+  return static_cast<uint64_t>(~ascending) << 32 | static_cast<uint32_t>(id);
+}
+
+/// The cell path's take: the items of positive count, in the order (folded descending, id ascending), are taken
+/// whole (kTake) while they fit the budget; the first that does not fit is trimmed (kTrim, to `quota` tokens, the
+/// return value) unless the budget is already full; the rest stay kSkip. The same states as popping a heap in
+/// that order, found by a weighted quickselect (expected O(items); only the taken side is ever ordered). folded:
+/// no NaN.
+int64_t take_items(const float* folded, const int32_t* counts, int64_t items, int64_t budget,
+                   std::vector<uint64_t>& keys_buf, uint8_t* state) {
+  std::fill(state, state + items, kSkip);
+  uint64_t* keys = sized(keys_buf, static_cast<size_t>(items));
+  int64_t hi = 0;
+  for (int64_t u = 0; u < items; ++u)
+    if (counts[u] > 0) keys[hi++] = take_key(folded[u], u);
+  auto id = [](uint64_t key) { return static_cast<uint32_t>(key); };
+  int64_t lo = 0;
+  int64_t rem = budget;
+  while (lo < hi && rem > 0) {
+    if (hi - lo <= 16) {
+      std::sort(keys + lo, keys + hi);
+      for (int64_t i = lo; i < hi && rem > 0; ++i) {
+        const uint32_t u = id(keys[i]);
+        if (counts[u] <= rem) {
+          state[u] = kTake;
+          rem -= counts[u];
+        } else {
+          state[u] = kTrim;
+          return rem;
+        }
+      }
+      return 0;
+    }
+    // pivot: the median of the first, middle and last keys, moved to the end
+    int64_t a = lo, m = lo + (hi - lo) / 2, c = hi - 1;
+    if (keys[m] < keys[a]) std::swap(a, m);
+    if (keys[c] < keys[m]) std::swap(m, c);
+    if (keys[m] < keys[a]) std::swap(a, m);
+    std::swap(keys[m], keys[hi - 1]);
+    const uint64_t pivot = keys[hi - 1];
+    // branch-free Lomuto partition of [lo, hi - 1): [lo, i) before the pivot, the weight of which is `before`
+    int64_t i = lo;
+    int64_t before = 0;
+    for (int64_t j = lo; j < hi - 1; ++j) {
+      const uint64_t x = keys[j];
+      const bool less = x < pivot;
+      keys[j] = keys[i];
+      keys[i] = x;
+      i += less;
+      before += less ? counts[id(x)] : 0;
+    }
+    std::swap(keys[i], keys[hi - 1]);  // the pivot, at i
+    if (before > rem) {                // the budget runs out before the pivot
+      hi = i;
+      continue;
+    }
+    for (int64_t j = lo; j < i; ++j) state[id(keys[j])] = kTake;
+    rem -= before;
+    const uint32_t u = id(pivot);
+    if (counts[u] > rem) {
+      if (rem > 0) state[u] = kTrim;
+      return rem;
+    }
+    state[u] = kTake;
+    rem -= counts[u];
+    lo = i + 1;
+  }
+  return 0;
+}
+
+/// Select's per-head buffers, kept per thread (one KV head per OpenMP thread) so that a decode step allocates
+/// nothing once they have grown: they hold O(group * (cells + exact tokens)) floats.
+struct SelectScratch {
+  std::vector<float> lut, logits, folded;
+  std::vector<int32_t> counts;
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> state;
+};
+
+SelectScratch& select_scratch() {
+  thread_local SelectScratch scratch;
+  return scratch;
 }
 
 /// The error a token ranks by for the exact set: NaN (a NaN key) ranks lowest.
@@ -304,23 +425,24 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
   for (int h = 0; h < n_kv_; ++h) {
     const int group = r.group;
     const float* qg = r.q + static_cast<int64_t>(h) * group * d_;
-    std::vector<float> lut(static_cast<size_t>(group) * m_ * k_);
-    for (int g = 0; g < group; ++g) lookup_table(h, qg + g * d_, r.scale, lut.data() + g * m_ * k_);
+    SelectScratch& scratch = select_scratch();
+    // The tables of the whole group, [group, m, k]: lut[g][j][c] = scale * <q_g,j, C_j[c]> (lookup_table's bits).
+    float* lut = sized(scratch.lut, static_cast<size_t>(group) * m_ * k_);
+    for (int j = 0; j < m_; ++j)
+      scaled_dots(qg + j * dsub_, d_, group, centroids(h, j), dsub_, k_, dsub_, r.scale, lut + j * k_, m_ * k_);
     const uint8_t* codes = codes_[static_cast<size_t>(h)].data();
     int32_t* out = out_rows[h];
     const std::vector<int64_t>& exact_pos = exact_pos_[static_cast<size_t>(h)];
     const int64_t n_exact = static_cast<int64_t>(exact_pos.size());
     const float* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
-    // The exact logits of the exact tokens, [group, n_exact]: each key row is read once for the whole group.
-    std::vector<float> exact_logits(static_cast<size_t>(group * n_exact));
-    for (int64_t e = 0; e < n_exact; ++e)
-      for (int g = 0; g < group; ++g)
-        exact_logits[static_cast<size_t>(g * n_exact + e)] = r.scale * dot(qg + g * d_, exact_keys + e * d_, d_);
 
     if (!uses_cells()) {
+      // The exact logits of the exact tokens, [group, n_exact]: each key row is read once for the whole group.
+      std::vector<float> exact_logits(static_cast<size_t>(group * n_exact));
+      scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, exact_logits.data(), n_exact);
       std::vector<float> logits(static_cast<size_t>(group) * n);
       for (int g = 0; g < group; ++g) {
-        const float* l = lut.data() + g * m_ * k_;
+        const float* l = lut + g * m_ * k_;
         for (int64_t t = 0; t < n; ++t) {
           float s = 0;
           for (int j = 0; j < m_; ++j) s += l[j * k_ + codes[t * m_ + j]];
@@ -340,17 +462,18 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     // k^j-strided copies of the cells built so far (no division per cell). The exact tokens follow the cells as
     // items cells_ + e of count 1, so that one weighted fold sees every token.
     const int64_t items = cells_ + n_exact;
-    std::vector<int32_t> exact_counts;
+    const std::vector<int32_t>& cell_counts = cell_counts_[static_cast<size_t>(h)];
+    const int32_t* counts = cell_counts.data();
     if (n_exact > 0) {
-      exact_counts.reserve(static_cast<size_t>(items));
-      exact_counts.assign(cell_counts_[static_cast<size_t>(h)].begin(), cell_counts_[static_cast<size_t>(h)].end());
-      exact_counts.resize(static_cast<size_t>(items), 1);
+      int32_t* c = sized(scratch.counts, static_cast<size_t>(items));
+      std::copy(cell_counts.begin(), cell_counts.end(), c);
+      std::fill(c + cells_, c + items, 1);
+      counts = c;
     }
-    const std::vector<int32_t>& counts = n_exact > 0 ? exact_counts : cell_counts_[static_cast<size_t>(h)];
-    std::vector<float> cell_logits(static_cast<size_t>(group * items));
+    float* cell_logits = sized(scratch.logits, static_cast<size_t>(group * items));
     for (int g = 0; g < group; ++g) {
-      const float* l = lut.data() + g * m_ * k_;
-      float* s = cell_logits.data() + g * items;
+      const float* l = lut + g * m_ * k_;
+      float* s = cell_logits + g * items;
       std::copy_n(l, k_, s);
       int64_t size = k_;
       for (int j = 1; j < m_; ++j, size *= k_)
@@ -359,58 +482,41 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
           float* dst = s + c * size;
           for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;  // c == 0 last: reads s before it changes
         }
-      std::copy_n(exact_logits.data() + g * n_exact, n_exact, s + cells_);
     }
-    std::vector<float> folded(static_cast<size_t>(items));
-    fold_weighted_logits(cell_logits.data(), counts.data(), group, items, r.fold, folded.data());
-    for (float& f : folded) f = f == f ? f : -std::numeric_limits<float>::infinity();  // NaN ranks lowest
-
-    // Take whole items (cells, exact tokens) best first (a heap: only the items that fit the budget are ever
-    // ordered); the cell that crosses the budget is trimmed to its earliest tokens (an exact token, of count 1,
-    // never crosses). Ties: the lower item id first (every cell before the exact tokens, which follow in position
-    // order).
-    std::vector<int32_t> heap;
-    heap.reserve(static_cast<size_t>(items));
+    // The exact logits, straight into their items: [group, n_exact] at column cells_ (each key row is read once
+    // for the whole group).
+    scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, cell_logits + cells_, items);
+    float* folded = sized(scratch.folded, static_cast<size_t>(items));
+    fold_weighted_logits(cell_logits, counts, group, items, r.fold, folded);
     for (int64_t u = 0; u < items; ++u)
-      if (counts[static_cast<size_t>(u)] > 0) heap.push_back(static_cast<int32_t>(u));
-    auto worse = [&](int32_t a, int32_t b) {
-      return folded[static_cast<size_t>(a)] < folded[static_cast<size_t>(b)] ||
-             (folded[static_cast<size_t>(a)] == folded[static_cast<size_t>(b)] && a > b);
-    };
-    std::make_heap(heap.begin(), heap.end(), worse);
-    enum : uint8_t { kSkip = 0, kTake = 1, kTrim = 2 };
-    std::vector<uint8_t> state(static_cast<size_t>(items), kSkip);
-    int64_t taken = 0;
-    int64_t quota = 0;
-    while (taken < r.budget && !heap.empty()) {
-      std::pop_heap(heap.begin(), heap.end(), worse);
-      const int32_t u = heap.back();
-      heap.pop_back();
-      const int64_t c = counts[static_cast<size_t>(u)];
-      if (taken + c <= r.budget) {
-        state[static_cast<size_t>(u)] = kTake;
-        taken += c;
-      } else {
-        state[static_cast<size_t>(u)] = kTrim;
-        quota = r.budget - taken;
-        taken = r.budget;
-      }
-    }
+      folded[u] = folded[u] == folded[u] ? folded[u] : -std::numeric_limits<float>::infinity();  // NaN lowest
+
+    // Take whole items (cells, exact tokens) best first; the cell that crosses the budget is trimmed to its
+    // earliest tokens (an exact token, of count 1, never crosses). Ties: the lower item id first (every cell before
+    // the exact tokens, which follow in position order).
+    uint8_t* state = sized(scratch.state, static_cast<size_t>(items));
+    int64_t quota = take_items(folded, counts, items, r.budget, scratch.keys, state);
+    // The taken tokens in position order, 64 at a time: bit masks of the tokens whose cell is taken or trimmed,
+    // the exact tokens of the block put in by position (every uint16 is a valid cell id, so their cell bits are
+    // cleared and replaced by their own state), the trimmed cell's earliest `quota` tokens, then the set bits.
     const uint16_t* cell = cells_of_[static_cast<size_t>(h)].data();
     int64_t written = 0;
-    // Exact tokens are merged in by position (every uint16 is a valid cell id, so none can mark them).
     int64_t next_exact = 0;
     int64_t next_exact_at = n_exact > 0 ? exact_pos[0] - r.mid_begin : n;
-    for (int64_t t = 0; t < n && written < r.budget; ++t) {
-      if (t == next_exact_at) {
-        if (state[static_cast<size_t>(cells_ + next_exact)] == kTake)
-          out[written++] = static_cast<int32_t>(r.mid_begin + t);
-        ++next_exact;
-        next_exact_at = next_exact < n_exact ? exact_pos[static_cast<size_t>(next_exact)] - r.mid_begin : n;
-        continue;
+    for (int64_t t0 = 0; t0 < n && written < r.budget; t0 += 64) {
+      const int len = static_cast<int>(std::min<int64_t>(64, n - t0));
+      uint64_t take = 0, trim = 0;
+      cell_state_masks(state, cell + t0, len, &take, &trim);
+      for (; next_exact_at < t0 + len; ++next_exact) {
+        const uint64_t bit = uint64_t{1} << (next_exact_at - t0);
+        take &= ~bit;
+        trim &= ~bit;
+        if (state[cells_ + next_exact] == kTake) take |= bit;
+        next_exact_at = next_exact + 1 < n_exact ? exact_pos[static_cast<size_t>(next_exact + 1)] - r.mid_begin : n;
       }
-      const uint8_t s = state[cell[t]];
-      if (s == kTake || (s == kTrim && quota-- > 0)) out[written++] = static_cast<int32_t>(r.mid_begin + t);
+      for (; trim != 0 && quota > 0; trim &= trim - 1, --quota) take |= trim & (~trim + 1);
+      for (; take != 0 && written < r.budget; take &= take - 1)
+        out[written++] = static_cast<int32_t>(r.mid_begin + t0 + std::countr_zero(take));
     }
   }
   return r.budget;

@@ -7,47 +7,160 @@
 
 #include "core/vec_math.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVRET_FOLD_AVX2 1
+#endif
+
 namespace kvret {
+
+namespace {
+
+constexpr float kLowest = -std::numeric_limits<float>::infinity();
+
+/// The scratch row of exp terms, kept per thread (select runs one KV head per OpenMP thread).
+float* exp_scratch(int64_t n) {
+  thread_local std::vector<float> e;
+  if (e.size() < static_cast<size_t>(n)) e.resize(static_cast<size_t>(n));
+  return e.data();
+}
+
+/// One head of the sum-of-probabilities fold, scalar: folded += softmax(l) (weighted by `weight` when not null).
+void softmax_accumulate_scalar(const float* l, const int32_t* weight, int64_t n, float* e, float* folded) {
+  float mx = kLowest;
+  if (weight) {
+    for (int64_t u = 0; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : kLowest);
+  } else {
+    for (int64_t u = 0; u < n; ++u) mx = std::max(mx, l[u]);
+  }
+  if (!(mx > kLowest)) return;
+  for (int64_t u = 0; u < n; ++u) e[u] = exp_nonpositive(l[u] - mx);
+  double z = 0;
+  if (weight) {
+    float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t u = 0;
+    for (; u + 8 <= n; u += 8)
+      for (int i = 0; i < 8; ++i) zf[i] += static_cast<float>(weight[u + i]) * e[u + i];
+    for (float x : zf) z += x;
+    for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[u];
+  } else {
+    for (int64_t u = 0; u < n; ++u) z += e[u];
+  }
+  if (z <= 0) return;
+  const float inv = static_cast<float>(1.0 / z);
+  for (int64_t u = 0; u < n; ++u) folded[u] += e[u] * inv;
+}
+
+#ifdef KVRET_FOLD_AVX2
+// The same computation eight lanes at a time, bit for bit: exp_nonpositive's operations in its order (AVX2 without
+// FMA, so nothing is contracted), the weighted sum in the eight float partial sums of the scalar code, and a max
+// that ignores NaN as std::max(mx, x) does (its only possible difference, the sign of a zero maximum, changes no
+// l - mx).
+
+__attribute__((target("avx2"))) inline __m256 exp_nonpositive_avx2(__m256 x) noexcept {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  x = _mm256_max_ps(lo, x);  // lo where x < -87; x where x is NaN (max returns its second operand)
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256i n = _mm256_cvttps_epi32(_mm256_sub_ps(t, _mm256_set1_ps(0.5f)));
+  const __m256 fn = _mm256_cvtepi32_ps(n);
+  const __m256 f = _mm256_sub_ps(t, fn);
+  const __m256 y = _mm256_mul_ps(f, _mm256_set1_ps(0.693147180559945309f));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(0.5f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f));
+  // 2^fn from fn converted back to an integer, as the scalar code does (the same bits for out-of-range input)
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fn), _mm256_set1_epi32(127)), 23);
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LE_OQ), r);  // 0 where x <= -87
+}
+
+__attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, const int32_t* weight, int64_t n, float* e,
+                                                             float* folded) {
+  const __m256 lowest = _mm256_set1_ps(kLowest);
+  float mx = kLowest;
+  {
+    __m256 m = lowest;
+    int64_t u = 0;
+    if (weight) {
+      for (; u + 8 <= n; u += 8) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weight + u));
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(w, _mm256_setzero_si256()));
+        m = _mm256_max_ps(_mm256_blendv_ps(lowest, _mm256_loadu_ps(l + u), keep), m);  // NaN keeps m
+      }
+    } else {
+      for (; u + 8 <= n; u += 8) m = _mm256_max_ps(_mm256_loadu_ps(l + u), m);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    for (float x : lanes) mx = std::max(mx, x);
+    if (weight) {
+      for (; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : kLowest);
+    } else {
+      for (; u < n; ++u) mx = std::max(mx, l[u]);
+    }
+  }
+  if (!(mx > kLowest)) return;
+  const __m256 vmx = _mm256_set1_ps(mx);
+  double z = 0;
+  int64_t u = 0;
+  if (weight) {
+    __m256 zf = _mm256_setzero_ps();
+    for (; u + 8 <= n; u += 8) {
+      const __m256 x = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l + u), vmx));
+      _mm256_storeu_ps(e + u, x);
+      const __m256 w = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weight + u)));
+      zf = _mm256_add_ps(zf, _mm256_mul_ps(w, x));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, zf);
+    for (float x : lanes) z += x;
+    for (; u < n; ++u) {
+      e[u] = exp_nonpositive(l[u] - mx);
+      z += static_cast<double>(weight[u]) * e[u];
+    }
+  } else {
+    for (; u + 8 <= n; u += 8)
+      _mm256_storeu_ps(e + u, exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l + u), vmx)));
+    for (; u < n; ++u) e[u] = exp_nonpositive(l[u] - mx);
+    for (u = 0; u < n; ++u) z += e[u];
+  }
+  if (z <= 0) return;
+  const float inv = static_cast<float>(1.0 / z);
+  const __m256 vinv = _mm256_set1_ps(inv);
+  u = 0;
+  for (; u + 8 <= n; u += 8)
+    _mm256_storeu_ps(folded + u,
+                     _mm256_add_ps(_mm256_loadu_ps(folded + u), _mm256_mul_ps(_mm256_loadu_ps(e + u), vinv)));
+  for (; u < n; ++u) folded[u] += e[u] * inv;
+}
+#endif
+
+}  // namespace
 
 void fold_weighted_logits(const float* logits, const int32_t* weight, int group, int64_t n, kvret_gqa_fold fold,
                           float* folded) {
-  const float lowest = -std::numeric_limits<float>::infinity();
   if (fold == KVRET_FOLD_MAX_LOGIT) {
-    std::fill(folded, folded + n, lowest);
+    std::fill(folded, folded + n, kLowest);
     for (int g = 0; g < group; ++g) {
       const float* l = logits + g * n;
       for (int64_t u = 0; u < n; ++u) folded[u] = std::max(folded[u], l[u]);
     }
     return;
   }
-  // Sum of softmax probabilities. One exp per entry and head; every loop below vectorizes.
+  // Sum of softmax probabilities: one exp per entry and head.
   std::fill(folded, folded + n, 0.0f);
-  std::vector<float> e(static_cast<size_t>(n));
-  for (int g = 0; g < group; ++g) {
-    const float* l = logits + g * n;
-    float mx = lowest;
-    if (weight) {
-      for (int64_t u = 0; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : lowest);
-    } else {
-      for (int64_t u = 0; u < n; ++u) mx = std::max(mx, l[u]);
-    }
-    if (!(mx > lowest)) continue;
-    for (int64_t u = 0; u < n; ++u) e[static_cast<size_t>(u)] = exp_nonpositive(l[u] - mx);
-    double z = 0;
-    if (weight) {
-      float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t u = 0;
-      for (; u + 8 <= n; u += 8)
-        for (int i = 0; i < 8; ++i) zf[i] += static_cast<float>(weight[u + i]) * e[static_cast<size_t>(u + i)];
-      for (float x : zf) z += x;
-      for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[static_cast<size_t>(u)];
-    } else {
-      for (int64_t u = 0; u < n; ++u) z += e[static_cast<size_t>(u)];
-    }
-    if (z <= 0) continue;
-    const float inv = static_cast<float>(1.0 / z);
-    for (int64_t u = 0; u < n; ++u) folded[u] += e[static_cast<size_t>(u)] * inv;
+  float* e = exp_scratch(n);
+#ifdef KVRET_FOLD_AVX2
+  if (cpu_has_avx2()) {
+    for (int g = 0; g < group; ++g) softmax_accumulate_avx2(logits + g * n, weight, n, e, folded);
+    return;
   }
+#endif
+  for (int g = 0; g < group; ++g) softmax_accumulate_scalar(logits + g * n, weight, n, e, folded);
 }
 
 void fold_logits(const float* logits, int group, int64_t n, kvret_gqa_fold fold, float* folded) {

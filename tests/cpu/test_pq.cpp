@@ -358,6 +358,33 @@ TEST_P(PqExactSelect, MatchesThePerTokenReference) {
   }
 }
 
+// Ties and NaN: a zero query gives every token the same score, a NaN query a NaN one (ranked lowest, so equal
+// again); the take then goes by item id (cells, then exact tokens by position) exactly as the reference does.
+TEST_P(PqExactSelect, TiesAndNaNFollowTheReference) {
+  const auto [shape, fold, fraction] = GetParam();
+  const auto [m, bits] = shape;
+  PqFixture f(3000, m, bits, 5, fraction, fold);
+  const PqRetriever& pq = f.pq();
+  for (const float fill : {0.0f, std::nanf("")}) {
+    F32 qt({8, 64});
+    qt.data.assign(8 * 64, fill);
+    qt.refresh();
+    for (int32_t budget : {1, 37, 1000}) {
+      I32 out({2, budget});
+      int32_t count = 0;
+      if (kvret_select(f.seq, 0, &qt, budget, &out, &count) != KVRET_OK) {
+        ASSERT_TRUE(fill != fill) << kvret_last_error();  // a NaN query may be refused; a zero one may not
+        continue;
+      }
+      for (int h = 0; h < 2; ++h) {
+        const std::vector<int32_t> got(out.data.begin() + h * budget, out.data.begin() + (h + 1) * budget);
+        ASSERT_EQ(got, reference_select(pq, f.k.data, 2, 64, qt.data, 4, h, budget, fold == KVRET_FOLD_MAX_LOGIT))
+            << "head " << h << " budget " << budget << " fill " << fill;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, PqExactSelect,
                          ::testing::Combine(::testing::Values(std::make_pair(2, 6), std::make_pair(4, 4),
                                                               std::make_pair(4, 8)),
