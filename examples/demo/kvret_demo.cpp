@@ -70,6 +70,7 @@ struct Options {
   int threads = 0;
   int n_sink = -1, n_local = -1;                               // -1: the library's defaults
   int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1;  // -1: the library's defaults
+  double pq_exact_fraction = -1;                                // -1: the library's default
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";
   std::string device = "cpu";
@@ -97,6 +98,7 @@ void usage(FILE* f) {
       "  --pq-bits N         PQ bits per code (library default: 6)\n"
       "  --pq-iters N        k-means iterations, 0 = adaptive (library default: 0)\n"
       "  --pq-sample N       PQ training tokens per KV head, 0 = all (library default: 8192)\n"
+      "  --pq-exact-fraction F  share of keys PQ keeps exact, 0 = none (library default)\n"
       "  --seed N            workload seed (1)\n"
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
       "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant)\n"
@@ -173,6 +175,13 @@ Options parse(int argc, char** argv) {
       o.pq_iters = static_cast<int>(parse_int("--pq-iters", val(), 0, 1000));
     } else if (a == "--pq-sample") {
       o.pq_sample = static_cast<int>(parse_int("--pq-sample", val(), 0, INT32_MAX));
+    } else if (a == "--pq-exact-fraction") {
+      const char* s = val();
+      char* end = nullptr;
+      o.pq_exact_fraction = std::strtod(s, &end);
+      if (end == s || *end != '\0' || !(o.pq_exact_fraction >= 0.0) || o.pq_exact_fraction > 0.5) {
+        bad_arg("--pq-exact-fraction expects a number in [0, 0.5], got '%s'", s);
+      }
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int("--seed", val(), 0, INT64_MAX));
     } else if (a == "--threads") {
@@ -467,6 +476,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   if (o.pq_bits >= 0) cfg.pq_bits = o.pq_bits;
   if (o.pq_iters >= 0) cfg.pq_iters = o.pq_iters;
   if (o.pq_sample >= 0) cfg.pq_train_sample = o.pq_sample;
+  if (o.pq_exact_fraction >= 0) cfg.pq_exact_fraction = static_cast<float>(o.pq_exact_fraction);
   kvret_context* ctx = nullptr;
   KVRET_CHECK(kvret_create(&cfg, &ctx));
   kvret_config eff;

@@ -11,7 +11,8 @@
 //   kvret-eval [--contexts 8192,32768,131072] [--budgets 0.2,0.1,0.05,0.02] [--retrievers exact,pq,page,streaming]
 //              [--layers 2] [--steps 4] [--kv-dtype f16|f32] [--fold sum|max] [--threads 0] [--seed 1]
 //              [--traces DIR [--trace-layers all|0,5,...] [--trace-rope post|pre]]
-//              [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--page-size P]   (defaults: kvret's)
+//              [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F] [--page-size P]
+//              (defaults: kvret's)
 //              [--markdown FILE] [--csv FILE] [--json FILE] [--quiet]
 //
 // With --traces, the contexts must leave room for the decode steps (N + steps <= the trace's tokens); the queries
@@ -67,6 +68,7 @@ struct Options {
   bool quiet = false;
   // index parameters (-1: kvret's default)
   int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1, page_size = -1;
+  float pq_exact_fraction = -1;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -75,7 +77,8 @@ struct Options {
                "usage: kvret-eval [--contexts N,...] [--budgets f,...] [--retrievers exact,pq,page,streaming]\n"
                "                  [--layers L] [--steps S] [--kv-dtype f16|f32] [--fold sum|max] [--threads T]\n"
                "                  [--seed X] [--traces DIR [--trace-layers all|i,j,...] [--trace-rope post|pre]]\n"
-               "                  [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--page-size P]\n"
+               "                  [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F]\n"
+               "                  [--page-size P]\n"
                "                  [--markdown FILE] [--csv FILE] [--json FILE] [--quiet]\n");
   std::exit(2);
 }
@@ -150,6 +153,8 @@ Options parse(int argc, char** argv) {
       o.pq_iters = std::atoi(value().c_str());
     } else if (a == "--pq-sample") {
       o.pq_sample = std::atoi(value().c_str());
+    } else if (a == "--pq-exact-fraction") {
+      o.pq_exact_fraction = std::strtof(value().c_str(), nullptr);
     } else if (a == "--page-size") {
       o.page_size = std::atoi(value().c_str());
     } else if (a == "--quiet") {
@@ -250,6 +255,7 @@ void evaluate_layer(const Options& o, const Geometry& geo, const std::string& so
     if (o.pq_bits >= 0) c.pq_bits = o.pq_bits;
     if (o.pq_iters >= 0) c.pq_iters = o.pq_iters;
     if (o.pq_sample >= 0) c.pq_train_sample = o.pq_sample;
+    if (o.pq_exact_fraction >= 0) c.pq_exact_fraction = o.pq_exact_fraction;
     if (o.page_size >= 0) c.page_size = o.page_size;
     n_sink = c.n_sink;
     n_local = c.n_local;
