@@ -70,7 +70,7 @@ struct Options {
   int threads = 0;
   int n_sink = -1, n_local = -1;                               // -1: the library's defaults
   int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1;  // -1: the library's defaults
-  double pq_exact_fraction = -1;                                // -1: the library's default
+  double pq_exact_fraction = -1;                               // -1: the library's default
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";
   std::string device = "cpu";
