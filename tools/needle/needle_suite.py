@@ -285,6 +285,18 @@ def case_key(r):
     return (r["kind"], r["length"], r["depth"], r["haystack"], r["answer"])
 
 
+def unique_reference(records):
+    """The records with one full-attention record per case (several runs appended to one file repeat it)."""
+    seen, out = set(), []
+    for r in records:
+        if r["index"] == "full":
+            if case_key(r) in seen:
+                continue
+            seen.add(case_key(r))
+        out.append(r)
+    return out
+
+
 def summarize(records):
     """(index, budget) -> dict of accuracy, kept (accuracy over the cases full attention answers right), agreement,
     runs, and mean step times (ms)."""
@@ -463,7 +475,7 @@ def main():
                     help="run the indexes only on the cases full attention answers right")
     ap.add_argument("--cache", help="directory keeping each case's prefill keys/values and reference answer")
     ap.add_argument("--jsonl", help="append one JSON record per run to this file")
-    ap.add_argument("--report", help="read records from this JSONL file instead of running")
+    ap.add_argument("--report", help="read records from these JSONL files (comma-separated) instead of running")
     ap.add_argument("--markdown", help="write the tables to this file (default: stdout)")
     ap.add_argument("--plot", help="write the accuracy plot (PNG) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless full attention and EXACT answer right")
@@ -472,10 +484,13 @@ def main():
     args = ap.parse_args()
 
     if args.report:
-        with open(args.report) as fh:
-            records = [json.loads(line) for line in fh if line.strip()]
+        records = []
+        for path in args.report.split(","):
+            with open(path) as fh:
+                records += [json.loads(line) for line in fh if line.strip()]
     else:
         records = run(args)
+    records = unique_reference(records)
     text = markdown(records)
     if args.markdown:
         with open(args.markdown, "w") as fh:
