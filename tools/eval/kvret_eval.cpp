@@ -5,8 +5,8 @@
 // (through the public C ABI, as an engine would), then decode `steps` tokens: append the step's key/value, select at
 // every budget (a fraction of the current context length) with the step's query, and keep the positions. Then the
 // exact attention of every step (every query head over every stored token, the KV rounded to the KV dtype as kvret
-// stores it) scores every selection: token recall, attention-mass recall and output error (tools/eval/quality.hpp,
-// SPEC.md "Quality"). Means over layers, steps and heads are printed as a markdown table, and written as CSV/JSON.
+// stores it) scores every selection: token recall, attention-mass recall and output error (tools/eval/quality.hpp).
+// Means over layers, steps and heads are printed as a markdown table, and written as CSV/JSON.
 //
 //   kvret-eval [--contexts 8192,32768,131072] [--budgets 0.2,0.1,0.05,0.02] [--retrievers exact,pq,page,streaming]
 //              [--layers 2] [--steps 4] [--kv-dtype f16|f32] [--fold sum|max] [--threads 0] [--seed 1]

@@ -1,4 +1,4 @@
-// quality.hpp — retrieval quality against exact attention (SPEC.md "Quality"), the metrics kvret-eval and the demo
+// quality.hpp — retrieval quality against exact attention, the metrics kvret-eval and the demo
 // report. One object per (layer, decode step): it computes exact attention of every query head over every token
 // once, then scores any number of selections (index kinds, budgets) against it.
 //
