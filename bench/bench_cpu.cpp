@@ -1,7 +1,8 @@
 // CPU benchmarks of the library's hot paths on the synthetic workload (Google Benchmark):
 //  - PQ select (score + GQA fold + top-k) for a Llama-3-8B-like layer: 32 query heads, 8 KV heads, head_dim 128,
 //    with the default pq_exact_fraction (BM_SelectPq), with exact outliers off (BM_SelectPqExactOff) and with 5%
-//    of the tokens exact (BM_SelectPqExact5), so that one run compares them;
+//    of the tokens exact (BM_SelectPqExact5), so that one run compares them; and with pq_m = 4 (BM_SelectPqM4:
+//    64^4 code tuples, too many for cells, so every token is scored from its own codes);
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
 //  - working-set fetch against plain memcpy of the same bytes.
@@ -45,8 +46,8 @@ struct Fixture {
   int64_t tokens = 0;
   double build_ms = 0;
 
-  /// exact_fraction < 0: the library's default pq_exact_fraction.
-  Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f) : tokens(n) {
+  /// exact_fraction < 0: the library's default pq_exact_fraction; pq_m 0: the library's default pq_m.
+  Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f, int pq_m = 0) : tokens(n) {
     kvret::workload::Config wc;
     wc.n_layers = 1;
     wc.n_prefill = n;
@@ -67,6 +68,7 @@ struct Fixture {
     c.index_kind = index_kind;
     c.pq_train_sample = train_sample;
     if (exact_fraction >= 0.0f) c.pq_exact_fraction = exact_fraction;
+    if (pq_m > 0) c.pq_m = pq_m;
     kvret_create(&c, &ctx);
     kvret_seq_open(ctx, &seq);
     Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
@@ -79,17 +81,17 @@ struct Fixture {
   }
   ~Fixture() { kvret_destroy(ctx); }
 
-  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f) {
-    static std::map<std::tuple<int, int64_t, float>, std::unique_ptr<Fixture>> cache;
-    auto& f = cache[{index_kind, n, exact_fraction}];
-    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction);
+  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f, int pq_m = 0) {
+    static std::map<std::tuple<int, int64_t, float, int>, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[{index_kind, n, exact_fraction, pq_m}];
+    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction, pq_m);
     return *f;
   }
 };
 
-void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f) {
+void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f, int pq_m = 0) {
   const int64_t n = state.range(0);
-  Fixture& f = Fixture::get(index_kind, n, exact_fraction);
+  Fixture& f = Fixture::get(index_kind, n, exact_fraction, pq_m);
   int32_t budget = 0;
   kvret_seq_budget(f.seq, 0, &budget);
   std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
@@ -108,6 +110,7 @@ void select_bench(benchmark::State& state, int index_kind, float exact_fraction 
     kvret_config_init(&c);
     kvret_get_config(f.ctx, &c);
     state.counters["exact_fraction"] = c.pq_exact_fraction;
+    state.counters["pq_m"] = c.pq_m;
     kvret_stats s;
     kvret_stats_init(&s);
     kvret_seq_stats(f.seq, &s);
@@ -118,6 +121,7 @@ void select_bench(benchmark::State& state, int index_kind, float exact_fraction 
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
 void BM_SelectPqExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f); }
 void BM_SelectPqExact5(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.05f); }
+void BM_SelectPqM4(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 4); }
 void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
 
 void BM_BuildPq(benchmark::State& state) {
@@ -174,6 +178,7 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExact5)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqM4)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BuildPq)
     ->Arg(8192)

@@ -19,7 +19,52 @@ void scaled_dots_scalar(const float* q, int64_t q_stride, int nq, const float* k
     for (int g = 0; g < nq; ++g) out[g * out_stride + e] = scale * dot(q + g * q_stride, keys + e * key_stride, len);
 }
 
+void pq_token_logits_scalar(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t t0, int64_t n,
+                            float* out) noexcept {
+  for (int g = 0; g < nq; ++g) {
+    const float* l = lut + static_cast<int64_t>(g) * m * k;
+    for (int64_t t = t0; t < n; ++t) {
+      float s = 0;
+      for (int j = 0; j < m; ++j) s += l[j * k + codes[t * m + j]];
+      out[g * n + t] = s;
+    }
+  }
+}
+
 #ifdef KVRET_VEC_AVX2
+/// pq_token_logits for m = M (a multiple of 4), eight tokens at a time: the codes of a block are decoded once into
+/// M vectors of table offsets (byte b of the 32-bit word q of each token is code 4q + b), then every head sums its
+/// M gathered entries lane by lane from +0 in j order, as the scalar loop does.
+template <int M>
+__attribute__((target("avx2"))) void pq_token_logits_avx2(const float* lut, int nq, int k, const uint8_t* codes,
+                                                          int64_t n, float* out) noexcept {
+  static_assert(M % 4 == 0 && M <= 16);
+  const __m256i low_byte = _mm256_set1_epi32(0xff);
+  const __m256i token_stride = _mm256_setr_epi32(0, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256i idx[M];
+    for (int q = 0; q < M / 4; ++q) {
+      const uint8_t* c = codes + t * M + 4 * q;
+      const __m256i w = M == 4 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c))
+                               : _mm256_i32gather_epi32(reinterpret_cast<const int*>(c), token_stride, 1);
+      idx[4 * q] = _mm256_add_epi32(_mm256_and_si256(w, low_byte), _mm256_set1_epi32(4 * q * k));
+      idx[4 * q + 1] =
+          _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(w, 8), low_byte), _mm256_set1_epi32((4 * q + 1) * k));
+      idx[4 * q + 2] =
+          _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(w, 16), low_byte), _mm256_set1_epi32((4 * q + 2) * k));
+      idx[4 * q + 3] = _mm256_add_epi32(_mm256_srli_epi32(w, 24), _mm256_set1_epi32((4 * q + 3) * k));
+    }
+    for (int g = 0; g < nq; ++g) {
+      const float* l = lut + static_cast<int64_t>(g) * M * k;
+      __m256 s = _mm256_setzero_ps();
+      for (int j = 0; j < M; ++j) s = _mm256_add_ps(s, _mm256_i32gather_ps(l, idx[j], 4));
+      _mm256_storeu_ps(out + g * n + t, s);
+    }
+  }
+  pq_token_logits_scalar(lut, nq, M, k, codes, t, n, out);
+}
+
 // AVX without FMA on purpose: lane l of an accumulator is acc[l] of dot() (a multiply, then an add), and the
 // reduction below is dot()'s ((0+4)+(1+5))+((2+6)+(3+7)), so the results are dot()'s bits.
 
@@ -108,6 +153,30 @@ bool detect_avx2() noexcept {
 bool cpu_has_avx2() noexcept {
   static const bool ok = detect_avx2();
   return ok;
+}
+
+void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t n, float* out) noexcept {
+#ifdef KVRET_VEC_AVX2
+  if (cpu_has_avx2()) {
+    switch (m) {
+      case 4:
+        pq_token_logits_avx2<4>(lut, nq, k, codes, n, out);
+        return;
+      case 8:
+        pq_token_logits_avx2<8>(lut, nq, k, codes, n, out);
+        return;
+      case 12:
+        pq_token_logits_avx2<12>(lut, nq, k, codes, n, out);
+        return;
+      case 16:
+        pq_token_logits_avx2<16>(lut, nq, k, codes, n, out);
+        return;
+      default:
+        break;
+    }
+  }
+#endif
+  pq_token_logits_scalar(lut, nq, m, k, codes, 0, n, out);
 }
 
 void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, int64_t key_stride, int64_t n_keys,

@@ -60,6 +60,12 @@ bool cpu_has_avx2() noexcept;
 void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, int64_t key_stride, int64_t n_keys,
                  int64_t len, float scale, float* out, int64_t out_stride) noexcept;
 
+/// PQ logits of n tokens for nq query heads: out[g * n + t] = sum_j lut[(g * m + j) * k + codes[t * m + j]] for
+/// g < nq, t < n (codes: [n, m]; lut: [nq, m, k]), summed from 0.0f in the order j = 0..m-1, so that every token
+/// gets the bits of the scalar per-token loop. Vectorized across tokens (AVX2 gathers, eight tokens at a time, when
+/// m is 4, 8, 12 or 16 and the CPU has AVX2); each block of codes is decoded once for all nq heads.
+void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t n, float* out) noexcept;
+
 /// splitmix64: the seeded generator behind every randomized step (portable and reproducible across platforms).
 inline uint64_t splitmix64(uint64_t& state) noexcept {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);

@@ -132,9 +132,10 @@ int64_t take_items(const float* folded, const int32_t* counts, int64_t items, in
 }
 
 /// Select's per-head buffers, kept per thread (one KV head per OpenMP thread) so that a decode step allocates
-/// nothing once they have grown: they hold O(group * (cells + exact tokens)) floats.
+/// nothing once they have grown: they hold O(group * (cells + exact tokens)) floats (O(group * tokens) on the
+/// per-token path).
 struct SelectScratch {
-  std::vector<float> lut, logits, folded;
+  std::vector<float> lut, logits, folded, exact;
   std::vector<int32_t> counts;
   std::vector<uint64_t> keys;
   std::vector<uint8_t> state;
@@ -408,12 +409,7 @@ void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut
 void PqRetriever::approximate_logits(int head, const float* q, float* out) const {
   std::vector<float> lut(static_cast<size_t>(m_) * k_);
   lookup_table(head, q, 1.0f, lut.data());
-  const uint8_t* c = codes(head);
-  for (int64_t t = 0; t < size(); ++t) {
-    float s = 0;
-    for (int j = 0; j < m_; ++j) s += lut[static_cast<size_t>(j * k_ + c[t * m_ + j])];
-    out[t] = s;
-  }
+  pq_token_logits(lut.data(), 1, m_, k_, codes(head), size(), out);
 }
 
 int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
@@ -437,24 +433,20 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     const float* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
 
     if (!uses_cells()) {
-      // The exact logits of the exact tokens, [group, n_exact]: each key row is read once for the whole group.
-      std::vector<float> exact_logits(static_cast<size_t>(group * n_exact));
-      scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, exact_logits.data(), n_exact);
-      std::vector<float> logits(static_cast<size_t>(group) * n);
-      for (int g = 0; g < group; ++g) {
-        const float* l = lut + g * m_ * k_;
-        for (int64_t t = 0; t < n; ++t) {
-          float s = 0;
-          for (int j = 0; j < m_; ++j) s += l[j * k_ + codes[t * m_ + j]];
-          logits[static_cast<size_t>(g * n + t)] = s;
-        }
-        for (int64_t e = 0; e < n_exact; ++e)
-          logits[static_cast<size_t>(g * n + exact_pos[static_cast<size_t>(e)] - base_)] =
-              exact_logits[static_cast<size_t>(g * n_exact + e)];
+      // Per-token path: every token's logits from its own codes, [group, n], all heads in one pass over the codes;
+      // the exact tokens' logits ([group, n_exact], each key row read once for the whole group) replace theirs.
+      float* logits = sized(scratch.logits, static_cast<size_t>(group) * n);
+      pq_token_logits(lut, group, m_, k_, codes, n, logits);
+      if (n_exact > 0) {
+        float* exact_logits = sized(scratch.exact, static_cast<size_t>(group * n_exact));
+        scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, exact_logits, n_exact);
+        for (int g = 0; g < group; ++g)
+          for (int64_t e = 0; e < n_exact; ++e)
+            logits[g * n + exact_pos[static_cast<size_t>(e)] - base_] = exact_logits[g * n_exact + e];
       }
-      std::vector<float> folded(static_cast<size_t>(n));
-      fold_logits(logits.data(), group, n, r.fold, folded.data());
-      topk_positions(folded.data(), n, r.budget, r.mid_begin, out);
+      float* folded = sized(scratch.folded, static_cast<size_t>(n));
+      fold_logits(logits, group, n, r.fold, folded);
+      topk_positions(folded, n, r.budget, r.mid_begin, out);
       continue;
     }
 

@@ -78,31 +78,106 @@ __attribute__((target("avx2"))) inline __m256 exp_nonpositive_avx2(__m256 x) noe
   return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LE_OQ), r);  // 0 where x <= -87
 }
 
-__attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, const int32_t* weight, int64_t n, float* e,
-                                                             float* folded) {
+/// The maximum of l over the entries of positive weight (all when weight is null), NaN ignored; kLowest if none.
+__attribute__((target("avx2"))) float row_max_avx2(const float* l, const int32_t* weight, int64_t n) {
   const __m256 lowest = _mm256_set1_ps(kLowest);
   float mx = kLowest;
-  {
-    __m256 m = lowest;
-    int64_t u = 0;
-    if (weight) {
-      for (; u + 8 <= n; u += 8) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weight + u));
-        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(w, _mm256_setzero_si256()));
-        m = _mm256_max_ps(_mm256_blendv_ps(lowest, _mm256_loadu_ps(l + u), keep), m);  // NaN keeps m
-      }
-    } else {
-      for (; u + 8 <= n; u += 8) m = _mm256_max_ps(_mm256_loadu_ps(l + u), m);
+  __m256 m = lowest;
+  int64_t u = 0;
+  if (weight) {
+    for (; u + 8 <= n; u += 8) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weight + u));
+      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(w, _mm256_setzero_si256()));
+      m = _mm256_max_ps(_mm256_blendv_ps(lowest, _mm256_loadu_ps(l + u), keep), m);  // NaN keeps m
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, m);
-    for (float x : lanes) mx = std::max(mx, x);
-    if (weight) {
-      for (; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : kLowest);
-    } else {
-      for (; u < n; ++u) mx = std::max(mx, l[u]);
+  } else {
+    for (; u + 8 <= n; u += 8) m = _mm256_max_ps(_mm256_loadu_ps(l + u), m);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  for (float x : lanes) mx = std::max(mx, x);
+  if (weight) {
+    for (; u < n; ++u) mx = std::max(mx, weight[u] > 0 ? l[u] : kLowest);
+  } else {
+    for (; u < n; ++u) mx = std::max(mx, l[u]);
+  }
+  return mx;
+}
+
+/// folded[u] += e[u] * inv, as the scalar code.
+__attribute__((target("avx2"))) void accumulate_scaled_avx2(const float* e, float inv, int64_t n, float* folded) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    _mm256_storeu_ps(folded + u,
+                     _mm256_add_ps(_mm256_loadu_ps(folded + u), _mm256_mul_ps(_mm256_loadu_ps(e + u), vinv)));
+  for (; u < n; ++u) folded[u] += e[u] * inv;
+}
+
+/// The unweighted fold of `group` heads (e: [group, n] scratch), four heads at a time: each head's normalizer is
+/// the double sum of its exp terms in index order, a chain of dependent adds; the four chains advance together in
+/// the lanes of one __m256d (fed by a 4x8 transpose of the exp terms just computed), so the latency of one chain
+/// covers four heads. Every head's z and folded's additions (head by head, in head order) are the one-head code's.
+__attribute__((target("avx2"))) void softmax_fold_avx2(const float* logits, int group, int64_t n, float* e,
+                                                       float* folded) {
+  for (int g0 = 0; g0 < group; g0 += 4) {
+    const int heads = std::min(4, group - g0);
+    const float* l[4];
+    float* ev[4];
+    float mx[4];
+    bool active[4];
+    for (int i = 0; i < 4; ++i) {
+      l[i] = logits;
+      ev[i] = e;
+      mx[i] = kLowest;
+      active[i] = false;
+      if (i >= heads) continue;
+      l[i] = logits + (g0 + i) * n;
+      ev[i] = e + (g0 + i) * n;
+      mx[i] = row_max_avx2(l[i], nullptr, n);
+      active[i] = mx[i] > kLowest;
+    }
+    __m256d z4 = _mm256_setzero_pd();
+    int64_t u = 0;
+    for (; u + 8 <= n; u += 8) {
+      __m256 x[4];
+      for (int i = 0; i < 4; ++i) {
+        x[i] = _mm256_setzero_ps();
+        if (!active[i]) continue;
+        x[i] = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l[i] + u), _mm256_set1_ps(mx[i])));
+        _mm256_storeu_ps(ev[i] + u, x[i]);
+      }
+      // c_r (r < 4): lanes 0..3 = the four heads at u + r, lanes 4..7 = at u + 4 + r
+      const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
+      const __m256 c0 = _mm256_shuffle_ps(t0, t2, 0x44), c1 = _mm256_shuffle_ps(t0, t2, 0xee);
+      const __m256 c2 = _mm256_shuffle_ps(t1, t3, 0x44), c3 = _mm256_shuffle_ps(t1, t3, 0xee);
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c0)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c1)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c2)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c3)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c0, 1)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c1, 1)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c2, 1)));
+      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c3, 1)));
+    }
+    alignas(32) double z[4];
+    _mm256_store_pd(z, z4);
+    for (int i = 0; i < heads; ++i) {
+      if (!active[i]) continue;
+      for (int64_t v = u; v < n; ++v) {
+        ev[i][v] = exp_nonpositive(l[i][v] - mx[i]);
+        z[i] += ev[i][v];
+      }
+      if (z[i] <= 0) continue;
+      accumulate_scaled_avx2(ev[i], static_cast<float>(1.0 / z[i]), n, folded);
     }
   }
+}
+
+__attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, const int32_t* weight, int64_t n, float* e,
+                                                             float* folded) {
+  const float mx = row_max_avx2(l, weight, n);
   if (!(mx > kLowest)) return;
   const __m256 vmx = _mm256_set1_ps(mx);
   double z = 0;
@@ -129,13 +204,7 @@ __attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, con
     for (u = 0; u < n; ++u) z += e[u];
   }
   if (z <= 0) return;
-  const float inv = static_cast<float>(1.0 / z);
-  const __m256 vinv = _mm256_set1_ps(inv);
-  u = 0;
-  for (; u + 8 <= n; u += 8)
-    _mm256_storeu_ps(folded + u,
-                     _mm256_add_ps(_mm256_loadu_ps(folded + u), _mm256_mul_ps(_mm256_loadu_ps(e + u), vinv)));
-  for (; u < n; ++u) folded[u] += e[u] * inv;
+  accumulate_scaled_avx2(e, static_cast<float>(1.0 / z), n, folded);
 }
 #endif
 
@@ -153,6 +222,12 @@ void fold_weighted_logits(const float* logits, const int32_t* weight, int group,
   }
   // Sum of softmax probabilities: one exp per entry and head.
   std::fill(folded, folded + n, 0.0f);
+#ifdef KVRET_FOLD_AVX2
+  if (cpu_has_avx2() && !weight) {
+    softmax_fold_avx2(logits, group, n, exp_scratch(static_cast<int64_t>(group) * n), folded);
+    return;
+  }
+#endif
   float* e = exp_scratch(n);
 #ifdef KVRET_FOLD_AVX2
   if (cpu_has_avx2()) {

@@ -1,8 +1,10 @@
 // The vectorized kernels behind select give the bits of the scalar code they replace, whichever path the CPU
 // takes: fold_weighted_logits against a scalar fold written here on exp_nonpositive (the function the library
-// shares), and scaled_dots against scale * dot, over awkward sizes and special values.
+// shares), scaled_dots against scale * dot, pq_token_logits against the per-token loop, over awkward sizes and
+// special values; topk_positions against a full sort.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +12,7 @@
 
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
+#include "select/topk.hpp"
 #include "test_util.hpp"
 
 using namespace kvret;
@@ -49,28 +52,86 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 }  // namespace
 
 TEST(VecMath, FoldIsTheScalarFoldBitForBit) {
-  for (const int64_t n : {1, 7, 8, 13, 64, 1000, 4123}) {
-    const int group = 4;
-    std::vector<float> logits = test::random_vector(static_cast<size_t>(group * n), static_cast<uint64_t>(n));
-    for (size_t i = 0; i < logits.size(); ++i) {
-      logits[i] *= 40.0f;  // spans e^-87 (clamped to 0) and beyond
-      if (i % 97 == 3) logits[i] = std::nanf("");
-      if (i % 89 == 5) logits[i] = -std::numeric_limits<float>::infinity();
-      if (i % 83 == 7) logits[i] = -200.0f;
+  for (const int64_t n : {1, 7, 8, 13, 64, 1000, 4123})
+    for (const int group : {1, 3, 4, 5, 8}) {
+      std::vector<float> logits = test::random_vector(static_cast<size_t>(group * n), static_cast<uint64_t>(n));
+      for (size_t i = 0; i < logits.size(); ++i) {
+        logits[i] *= 40.0f;  // spans e^-87 (clamped to 0) and beyond
+        if (i % 97 == 3) logits[i] = std::nanf("");
+        if (i % 89 == 5) logits[i] = -std::numeric_limits<float>::infinity();
+        if (i % 83 == 7) logits[i] = -200.0f;
+      }
+      if (group >= 3)  // a head with no finite logit (skipped) between two others
+        for (int64_t u = 0; u < n; ++u) logits[static_cast<size_t>(n + u)] = u % 2 ? std::nanf("") : -INFINITY;
+      std::vector<int32_t> weight(static_cast<size_t>(n));
+      for (int64_t u = 0; u < n; ++u) weight[static_cast<size_t>(u)] = static_cast<int32_t>((u * 7919) % 5);
+      for (const bool weighted : {false, true}) {
+        const int32_t* w = weighted ? weight.data() : nullptr;
+        const auto want = scalar_fold(logits, w, group, n);
+        std::vector<float> got(static_cast<size_t>(n));
+        fold_weighted_logits(logits.data(), w, group, n, KVRET_FOLD_SUM_PROB, got.data());
+        for (int64_t u = 0; u < n; ++u)
+          ASSERT_TRUE(same_bits(got[static_cast<size_t>(u)], want[static_cast<size_t>(u)]))
+              << "n " << n << " group " << group << " weighted " << weighted << " u " << u << ": "
+              << got[static_cast<size_t>(u)] << " vs " << want[static_cast<size_t>(u)];
+      }
     }
-    std::vector<int32_t> weight(static_cast<size_t>(n));
-    for (int64_t u = 0; u < n; ++u) weight[static_cast<size_t>(u)] = static_cast<int32_t>((u * 7919) % 5);
-    for (const bool weighted : {false, true}) {
-      const int32_t* w = weighted ? weight.data() : nullptr;
-      const auto want = scalar_fold(logits, w, group, n);
-      std::vector<float> got(static_cast<size_t>(n));
-      fold_weighted_logits(logits.data(), w, group, n, KVRET_FOLD_SUM_PROB, got.data());
-      for (int64_t u = 0; u < n; ++u)
-        ASSERT_TRUE(same_bits(got[static_cast<size_t>(u)], want[static_cast<size_t>(u)]))
-            << "n " << n << " weighted " << weighted << " u " << u << ": " << got[static_cast<size_t>(u)] << " vs "
-            << want[static_cast<size_t>(u)];
+}
+
+TEST(VecMath, PqTokenLogitsAreThePerTokenSumBitForBit) {
+  for (const int m : {3, 4, 8, 16})
+    for (const int k : {16, 64, 256})
+      for (const int nq : {1, 3, 4, 5})
+        for (const int64_t n : {1, 7, 8, 29, 1000}) {
+          auto lut = test::random_vector(static_cast<size_t>(nq * m * k), 11);
+          for (size_t i = 0; i < lut.size(); i += 37) lut[i] = -0.0f;  // the sum starts from +0, as the loop does
+          for (size_t i = 5; i < lut.size(); i += 101) lut[i] = std::nanf("");
+          std::vector<uint8_t> codes(static_cast<size_t>(n * m));
+          uint64_t state = 7;
+          for (auto& c : codes) c = static_cast<uint8_t>(splitmix64(state) % static_cast<uint64_t>(k));
+          if (n > 3)
+            for (int j = 0; j < m; ++j) codes[static_cast<size_t>(3 * m + j)] = 0;  // all -0 entries (lut[0] is -0)
+          std::vector<float> out(static_cast<size_t>(nq * n));
+          pq_token_logits(lut.data(), nq, m, k, codes.data(), n, out.data());
+          for (int g = 0; g < nq; ++g)
+            for (int64_t t = 0; t < n; ++t) {
+              float want = 0;
+              for (int j = 0; j < m; ++j)
+                want += lut[static_cast<size_t>((g * m + j) * k + codes[static_cast<size_t>(t * m + j)])];
+              ASSERT_TRUE(same_bits(out[static_cast<size_t>(g * n + t)], want))
+                  << "m " << m << " k " << k << " nq " << nq << " n " << n << " g " << g << " t " << t;
+            }
+        }
+}
+
+TEST(VecMath, TopkPositionsAreTheSortedTop) {
+  for (const int64_t n : {1, 5, 17, 100, 5000})
+    for (const int variant : {0, 1, 2}) {
+      std::vector<float> scores = test::random_vector(static_cast<size_t>(n), static_cast<uint64_t>(n + variant));
+      for (size_t i = 0; i < scores.size(); ++i) {
+        if (variant == 1) scores[i] = std::round(scores[i] * 3.0f);  // many ties
+        if (variant == 2) scores[i] = 0.0f;                          // all tied
+        if (i % 13 == 2) scores[i] = std::nanf("");
+        if (i % 17 == 4) scores[i] = -0.0f;
+        if (i % 19 == 6) scores[i] = -INFINITY;
+      }
+      const auto rank = [](float s) { return s == s ? s : -INFINITY; };
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return rank(scores[static_cast<size_t>(a)]) > rank(scores[static_cast<size_t>(b)]);
+      });
+      for (const int64_t k : {int64_t{0}, int64_t{1}, n / 3, n - 1, n}) {
+        std::vector<int32_t> want(order.begin(), order.begin() + k);
+        for (auto& p : want) p += 100;
+        std::sort(want.begin(), want.end());
+        std::vector<int32_t> got(static_cast<size_t>(k) + 1, -7);
+        topk_positions(scores.data(), n, k, 100, got.data());
+        ASSERT_EQ(got.back(), -7) << "wrote past k";
+        got.pop_back();
+        ASSERT_EQ(got, want) << "n " << n << " variant " << variant << " k " << k;
+      }
     }
-  }
 }
 
 TEST(VecMath, ExpNonpositiveOfEveryRegion) {
