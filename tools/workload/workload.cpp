@@ -4,6 +4,12 @@
 // theta^(-2i/D)). Dedicated pairs at the low-frequency end: the sink pair P-1, then max(2, P/16) needle pairs below
 // it, and the outlier channels among the ~0.15 P pairs below those.
 //
+// Paragraphs: a paragraph begins at token t when t is a multiple of 4099 (a forced boundary, so that finding the
+// start of a paragraph is a bounded walk back) or, independently per token, with the probability that makes the mean
+// paragraph length topic_run_tokens (1/132 at 128): lengths are about geometric at token granularity, and boundaries
+// fall on every residue modulo a page size alike (they used to fall on 16-token blocks, which suited 16-token pages).
+// A paragraph's topic is floor(n_topics u^topic_zipf), u a hash of its first position.
+//
 //   key (pre-RoPE) of a token t in paragraph topic z:
 //       k = c_g + o_l + key_topic_norm * T[g][z] + n_t (+ 16 * N[g][n] inside needle span n)
 //     c_g  recency constant: random angle, magnitude 1.5 per pair in the high-frequency pairs [0, 3P/8);
@@ -37,14 +43,18 @@
 // Calibration (kvret-workload-stats --pq: exact attention over all tokens; n_sink = 16 and n_local = 64, the
 // library's defaults; budget 10% of the context) at the defaults (32 layers, 32 q / 8 kv heads, D = 128, 32768
 // prefill, 16 decode steps, seed 1), averaged over layers, steps and query heads:
-//     sinks 0.33, local 0.16: sink + local 0.48 (per layer 0.32..0.68);
-//     sink + local + the top 10% of the middle by the head's own logit: 0.976 (per layer 0.962..0.986);
+//     sinks 0.32, local 0.14: sink + local 0.46 (per layer 0.34..0.58);
+//     sink + local + the top 10% of the middle by the head's own logit: 0.976 (per layer 0.960..0.985);
 //     the same with the KV group's folded top 10% (sum of softmax probabilities, kvret's default fold): 0.965
-//     (per layer 0.945..0.980);
+//     (per layer 0.946..0.980);
 //     a product quantizer (2 sub-spaces x 64 centroids, Forgy k-means, 20 iterations on 8192 sampled keys) selecting
-//     10% with the same fold: mass 0.914 (per layer 0.87..0.95), token recall against the folded exact top 10%: 0.69;
-//     retrieval heads (1/32 of the heads) put 0.49 of their mass on their needle; the folded exact top 10% holds
-//     0.85 of the needle tokens, the PQ selection 0.06 (needles are what PQ codes lose).
+//     10% with the same fold: mass 0.914 (per layer 0.84..0.95), token recall against the folded exact top 10%: 0.70;
+//     retrieval heads (1/32 of the heads) put 0.50 of their mass on their needle; the folded exact top 10% holds
+//     0.86 of the needle tokens, the PQ selection 0.09 (needles are what PQ codes lose).
+// (Measured with paragraphs that begin at any token. With the former 16-token-aligned paragraphs, whose mean length
+// came out at 117 rather than 128, they were: sinks 0.33, local 0.16, sink + local 0.48 (per layer 0.32..0.68), PQ mass
+// per layer 0.87..0.95, PQ token recall 0.69, needle mass 0.49, needle tokens 0.85 exact / 0.06 PQ, the rest the same
+// within 0.002.)
 // The knobs move them as follows: topic_logit sharpens attention (top-10% mass up, sink+local down); the noise
 // knobs (key_semantic_noise, key_noise) and recency_logit add token-level variance that a PQ code cannot see (PQ mass
 // down, exact top-10% mass up); outlier_magnitude costs PQ centroids; gqa_correlation sets how much the GQA fold loses.
@@ -122,8 +132,10 @@ enum : uint64_t {
   kTagLayer,
 };
 
-constexpr int kBlockShift = 4;          // paragraph boundaries fall on 16-token blocks
-constexpr int64_t kMaxParaBlocks = 64;  // a paragraph boundary is forced every 64 blocks (bounds the walk back)
+// Paragraphs: a boundary at each token with probability p_para, plus a forced one at every multiple of kParaAnchor
+// (which bounds the walk back to a paragraph's start). kParaAnchor is odd (a prime), so the forced boundaries do not
+// line up with any power-of-two page either; p_para is set so that the mean paragraph length is topic_run_tokens.
+constexpr int64_t kParaAnchor = 4099;
 constexpr float kSinkKeyNorm = 16.f;
 constexpr float kNeedleKeyNorm = 16.f;
 constexpr float kNeedleValueNorm = 8.f;
@@ -171,18 +183,28 @@ struct Workload::Impl {
   std::vector<LayerParams> layers;
   std::vector<int64_t> needles;  // first positions, ascending
   int needle_pairs = 2;          // RoPE pairs reserved for the needle directions
+  uint64_t para_stream = 0;      // paragraph boundaries: hash stream
+  float p_para = 1.f;            // paragraph boundaries: probability per token (besides the forced ones)
 
-  int topic_of(int64_t pos) const {
-    const int64_t block = pos >> kBlockShift;
-    const float p_new = std::min(1.0f, static_cast<float>(1 << kBlockShift) / static_cast<float>(cfg.topic_run_tokens));
-    int64_t start = block;
-    while (start % kMaxParaBlocks != 0 && unit(hkey(cfg.seed, kTagPara, static_cast<uint64_t>(start))) >= p_new) {
-      --start;
-    }
+  /// Whether a paragraph begins at token `t`.
+  bool para_begins(int64_t t) const {
+    return t % kParaAnchor == 0 || unit(mix64(para_stream ^ (static_cast<uint64_t>(t) * kGolden))) < p_para;
+  }
+
+  /// First token of the paragraph holding `pos`.
+  int64_t para_start(int64_t pos) const {
+    while (!para_begins(pos)) --pos;
+    return pos;
+  }
+
+  /// The topic of the paragraph that begins at `start`.
+  int para_topic(int64_t start) const {
     const float u = unit(hkey(cfg.seed, kTagParaTopic, static_cast<uint64_t>(start)));
     const int z = static_cast<int>(static_cast<float>(cfg.n_topics) * std::pow(u, cfg.topic_zipf));
     return std::min(z, cfg.n_topics - 1);
   }
+
+  int topic_of(int64_t pos) const { return para_topic(para_start(pos)); }
 
   int needle_at(int64_t pos) const {
     auto it = std::upper_bound(needles.begin(), needles.end(), pos);
@@ -227,6 +249,12 @@ struct Workload::Impl {
       pair_w[i] = static_cast<float>(std::sqrt(1.0 / (1.0 + std::exp(-x))));
     }
     for (int i = needle_lo; i < P; ++i) pair_w[i] = 0.f;
+
+    // paragraphs: one forced boundary per kParaAnchor tokens and (kParaAnchor - 1) p_para random ones on average,
+    // so kParaAnchor / topic_run_tokens in all (topic_run_tokens >= kParaAnchor gives paragraphs of kParaAnchor)
+    para_stream = hkey(c.seed, kTagPara);
+    const double per_anchor = static_cast<double>(kParaAnchor) / c.topic_run_tokens;
+    p_para = static_cast<float>(std::clamp((per_anchor - 1.0) / static_cast<double>(kParaAnchor - 1), 0.0, 1.0));
 
     // needle positions: evenly spread over [5%, 85%) of the prefill with jitter
     needles.clear();
@@ -347,12 +375,19 @@ struct Workload::Impl {
 #pragma omp parallel if (n >= 64)  // a few tokens (decode) are not worth waking the team
     {
       std::vector<float> cs(P), sn(P), pre(D);
+      int64_t next_t = -1;  // this thread's tokens come in runs: the paragraph walk is done once per run
+      int z = 0;
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = begin + i;
         const auto ut = static_cast<uint64_t>(t);
         const bool sink = t < cfg.n_sinks;
-        const int z = topic_of(t);
+        if (t != next_t) {
+          z = topic_of(t);
+        } else if (para_begins(t)) {
+          z = para_topic(t);
+        }
+        next_t = t + 1;
         const int nd = sink ? -1 : needle_at(t);
         if (k) {
           for (int p = 0; p < P; ++p) {
@@ -522,5 +557,7 @@ int Workload::needle_of_head(int layer, int q_head) const {
 }
 
 int Workload::topic_of(int64_t position) const { return impl_->topic_of(position); }
+
+int64_t Workload::paragraph_start(int64_t position) const { return impl_->para_start(position); }
 
 }  // namespace kvret::workload

@@ -5,9 +5,10 @@
 // What it models (per layer, KV head and token; see workload.cpp for the construction and the calibration):
 //  - RoPE (Llama/HF "rotate_half": dim i pairs with dim i + D/2 at frequency theta^(-2i/D)) applied to keys at
 //    their position and to queries at theirs (decode step s sits at position n_prefill + s);
-//  - topic structure: the text is a sequence of paragraphs (runs of ~topic_run_tokens tokens), each about one of
-//    n_topics latent topics (mildly Zipf-distributed); a key is its topic's direction plus noise. The semantic signal
-//    lives mostly in the low-frequency RoPE pairs, so it survives long distances;
+//  - topic structure: the text is a sequence of paragraphs (runs of ~topic_run_tokens tokens that begin at any
+//    token, not on page-sized blocks), each about one of n_topics latent topics (mildly Zipf-distributed); a key is
+//    its topic's direction plus noise. The semantic signal lives mostly in the low-frequency RoPE pairs, so it
+//    survives long distances;
 //  - a RoPE recency kernel: a constant key component in the high-frequency pairs that every query shares, so that
 //    nearby tokens score higher (the source of local attention) and far ones get position-dependent noise;
 //  - n_outlier_channels key channels of large magnitude (shared by the heads of a layer);
@@ -47,7 +48,7 @@ struct Config {
 
   // --- structure (defaults are the calibrated ones; see workload.cpp) ---
   float gqa_correlation = 0.85f;  ///< share of a query head's latent topic affinity common to its KV group
-  int topic_run_tokens = 128;     ///< mean paragraph length in tokens (paragraph boundaries fall on 16-token blocks)
+  int topic_run_tokens = 128;     ///< mean paragraph length in tokens (lengths ~geometric, boundaries at any token)
   float topic_zipf = 1.5f;        ///< topic frequency skew: topic = floor(n_topics * u^topic_zipf), u uniform
   float semantic_center = 0.8f;   ///< centre of the semantic profile, as a fraction of the D/2 RoPE pairs
   int needle_tokens = 8;          ///< tokens per needle span
@@ -96,6 +97,8 @@ class Workload {
   int needle_of_head(int layer, int q_head) const;
   /// The topic of the paragraph holding `position` (sinks included; -1 never).
   int topic_of(int64_t position) const;
+  /// The first position of the paragraph holding `position` (<= position; 0 for the first paragraph).
+  int64_t paragraph_start(int64_t position) const;
 
  private:
   struct Impl;
