@@ -170,7 +170,7 @@ typedef struct kvret_config {
   int32_t index_kind; /**< a kvret_index_kind; default KVRET_INDEX_PQ */
 
   /* PQ (PQCache) */
-  int32_t pq_m;            /**< sub-spaces; head_dim % pq_m == 0; default 2 */
+  int32_t pq_m;            /**< sub-spaces; head_dim % pq_m == 0; default 4 */
   int32_t pq_bits;         /**< bits per code (2^bits centroids), 1..8; default 6 */
   int32_t pq_iters;        /**< k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol,
                                 at most 25); default 0 */

@@ -94,7 +94,7 @@ void usage(FILE* f) {
       "  --budget N          budget in middle tokens per KV head (overrides --budget-ratio)\n"
       "  --n-sink N          sink tokens (library default: 16)\n"
       "  --n-local N         local window (library default: 64)\n"
-      "  --pq-m N            PQ sub-spaces (library default: 2)\n"
+      "  --pq-m N            PQ sub-spaces (library default: 4)\n"
       "  --pq-bits N         PQ bits per code (library default: 6)\n"
       "  --pq-iters N        k-means iterations, 0 = adaptive (library default: 0)\n"
       "  --pq-sample N       PQ training tokens per KV head, 0 = all (library default: 8192)\n"

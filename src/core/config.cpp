@@ -22,7 +22,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->budget_ratio = 0.1f;
   c->gqa_fold = KVRET_FOLD_SUM_PROB;
   c->index_kind = KVRET_INDEX_PQ;
-  c->pq_m = 2;
+  c->pq_m = 4;
   c->pq_bits = 6;
   c->pq_iters = 0;
   c->pq_tol = 1e-3f;

@@ -69,7 +69,7 @@ int main(void) {
 
   CHECK_OK(kvret_config_init(&config));
   CHECK(config.struct_size == sizeof config);
-  CHECK(config.n_sink == 16 && config.pq_m == 2 && config.pq_bits == 6 && config.index_kind == KVRET_INDEX_PQ);
+  CHECK(config.n_sink == 16 && config.pq_m == 4 && config.pq_bits == 6 && config.index_kind == KVRET_INDEX_PQ);
   config.n_layers = LAYERS;
   config.n_q_heads = HQ;
   config.n_kv_heads = HKV;

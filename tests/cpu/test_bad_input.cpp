@@ -391,7 +391,7 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
   kvret_config got;
   kvret_config_init(&got);
   ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
-  EXPECT_EQ(got.pq_m, 2);
+  EXPECT_EQ(got.pq_m, 4);
   kvret_destroy(ctx);
 }
 
