@@ -118,10 +118,13 @@ void select_bench(benchmark::State& state, int index_kind, float exact_fraction 
   }
 }
 
+// PQ at the library's defaults (m = 4, 2% exact outliers), without the exact outliers, with 5%; and m = 2 (the cell
+// path), with the default exact outliers and without (PQCache's setting).
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
 void BM_SelectPqExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f); }
 void BM_SelectPqExact5(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.05f); }
-void BM_SelectPqM4(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 4); }
+void BM_SelectPqM2(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 2); }
+void BM_SelectPqM2ExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f, 2); }
 void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
 
 void BM_BuildPq(benchmark::State& state) {
@@ -178,7 +181,8 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExact5)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SelectPqM4)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqM2)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqM2ExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectExact)->Arg(8192)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BuildPq)
     ->Arg(8192)
