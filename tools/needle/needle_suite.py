@@ -385,22 +385,27 @@ def markdown(records):
         model_ms = s["step_ms"] - s["kvret_ms"] - s["attention_ms"]
         lines.append(f"| {ix} | {budget_label(b)} | {s['step_ms']:.1f} | {s['kvret_ms']:.1f} | "
                      f"{s['attention_ms']:.1f} | {model_ms:.1f} |")
-    seeded = [r for r in records if r.get("seed") is not None]
-    if seeded:
+    seeded = [r for r in records if r.get("seed") is not None and case_key(r) in reference_right]
+    for b in sorted({r["budget"] for r in seeded}, reverse=True):
+        at = [r for r in seeded if r["budget"] == b]
+        seeds = sorted({r["seed"] for r in at})
+        if len(seeds) < 4:
+            continue
         lines.append("")
-        lines.append("Needle kept per k-means seed (trained indexes; every case full attention answers right, every "
-                     "budget):")
+        lines.append(f"Needle kept per k-means seed at {budget_label(b)} (every case full attention answers right):")
         lines.append("")
-        names = list(dict.fromkeys(r["index"] for r in seeded))
-        seeds = sorted({r["seed"] for r in seeded})
-        lines.append("| index | " + " | ".join(str(s) for s in seeds) + " |")
-        lines.append("|---|" + "---:|" * len(seeds))
-        for ix in names:
-            cells = []
+        lines.append("| index | " + " | ".join(str(sd) for sd in seeds) + " | min | max |")
+        lines.append("|---|" + "---:|" * (len(seeds) + 2))
+        for ix in dict.fromkeys(r["index"] for r in at):
+            vals = []
             for sd in seeds:
-                rs = [r for r in seeded if r["index"] == ix and r["seed"] == sd and case_key(r) in reference_right]
-                cells.append(f"{np.mean([r['correct'] for r in rs]):.2f}" if rs else "")
-            lines.append(f"| {ix} | " + " | ".join(cells) + " |")
+                rs = [r["correct"] for r in at if r["index"] == ix and r["seed"] == sd]
+                vals.append(np.mean(rs) if rs else None)
+            got = [v for v in vals if v is not None]
+            if len(got) < 4:
+                continue
+            cells = [f"{v:.2f}" if v is not None else "" for v in vals]
+            lines.append(f"| {ix} | " + " | ".join(cells) + f" | {min(got):.2f} | {max(got):.2f} |")
     return "\n".join(lines) + "\n"
 
 
