@@ -94,13 +94,7 @@ int64_t take_items(const float* folded, const int32_t* counts, int64_t items, in
       }
       return 0;
     }
-    // pivot: the median of the first, middle and last keys, moved to the end
-    int64_t a = lo, m = lo + (hi - lo) / 2, c = hi - 1;
-    if (keys[m] < keys[a]) std::swap(a, m);
-    if (keys[c] < keys[m]) std::swap(m, c);
-    if (keys[m] < keys[a]) std::swap(a, m);
-    std::swap(keys[m], keys[hi - 1]);
-    const uint64_t pivot = keys[hi - 1];
+    const uint64_t pivot = median3_pivot(keys, lo, hi);
     // branch-free Lomuto partition of [lo, hi - 1): [lo, i) before the pivot, the weight of which is `before`
     int64_t i = lo;
     int64_t before = 0;

@@ -30,12 +30,7 @@ uint64_t kth_smallest(uint64_t* keys, int64_t n, int64_t kth) {
       std::nth_element(keys + lo, keys + kth, keys + hi);
       return keys[kth];
     }
-    int64_t a = lo, m = lo + (hi - lo) / 2, c = hi - 1;
-    if (keys[m] < keys[a]) std::swap(a, m);
-    if (keys[c] < keys[m]) std::swap(m, c);
-    if (keys[m] < keys[a]) std::swap(a, m);
-    std::swap(keys[m], keys[hi - 1]);
-    const uint64_t pivot = keys[hi - 1];
+    const uint64_t pivot = median3_pivot(keys, lo, hi);
     int64_t i = lo;
     for (int64_t j = lo; j < hi - 1; ++j) {
       const uint64_t x = keys[j];
