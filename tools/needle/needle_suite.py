@@ -326,41 +326,22 @@ def markdown(records):
     indexes = list(dict.fromkeys(k[0] for k in rows))
     budgets = sorted({k[1] for k in rows if 0 < k[1] < 1.0}, reverse=True)
     n_cases = len({(r["kind"], r["length"], r["depth"], r["haystack"]) for r in records})
-    lines.append(f"Accuracy (share of runs whose answer holds the needle; {n_cases} cases, runs per cell in brackets):")
-    lines.append("")
-    lines.append("| index | " + " | ".join(budget_label(b) for b in budgets) + " |")
-    lines.append("|---|" + "---:|" * len(budgets))
-    for ix in indexes:
-        cells = []
-        for b in budgets:
-            s = rows.get((ix, b)) or rows.get((ix, 0.0)) or rows.get((ix, 1.0))
-            cells.append(f"{s['accuracy']:.2f} ({s['runs']})" if s else "")
-        lines.append(f"| {ix} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("Needle kept: accuracy over the cases full attention answers right (runs in brackets):")
-    lines.append("")
-    lines.append("| index | " + " | ".join(budget_label(b) for b in budgets) + " |")
-    lines.append("|---|" + "---:|" * len(budgets))
-    for ix in indexes:
-        if ix == "full":
-            continue
-        cells = []
-        for b in budgets:
-            s = rows.get((ix, b)) or rows.get((ix, 0.0))
-            cells.append(f"{s['kept']:.2f} ({s['kept_runs']})" if s else "")
-        lines.append(f"| {ix} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("Token agreement with full attention (share of generated positions with the same token):")
-    lines.append("")
-    lines.append("| index | " + " | ".join(budget_label(b) for b in budgets) + " |")
-    lines.append("|---|" + "---:|" * len(budgets))
-    for ix in indexes:
-        cells = []
-        for b in budgets:
-            s = rows.get((ix, b)) or rows.get((ix, 0.0)) or rows.get((ix, 1.0))
-            cells.append(f"{s['agreement']:.2f}" if s else "")
-        lines.append(f"| {ix} | " + " | ".join(cells) + " |")
-    lines.append("")
+    def budget_table(title, cell, with_full=True):
+        lines.extend([title, "", "| index | " + " | ".join(budget_label(b) for b in budgets) + " |",
+                      "|---|" + "---:|" * len(budgets)])
+        for ix in indexes:
+            if ix == "full" and not with_full:
+                continue
+            stats = [rows.get((ix, b)) or rows.get((ix, 0.0)) or rows.get((ix, 1.0)) for b in budgets]
+            lines.append(f"| {ix} | " + " | ".join(cell(s) if s else "" for s in stats) + " |")
+        lines.append("")
+
+    budget_table(f"Accuracy (share of runs whose answer holds the needle; {n_cases} cases, runs per cell in brackets):",
+                 lambda s: f"{s['accuracy']:.2f} ({s['runs']})")
+    budget_table("Needle kept: accuracy over the cases full attention answers right (runs in brackets):",
+                 lambda s: f"{s['kept']:.2f} ({s['kept_runs']})", with_full=False)
+    budget_table("Token agreement with full attention (share of generated positions with the same token):",
+                 lambda s: f"{s['agreement']:.2f}")
     # accuracy by prompt length at each budget
     lengths = sorted({bucket(r["length"]) for r in records})
     reference_right = {case_key(r) for r in records if r["index"] == "full" and r["correct"]}
