@@ -301,22 +301,14 @@ TEST(Page, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
     const auto before = f.snapshot();
     const int64_t size_before = f.index.size();
     const int64_t bytes_before = f.index.bytes();
-    int failures = 0;
-    for (int64_t fail_at = 0;; ++fail_at) {
-      test::g_allocations_until_failure = fail_at;
-      bool threw = false;
-      try {
-        f.index.extend(f.store, begin, end, false, 1);
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      test::g_allocations_until_failure = -1;
-      if (!threw) break;
-      ++failures;
-      ASSERT_EQ(f.index.size(), size_before) << "failure " << fail_at << " at [" << begin << ", " << end << ")";
-      ASSERT_EQ(f.index.bytes(), bytes_before);
-      ASSERT_EQ(f.snapshot(), before);
-    }
+    const int failures = test::fail_each_allocation(
+        [&] { f.index.extend(f.store, begin, end, false, 1); },
+        [&](int64_t fail_at) {
+          ASSERT_EQ(f.index.size(), size_before) << "failure " << fail_at << " at [" << begin << ", " << end << ")";
+          ASSERT_EQ(f.index.bytes(), bytes_before);
+          ASSERT_EQ(f.snapshot(), before);
+        });
+    ASSERT_FALSE(HasFatalFailure());
     EXPECT_GT(failures, 0);
     ASSERT_EQ(f.index.base() + f.index.size(), end);
   }

@@ -520,20 +520,12 @@ TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
   const std::pair<int64_t, int64_t> steps[] = {{1000, 1001}, {1001, 1002}, {1002, 1003}, {1003, 1010}, {1010, 1200}};
   for (const auto& [begin, end] : steps) {
     const auto before = f.state();
-    int failures = 0;
-    for (int64_t fail_at = 0;; ++fail_at) {
-      test::g_allocations_until_failure = fail_at;
-      bool threw = false;
-      try {
-        f.index.extend(f.store, begin, end, false, 1);
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      test::g_allocations_until_failure = -1;
-      if (!threw) break;
-      ++failures;
-      ASSERT_TRUE(f.state() == before) << "failure " << fail_at << " at [" << begin << ", " << end << ")";
-    }
+    const int failures = test::fail_each_allocation(
+        [&] { f.index.extend(f.store, begin, end, false, 1); },
+        [&](int64_t fail_at) {
+          ASSERT_TRUE(f.state() == before) << "failure " << fail_at << " at [" << begin << ", " << end << ")";
+        });
+    ASSERT_FALSE(HasFatalFailure());
     EXPECT_GT(failures, 0);
     ASSERT_EQ(f.index.base() + f.index.size(), end);
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <set>
@@ -20,6 +21,28 @@ namespace kvret::test {
 /// Fault injection for strong-guarantee tests (defined with the replacement operator new in test_page.cpp): while
 /// >= 0, the calling thread's n-th allocation from now fails with std::bad_alloc (0: the next one).
 extern thread_local int64_t g_allocations_until_failure;
+
+/// Runs call() with its 0th, 1st, ... allocation failing until a run succeeds; after each run that threw
+/// std::bad_alloc, calls after_failure(fail_at) (which checks that nothing changed). Stops at a fatal failure.
+/// Returns the number of runs that threw.
+template <class Call, class AfterFailure>
+int fail_each_allocation(Call&& call, AfterFailure&& after_failure) {
+  int failures = 0;
+  for (int64_t fail_at = 0;; ++fail_at) {
+    g_allocations_until_failure = fail_at;
+    bool threw = false;
+    try {
+      call();
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    g_allocations_until_failure = -1;
+    if (!threw) return failures;
+    ++failures;
+    after_failure(fail_at);
+    if (::testing::Test::HasFatalFailure()) return failures;
+  }
+}
 
 template <class T>
 struct Buffer {
