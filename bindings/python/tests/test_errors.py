@@ -57,6 +57,12 @@ def test_invalid_config():
         make_context(index_kind="faiss")
 
 
+@pytest.mark.parametrize("fraction", [-0.1, 0.75, float("nan")])
+def test_invalid_pq_exact_fraction(fraction):
+    error = raised(lambda: make_context(pq_exact_fraction=fraction), kvret.Status.INVALID_ARGUMENT)
+    assert "pq_exact_fraction" in error.message
+
+
 def test_error_is_a_runtime_error_and_pickles():
     import pickle
 

@@ -178,6 +178,11 @@ fn errors_carry_status_and_message() -> kvret::Result<()> {
     let error = Context::new(&config().n_q_heads(6).n_kv_heads(4)).unwrap_err();
     assert_eq!(error.status(), Status::InvalidArgument);
     assert_eq!(Status::from_code(error.status().code()), error.status());
+    for fraction in [-0.1f32, 0.75, f32::NAN] {
+        let error = Context::new(&config().pq_exact_fraction(fraction)).unwrap_err();
+        assert_eq!(error.status(), Status::InvalidArgument);
+        assert!(error.message().contains("pq_exact_fraction"), "{error}");
+    }
     Ok(())
 }
 

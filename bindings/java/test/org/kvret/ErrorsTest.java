@@ -63,6 +63,11 @@ public class ErrorsTest {
   @Test
   public void invalidConfig() {
     expect(Status.INVALID_ARGUMENT, () -> Context.create(Fixtures.config().nQHeads(6).nKvHeads(4).build()));
+    for (float fraction : new float[] {-0.1f, 0.75f, Float.NaN}) {
+      KvretException e =
+          expect(Status.INVALID_ARGUMENT, () -> Context.create(Fixtures.config().pqExactFraction(fraction).build()));
+      assertTrue(e.getMessage(), e.getMessage().contains("pq_exact_fraction"));
+    }
   }
 
   @Test
