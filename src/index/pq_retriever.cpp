@@ -54,16 +54,6 @@ T* sized(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-/// The order of the take as one integer: (score descending, id ascending) is the ascending order of
-/// (~monotone(score) << 32 | id) (score not NaN; -0 counts as +0, as == has it).
-inline uint64_t take_key(float score, int64_t id) noexcept {
-  uint32_t b;
-  const float f = score + 0.0f;
-  std::memcpy(&b, &f, sizeof b);
-  const uint32_t ascending = b ^ ((b >> 31) != 0 ? 0xffffffffu : 0x80000000u);
-  return static_cast<uint64_t>(~ascending) << 32 | static_cast<uint32_t>(id);
-}
-
 /// The cell path's take: the items of positive count, in the order (folded descending, id ascending), are taken
 /// whole (kTake) while they fit the budget; the first that does not fit is trimmed (kTrim, to `quota` tokens, the
 /// return value) unless the budget is already full; the rest stay kSkip. The same states as popping a heap in
@@ -75,7 +65,7 @@ int64_t take_items(const float* folded, const int32_t* counts, int64_t items, in
   uint64_t* keys = sized(keys_buf, static_cast<size_t>(items));
   int64_t hi = 0;
   for (int64_t u = 0; u < items; ++u)
-    if (counts[u] > 0) keys[hi++] = take_key(folded[u], u);
+    if (counts[u] > 0) keys[hi++] = descending_key(folded[u], static_cast<uint32_t>(u));
   auto id = [](uint64_t key) { return static_cast<uint32_t>(key); };
   int64_t lo = 0;
   int64_t rem = budget;

@@ -10,16 +10,6 @@ namespace kvret {
 
 namespace {
 
-/// The rank of a score as an integer: ascending in the order (score descending; NaN ranks lowest, as -inf; -0
-/// counts as +0, as == has it).
-inline uint32_t descending_rank(float score) noexcept {
-  const float f = score == score ? score + 0.0f : -std::numeric_limits<float>::infinity();
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  const uint32_t ascending = b ^ ((b >> 31) != 0 ? 0xffffffffu : 0x80000000u);
-  return ~ascending;
-}
-
 /// The kth smallest (0-based) of keys[0, n), which it reorders: a quickselect with median-of-three pivots and a
 /// branch-free Lomuto partition (its comparisons are unpredictable), std::nth_element past a depth limit.
 uint64_t kth_smallest(uint64_t* keys, int64_t n, int64_t kth) {
@@ -63,8 +53,7 @@ void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int
   thread_local std::vector<uint64_t> buffer;
   if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
   uint64_t* keys = buffer.data();
-  for (int64_t i = 0; i < n; ++i)
-    keys[i] = static_cast<uint64_t>(descending_rank(scores[i])) << 32 | static_cast<uint32_t>(i);
+  for (int64_t i = 0; i < n; ++i) keys[i] = descending_key(scores[i], static_cast<uint32_t>(i));
   const uint64_t last = kth_smallest(keys, n, k - 1);
   const uint32_t last_rank = static_cast<uint32_t>(last >> 32);
   const int64_t last_index = static_cast<uint32_t>(last);

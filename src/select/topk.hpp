@@ -1,8 +1,25 @@
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <utility>
 
 namespace kvret {
+
+/// The rank of a score as an integer: ascending in the order (score descending; NaN ranks lowest, as -inf; -0
+/// counts as +0, as == has it).
+inline uint32_t descending_rank(float score) noexcept {
+  const float f = score == score ? score + 0.0f : -std::numeric_limits<float>::infinity();
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  const uint32_t ascending = b ^ ((b >> 31) != 0 ? 0xffffffffu : 0x80000000u);
+  return ~ascending;
+}
+
+/// The order (score descending, id ascending) as one integer, ascending: (descending_rank(score) << 32 | id).
+inline uint64_t descending_key(float score, uint32_t id) noexcept {
+  return static_cast<uint64_t>(descending_rank(score)) << 32 | id;
+}
 
 /// A quickselect's pivot over keys[lo, hi) (hi - lo >= 3): moves the median of the first, middle and last keys to
 /// keys[hi - 1] and returns it.
