@@ -57,8 +57,8 @@ T* sized(std::vector<T>& v, size_t n) {
 /// The cell path's take: the items of positive count, in the order (folded descending, id ascending), are taken
 /// whole (kTake) while they fit the budget; the first that does not fit is trimmed (kTrim, to `quota` tokens, the
 /// return value) unless the budget is already full; the rest stay kSkip. The same states as popping a heap in
-/// that order, found by a weighted quickselect (expected O(items); only the taken side is ever ordered). folded:
-/// no NaN.
+/// that order, found by a weighted quickselect (expected O(items); only the taken side is ever ordered). A NaN
+/// score ranks lowest, as -inf (descending_key).
 int64_t take_items(const float* folded, const int32_t* counts, int64_t items, int64_t budget,
                    std::vector<uint64_t>& keys_buf, uint8_t* state) {
   std::fill(state, state + items, kSkip);
@@ -464,8 +464,6 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, cell_logits + cells_, items);
     float* folded = sized(scratch.folded, static_cast<size_t>(items));
     fold_weighted_logits(cell_logits, counts, group, items, r.fold, folded);
-    for (int64_t u = 0; u < items; ++u)
-      folded[u] = folded[u] == folded[u] ? folded[u] : -std::numeric_limits<float>::infinity();  // NaN lowest
 
     // Take whole items (cells, exact tokens) best first; the cell that crosses the budget is trimmed to its
     // earliest tokens (an exact token, of count 1, never crosses). Ties: the lower item id first (every cell before
