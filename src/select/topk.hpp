@@ -12,7 +12,7 @@ inline uint32_t descending_rank(float score) noexcept {
   const float f = score == score ? score + 0.0f : -std::numeric_limits<float>::infinity();
   uint32_t b;
   std::memcpy(&b, &f, sizeof b);
-  const uint32_t ascending = b ^ ((b >> 31) != 0 ? 0xffffffffu : 0x80000000u);
+  const uint32_t ascending = b ^ ((0u - (b >> 31)) | 0x80000000u);  // negative: all bits flipped; else the sign
   return ~ascending;
 }
 
