@@ -163,6 +163,10 @@ __attribute__((target("avx2"))) void softmax_fold_avx2(const float* logits, int 
     }
     alignas(32) double z[4];
     _mm256_store_pd(z, z4);
+    // the heads that add to folded, in head order, and their 1 / z
+    const float* add[4];
+    float inv[4];
+    int adding = 0;
     for (int i = 0; i < heads; ++i) {
       if (!active[i]) continue;
       for (int64_t v = u; v < n; ++v) {
@@ -170,8 +174,21 @@ __attribute__((target("avx2"))) void softmax_fold_avx2(const float* logits, int 
         z[i] += ev[i][v];
       }
       if (z[i] <= 0) continue;
-      accumulate_scaled_avx2(ev[i], static_cast<float>(1.0 / z[i]), n, folded);
+      add[adding] = ev[i];
+      inv[adding++] = static_cast<float>(1.0 / z[i]);
     }
+    // folded += e_i * inv_i head after head, as accumulate_scaled_avx2 would do one head at a time, in one pass
+    if (adding == 0) continue;
+    __m256 vinv[4];
+    for (int a = 0; a < adding; ++a) vinv[a] = _mm256_set1_ps(inv[a]);
+    int64_t v = 0;
+    for (; v + 8 <= n; v += 8) {
+      __m256 f = _mm256_loadu_ps(folded + v);
+      for (int a = 0; a < adding; ++a) f = _mm256_add_ps(f, _mm256_mul_ps(_mm256_loadu_ps(add[a] + v), vinv[a]));
+      _mm256_storeu_ps(folded + v, f);
+    }
+    for (; v < n; ++v)
+      for (int a = 0; a < adding; ++a) folded[v] += add[a][v] * inv[a];
   }
 }
 
