@@ -19,13 +19,22 @@ void scaled_dots_scalar(const float* q, int64_t q_stride, int nq, const float* k
     for (int g = 0; g < nq; ++g) out[g * out_stride + e] = scale * dot(q + g * q_stride, keys + e * key_stride, len);
 }
 
+/// The m = 4 logit: the sum of two pairs, ((0 + l0) + l1) + (l2 + l3).
+inline float pq4_logit(const float* l, int k, const uint8_t* c) noexcept {
+  return ((0.0f + l[c[0]]) + l[k + c[1]]) + (l[2 * k + c[2]] + l[3 * k + c[3]]);
+}
+
 void pq_token_logits_scalar(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t t0, int64_t n,
                             float* out) noexcept {
   for (int g = 0; g < nq; ++g) {
     const float* l = lut + static_cast<int64_t>(g) * m * k;
     for (int64_t t = t0; t < n; ++t) {
       float s = 0;
-      for (int j = 0; j < m; ++j) s += l[j * k + codes[t * m + j]];
+      if (m == 4) {
+        s = pq4_logit(l, k, codes + t * 4);
+      } else {
+        for (int j = 0; j < m; ++j) s += l[j * k + codes[t * m + j]];
+      }
       out[g * n + t] = s;
     }
   }
@@ -58,11 +67,54 @@ __attribute__((target("avx2"))) void pq_token_logits_avx2(const float* lut, int 
     for (int g = 0; g < nq; ++g) {
       const float* l = lut + static_cast<int64_t>(g) * M * k;
       __m256 s = _mm256_setzero_ps();
-      for (int j = 0; j < M; ++j) s = _mm256_add_ps(s, _mm256_i32gather_ps(l, idx[j], 4));
+      if constexpr (M == 4) {  // pq4_logit's order
+        s = _mm256_add_ps(_mm256_add_ps(s, _mm256_i32gather_ps(l, idx[0], 4)), _mm256_i32gather_ps(l, idx[1], 4));
+        s = _mm256_add_ps(s, _mm256_add_ps(_mm256_i32gather_ps(l, idx[2], 4), _mm256_i32gather_ps(l, idx[3], 4)));
+      } else {
+        for (int j = 0; j < M; ++j) s = _mm256_add_ps(s, _mm256_i32gather_ps(l, idx[j], 4));
+      }
       _mm256_storeu_ps(out + g * n + t, s);
     }
   }
   pq_token_logits_scalar(lut, nq, M, k, codes, t, n, out);
+}
+
+/// Largest k of the pair-table path: its two tables of k^2 floats stay in L1 (32 KiB at k = 64).
+constexpr int kPairTableMaxK = 64;
+
+/// pq_token_logits for m = 4 and k <= kPairTableMaxK, head by head: the head's tables of the two code pairs,
+/// A[c0 + k c1] = (0 + l0[c0]) + l1[c1] and B[c2 + k c3] = l2[c2] + l3[c3], make every logit A + B (pq4_logit's
+/// bits) from two gathers instead of four.
+__attribute__((target("avx2"))) void pq4_pair_logits_avx2(const float* lut, int nq, int k, const uint8_t* codes,
+                                                          int64_t n, float* out) noexcept {
+  alignas(32) float a[kPairTableMaxK * kPairTableMaxK];
+  alignas(32) float b[kPairTableMaxK * kPairTableMaxK];
+  const __m256i low_byte = _mm256_set1_epi32(0xff);
+  const __m256i vk = _mm256_set1_epi32(k);
+  for (int g = 0; g < nq; ++g) {
+    const float* l = lut + static_cast<int64_t>(g) * 4 * k;
+    for (int c1 = 0; c1 < k; ++c1)
+      for (int c0 = 0; c0 < k; ++c0) {
+        a[c0 + k * c1] = (0.0f + l[c0]) + l[k + c1];
+        b[c0 + k * c1] = l[2 * k + c0] + l[3 * k + c1];
+      }
+    float* o = out + g * n;
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 4));
+      const __m256i c0 = _mm256_and_si256(w, low_byte);
+      const __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(w, 8), low_byte);
+      const __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(w, 16), low_byte);
+      const __m256i c3 = _mm256_srli_epi32(w, 24);
+      const __m256i ia = _mm256_add_epi32(c0, _mm256_mullo_epi32(c1, vk));
+      const __m256i ib = _mm256_add_epi32(c2, _mm256_mullo_epi32(c3, vk));
+      _mm256_storeu_ps(o + t, _mm256_add_ps(_mm256_i32gather_ps(a, ia, 4), _mm256_i32gather_ps(b, ib, 4)));
+    }
+    for (; t < n; ++t) {
+      const uint8_t* c = codes + t * 4;
+      o[t] = a[c[0] + k * c[1]] + b[c[2] + k * c[3]];
+    }
+  }
 }
 
 // AVX without FMA on purpose: lane l of an accumulator is acc[l] of dot() (a multiply, then an add), and the
@@ -160,7 +212,10 @@ void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* code
   if (cpu_has_avx2()) {
     switch (m) {
       case 4:
-        pq_token_logits_avx2<4>(lut, nq, k, codes, n, out);
+        if (k <= kPairTableMaxK)
+          pq4_pair_logits_avx2(lut, nq, k, codes, n, out);
+        else
+          pq_token_logits_avx2<4>(lut, nq, k, codes, n, out);
         return;
       case 8:
         pq_token_logits_avx2<8>(lut, nq, k, codes, n, out);

@@ -61,9 +61,10 @@ void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, in
                  int64_t len, float scale, float* out, int64_t out_stride) noexcept;
 
 /// PQ logits of n tokens for nq query heads: out[g * n + t] = sum_j lut[(g * m + j) * k + codes[t * m + j]] for
-/// g < nq, t < n (codes: [n, m]; lut: [nq, m, k]), summed from 0.0f in the order j = 0..m-1, so that every token
-/// gets the bits of the scalar per-token loop. Vectorized across tokens (AVX2 gathers, eight tokens at a time, when
-/// m is 4, 8, 12 or 16 and the CPU has AVX2); each block of codes is decoded once for all nq heads.
+/// g < nq, t < n (codes: [n, m]; lut: [nq, m, k]), summed from 0.0f in the order j = 0..m-1 -- for m = 4 as two
+/// pairs, ((0 + l0) + l1) + (l2 + l3) -- so that every token gets the bits of the scalar per-token loop. Vectorized
+/// across tokens (AVX2 gathers, eight tokens at a time, when m is 4, 8, 12 or 16 and the CPU has AVX2); for m = 4
+/// and k <= 64, from the head's two pair tables (k^2 entries each: two gathers per token and head instead of four).
 void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t n, float* out) noexcept;
 
 /// splitmix64: the seeded generator behind every randomized step (portable and reproducible across platforms).
