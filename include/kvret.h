@@ -217,7 +217,7 @@ typedef struct kvret_config {
                                 ceil(fraction * n) tokens per head at each training, ties to the earlier position;
                                 a token encoded later with the same codebook becomes exact when its error exceeds
                                 the smallest error in the exact set. Costs fraction * n * head_dim * 4 bytes per
-                                head. 0 = off; valid range [0, 0.5]; default 0.02 */
+                                head. 0 = off; valid range [0, 0.5]; default 0.05 */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

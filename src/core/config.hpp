@@ -5,9 +5,9 @@
 
 namespace kvret {
 
-/// Default of kvret_config.pq_exact_fraction: a placeholder until a real-model needle suite tunes it (keep the
-/// "default" in kvret.h's comment of the field in step with it).
-constexpr float kDefaultPqExactFraction = 0.02f;
+/// Default of kvret_config.pq_exact_fraction, chosen on the real-model needle suite (docs/pq.md; keep the "default"
+/// in kvret.h's comment of the field in step with it).
+constexpr float kDefaultPqExactFraction = 0.05f;
 /// Largest accepted kvret_config.pq_exact_fraction.
 constexpr float kMaxPqExactFraction = 0.5f;
 

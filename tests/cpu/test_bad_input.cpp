@@ -398,7 +398,7 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
 TEST(Config, PqExactFractionIsValidated) {
   kvret_config c;
   kvret_config_init(&c);
-  EXPECT_FLOAT_EQ(c.pq_exact_fraction, 0.02f);
+  EXPECT_FLOAT_EQ(c.pq_exact_fraction, 0.05f);
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -0.01f, -0.0001f, 0.5001f, 0.75f, 1.0f,
                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
     kvret_config_init(&c);
@@ -430,7 +430,7 @@ TEST(Config, PqExactFractionIsValidated) {
   kvret_config got;
   kvret_config_init(&got);
   ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
-  EXPECT_FLOAT_EQ(got.pq_exact_fraction, 0.02f);
+  EXPECT_FLOAT_EQ(got.pq_exact_fraction, 0.05f);
   kvret_destroy(ctx);
 }
 

@@ -125,10 +125,11 @@ TEST_P(PqShapes, SelectionIsTheTopOfTheApproximateFoldedScore) {
   }
 }
 
-// m=2,b=6 and m=1,b=8 take the cell path; m=4,b=6 and m=2,b=8... (16 bits) too; m=4,b=8 scores per token.
+// m=2,b=6, m=1,b=8 and m=4,b=4 (16 bits) take the cell path; m=4,b=6 (the default: pair tables), m=4,b=8 and
+// m=8,b=5 score per token.
 INSTANTIATE_TEST_SUITE_P(Shapes, PqShapes,
                          ::testing::Values(std::make_pair(2, 6), std::make_pair(1, 8), std::make_pair(4, 4),
-                                           std::make_pair(4, 8), std::make_pair(8, 5)));
+                                           std::make_pair(4, 6), std::make_pair(4, 8), std::make_pair(8, 5)));
 
 TEST(Pq, DecodeTokensGetCodesAsTheyLeaveTheLocalWindow) {
   PqFixture f(1000, 2, 6);
@@ -387,7 +388,7 @@ TEST_P(PqExactSelect, TiesAndNaNFollowTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PqExactSelect,
                          ::testing::Combine(::testing::Values(std::make_pair(2, 6), std::make_pair(4, 4),
-                                                              std::make_pair(4, 8)),
+                                                              std::make_pair(4, 6), std::make_pair(4, 8)),
                                             ::testing::Values(KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT),
                                             ::testing::Values(0.0f, 0.02f, 0.1f)));
 
@@ -422,7 +423,7 @@ TEST(PqExact, PlantedSharpKeyIsSelectedAtEverySeedAndBudget) {
       q.data[static_cast<size_t>(hq * 64 + i)] = w[static_cast<size_t>(i)] + noise[static_cast<size_t>(hq * 64 + i)];
   const int32_t budgets[] = {1, 4, 16, 64, 200, 500};
 
-  for (const float fraction : {0.0f, 0.02f}) {
+  for (const float fraction : {0.0f, kDefaultPqExactFraction}) {
     int kept_everywhere = 0;
     std::string report;
     for (uint64_t seed = 1; seed <= 12; ++seed) {
