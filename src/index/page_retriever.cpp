@@ -1,13 +1,12 @@
 #include "index/page_retriever.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
-#include <numeric>
 
 #include "core/error.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
+#include "select/grouped_take.hpp"
 
 namespace kvret {
 
@@ -126,12 +125,11 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   const int group = r.group;
   std::vector<int32_t> weight(static_cast<size_t>(n), page_size_);
   if (n > 0) weight.back() = static_cast<int32_t>(page_tokens(n - 1));
-  // Pages needed to cover the budget: every page is full except perhaps the last one.
-  const int64_t need = std::min<int64_t>(n, (r.budget + page_size_ - 1) / page_size_ + 1);
   const size_t split_size = static_cast<size_t>(group) * 2 * d_;
   const size_t per_head = static_cast<size_t>(n) * (group + 1) + split_size;
   std::vector<float> scratch(per_head * n_kv_);
-  std::vector<int32_t> orders(static_cast<size_t>(n) * n_kv_);
+  std::vector<uint8_t> states(static_cast<size_t>(n) * n_kv_);
+  std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_));
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
   for (int h = 0; h < n_kv_; ++h) {
@@ -140,26 +138,14 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
     float* split = folded + n;
     scaled_bounds(h, r.q + static_cast<int64_t>(h) * group * d_, group, r.scale, split, logits);
     fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
-    for (int64_t p = 0; p < n; ++p)  // a NaN (from NaN keys) ranks lowest and keeps the ordering strict
-      if (std::isnan(folded[p])) folded[p] = -std::numeric_limits<float>::infinity();
-
-    int32_t* order = orders.data() + static_cast<size_t>(n) * h;
-    std::iota(order, order + n, 0);
-    std::partial_sort(order, order + need, order + n, [folded](int32_t a, int32_t b) {
-      return folded[a] > folded[b] || (folded[a] == folded[b] && a < b);
-    });
     // whole pages best first; the page that crosses the budget keeps its earliest tokens
-    int64_t taken = 0;
-    int64_t used = 0;
-    for (; used < need && taken < r.budget; ++used) taken += weight[static_cast<size_t>(order[used])];
-    const int64_t last_quota = weight[static_cast<size_t>(order[used - 1])] - (taken - r.budget);
-    const int32_t trimmed = order[used - 1];
-    std::sort(order, order + used);
+    uint8_t* state = states.data() + static_cast<size_t>(n) * h;
+    const int64_t quota = grouped_take(folded, weight.data(), n, r.budget, keys[static_cast<size_t>(h)], state);
     int32_t* out = out_rows[h];
-    for (int64_t i = 0; i < used; ++i) {
-      const int32_t p = order[i];
-      const int64_t count = p == trimmed ? last_quota : weight[static_cast<size_t>(p)];
-      const int64_t first = r.mid_begin + static_cast<int64_t>(p) * page_size_;
+    for (int64_t p = 0; p < n; ++p) {
+      if (state[p] == kSkip) continue;
+      const int64_t count = state[p] == kTrim ? quota : weight[static_cast<size_t>(p)];
+      const int64_t first = r.mid_begin + p * page_size_;
       for (int64_t t = 0; t < count; ++t) *out++ = static_cast<int32_t>(first + t);
     }
   }

@@ -11,6 +11,7 @@
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
 #include "select/gqa_fold.hpp"
+#include "select/grouped_take.hpp"
 #include "select/topk.hpp"
 
 namespace kvret {
@@ -25,9 +26,6 @@ template <class T>
 void reserve_for(std::vector<T>& v, size_t needed) {
   if (v.capacity() < needed) v.reserve(std::max(2 * v.capacity(), needed));
 }
-
-/// Item states of the cell path's take.
-enum : uint8_t { kSkip = 0, kTake = 1, kTrim = 2 };
 
 /// Bit i of *take / *trim: whether state[cell[i]] is kTake / kTrim, for i < len <= 64. The states (kTake = 1,
 /// kTrim = 2: a state is its two bits) are loaded into bytes and packed eight at a time by a multiply (byte i's low
@@ -52,67 +50,6 @@ template <class T>
 T* sized(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
-}
-
-/// The cell path's take: the items of positive count, in the order (folded descending, id ascending), are taken
-/// whole (kTake) while they fit the budget; the first that does not fit is trimmed (kTrim, to `quota` tokens, the
-/// return value) unless the budget is already full; the rest stay kSkip. The same states as popping a heap in
-/// that order, found by a weighted quickselect (expected O(items); only the taken side is ever ordered). A NaN
-/// score ranks lowest, as -inf (descending_key).
-int64_t take_items(const float* folded, const int32_t* counts, int64_t items, int64_t budget,
-                   std::vector<uint64_t>& keys_buf, uint8_t* state) {
-  std::fill(state, state + items, kSkip);
-  uint64_t* keys = sized(keys_buf, static_cast<size_t>(items));
-  int64_t hi = 0;
-  for (int64_t u = 0; u < items; ++u)
-    if (counts[u] > 0) keys[hi++] = descending_key(folded[u], static_cast<uint32_t>(u));
-  auto id = [](uint64_t key) { return static_cast<uint32_t>(key); };
-  int64_t lo = 0;
-  int64_t rem = budget;
-  while (lo < hi && rem > 0) {
-    if (hi - lo <= 16) {
-      std::sort(keys + lo, keys + hi);
-      for (int64_t i = lo; i < hi && rem > 0; ++i) {
-        const uint32_t u = id(keys[i]);
-        if (counts[u] <= rem) {
-          state[u] = kTake;
-          rem -= counts[u];
-        } else {
-          state[u] = kTrim;
-          return rem;
-        }
-      }
-      return 0;
-    }
-    const uint64_t pivot = median3_pivot(keys, lo, hi);
-    // branch-free Lomuto partition of [lo, hi - 1): [lo, i) before the pivot, the weight of which is `before`
-    int64_t i = lo;
-    int64_t before = 0;
-    for (int64_t j = lo; j < hi - 1; ++j) {
-      const uint64_t x = keys[j];
-      const bool less = x < pivot;
-      keys[j] = keys[i];
-      keys[i] = x;
-      i += less;
-      before += less ? counts[id(x)] : 0;
-    }
-    std::swap(keys[i], keys[hi - 1]);  // the pivot, at i
-    if (before > rem) {                // the budget runs out before the pivot
-      hi = i;
-      continue;
-    }
-    for (int64_t j = lo; j < i; ++j) state[id(keys[j])] = kTake;
-    rem -= before;
-    const uint32_t u = id(pivot);
-    if (counts[u] > rem) {
-      if (rem > 0) state[u] = kTrim;
-      return rem;
-    }
-    state[u] = kTake;
-    rem -= counts[u];
-    lo = i + 1;
-  }
-  return 0;
 }
 
 /// Select's per-head buffers, kept per thread (one KV head per OpenMP thread) so that a decode step allocates
@@ -469,7 +406,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     // earliest tokens (an exact token, of count 1, never crosses). Ties: the lower item id first (every cell before
     // the exact tokens, which follow in position order).
     uint8_t* state = sized(scratch.state, static_cast<size_t>(items));
-    int64_t quota = take_items(folded, counts, items, r.budget, scratch.keys, state);
+    int64_t quota = grouped_take(folded, counts, items, r.budget, scratch.keys, state);
     // The taken tokens in position order, 64 at a time: bit masks of the tokens whose cell is taken or trimmed,
     // the exact tokens of the block put in by position (every uint16 is a valid cell id, so their cell bits are
     // cleared and replaced by their own state), the trimmed cell's earliest `quota` tokens, then the set bits.
