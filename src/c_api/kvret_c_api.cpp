@@ -11,6 +11,7 @@
 #include "core/config.hpp"
 #include "core/context.hpp"
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/sequence.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
@@ -340,35 +341,36 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
     const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
     const int group = cfg.n_q_heads / cfg.n_kv_heads;
     // One KV head per task: its rows are converted to f32 once and shared by the group's query heads.
-#pragma omp parallel for schedule(static) num_threads(c.threads()) if (rows * cfg.n_q_heads >= 8192)
-    for (int g = 0; g < cfg.n_kv_heads; ++g) {
-      std::vector<float> keys(static_cast<size_t>(rows * d)), values(static_cast<size_t>(rows * d));
-      for (int64_t r = 0; r < rows; ++r) {
-        kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), keys.data() + r * d);
-        vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), values.data() + r * d);
-      }
-      std::vector<float> qf(static_cast<size_t>(d)), acc(static_cast<size_t>(d)), p(static_cast<size_t>(rows));
-      for (int h = g * group; h < (g + 1) * group; ++h) {
-        qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
-        float mx = -INFINITY;
-        for (int64_t r = 0; r < rows; ++r) {
-          p[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), keys.data() + r * d, d);
-          mx = std::max(mx, p[static_cast<size_t>(r)]);
-        }
-        double z = 0;
-        for (int64_t r = 0; r < rows; ++r)
-          z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float w = p[static_cast<size_t>(r)];
-          const float* vr = values.data() + r * d;
-          for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += w * vr[t];
-        }
-        auto* o = reinterpret_cast<float*>(ov.at({h}));
-        const float inv = static_cast<float>(1.0 / z);
-        for (int t = 0; t < d; ++t) o[t] = acc[static_cast<size_t>(t)] * inv;
-      }
-    }
+    kvret::parallel_for(
+        cfg.n_kv_heads, c.threads(), rows * cfg.n_q_heads >= 8192, kvret::Schedule::kStatic, [&](int64_t g_i) {
+          const auto g = static_cast<int>(g_i);
+          std::vector<float> keys(static_cast<size_t>(rows * d)), values(static_cast<size_t>(rows * d));
+          for (int64_t r = 0; r < rows; ++r) {
+            kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), keys.data() + r * d);
+            vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), values.data() + r * d);
+          }
+          std::vector<float> qf(static_cast<size_t>(d)), acc(static_cast<size_t>(d)), p(static_cast<size_t>(rows));
+          for (int h = g * group; h < (g + 1) * group; ++h) {
+            qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
+            float mx = -INFINITY;
+            for (int64_t r = 0; r < rows; ++r) {
+              p[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), keys.data() + r * d, d);
+              mx = std::max(mx, p[static_cast<size_t>(r)]);
+            }
+            double z = 0;
+            for (int64_t r = 0; r < rows; ++r)
+              z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t r = 0; r < rows; ++r) {
+              const float w = p[static_cast<size_t>(r)];
+              const float* vr = values.data() + r * d;
+              for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += w * vr[t];
+            }
+            auto* o = reinterpret_cast<float*>(ov.at({h}));
+            const float inv = static_cast<float>(1.0 / z);
+            for (int t = 0; t < d; ++t) o[t] = acc[static_cast<size_t>(t)] * inv;
+          }
+        });
   });
 }
 

@@ -165,7 +165,14 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
   }
   if (mid_end <= l.indexed_end) return;
   if (!c.background_build) {
-    index_range(layer, l, mid_end, true);  // a failure here is reported now; select rebuilds later
+    // A failed build undoes the append, as at decode: the caller may retry the whole call.
+    try {
+      index_range(layer, l, mid_end, true);
+    } catch (...) {
+      l.store.truncate(length);
+      stats_.tokens_stored -= tokens;
+      throw;
+    }
     return;
   }
   {

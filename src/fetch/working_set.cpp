@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/parallel.hpp"
+
 namespace kvret {
 
 namespace {
@@ -26,8 +28,8 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
   const size_t d = static_cast<size_t>(store.head_dim());
   const size_t row_bytes = store.row_bytes();
   const bool same_type = out.k.dtype() == store.dtype() && out.v.dtype() == store.dtype();
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (rows * n_kv >= 4096)
-  for (int h = 0; h < n_kv; ++h) {
+  parallel_for(n_kv, n_threads, rows * n_kv >= 4096, Schedule::kStatic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
     std::vector<int32_t> positions(static_cast<size_t>(rows));
     int64_t r = 0;
     for (int64_t p = 0; p < mid_begin; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
@@ -56,7 +58,7 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
       }
       out_pos[i * pos_stride] = static_cast<int32_t>(pos);
     }
-  }
+  });
   return rows;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/parallel.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/topk.hpp"
@@ -13,8 +14,8 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
   const int64_t n = r.mid_end - r.mid_begin;
   const int d = store.head_dim();
   const int n_kv = store.n_kv_heads();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
-  for (int h = 0; h < n_kv; ++h) {
+  parallel_for(n_kv, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
     constexpr int64_t kBlock = 256;  // keys converted to f32 a block at a time, shared by the group's heads
     std::vector<float> logits(static_cast<size_t>(r.group) * n);
     std::vector<float> keys(static_cast<size_t>(kBlock * d));
@@ -28,7 +29,7 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
     topk_positions(folded.data(), n, r.budget, r.mid_begin, out_rows[h]);
-  }
+  });
   return r.budget;
 }
 

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include "core/parallel.hpp"
 #include "core/vec_math.hpp"
 
 namespace kvret {
@@ -136,8 +137,8 @@ void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const fl
                     float* distances, bool parallel) {
   const CentroidPanel panel(centroids, k, d);
   const int64_t chunks = (n + kAssignChunk - 1) / kAssignChunk;
-#pragma omp parallel for schedule(static) if (parallel && n >= 1024)
-  for (int64_t c = 0; c < chunks; ++c) {
+  parallel_for(chunks, 0, parallel && n >= 1024, Schedule::kStatic, [&](int64_t c_i) {
+    const auto c = static_cast<int64_t>(c_i);
     int best[kAssignChunk];
     const int64_t begin = c * kAssignChunk;
     const int64_t end = std::min(n, begin + kAssignChunk);
@@ -147,7 +148,7 @@ void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const fl
       codes[i] = static_cast<Code>(b);
       if (distances) distances[i] = squared_distance(x + i * x_stride, centroids + static_cast<size_t>(b) * d, d);
     }
-  }
+  });
 }
 
 template void assign_nearest<uint8_t>(const float*, int64_t, int, int64_t, const float*, int, uint8_t*, float*, bool);

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
@@ -58,8 +59,8 @@ void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end,
     scratch[static_cast<size_t>(h)].resize(static_cast<size_t>(chunk) * d);
   }
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (end - begin >= kParallelTokens)
-  for (int h = 0; h < n_kv_; ++h) {
+  parallel_for(n_kv_, n_threads, end - begin >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
     float* keys = scratch[static_cast<size_t>(h)].data();
     float* t = tail[static_cast<size_t>(h)].data();
     for (int64_t c0 = begin; c0 < end; c0 += chunk) {
@@ -75,7 +76,7 @@ void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end,
         }
       }
     }
-  }
+  });
 
   // Grow geometrically: decode appends a page every page_size tokens. Reserving keeps the contents.
   const size_t needed = static_cast<size_t>(total_pages) * row;
@@ -129,10 +130,10 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   const size_t per_head = static_cast<size_t>(n) * (group + 1) + split_size;
   std::vector<float> scratch(per_head * n_kv_);
   std::vector<uint8_t> states(static_cast<size_t>(n) * n_kv_);
-  std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_), std::vector<uint64_t>(static_cast<size_t>(n)));
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
-  for (int h = 0; h < n_kv_; ++h) {
+  parallel_for(n_kv_, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
     float* logits = scratch.data() + per_head * h;  // [group, n]
     float* folded = logits + static_cast<size_t>(group) * n;
     float* split = folded + n;
@@ -148,7 +149,7 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
       const int64_t first = r.mid_begin + p * page_size_;
       for (int64_t t = 0; t < count; ++t) *out++ = static_cast<int32_t>(first + t);
     }
-  }
+  });
   return r.budget;
 }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
 #include "select/gqa_fold.hpp"
@@ -119,8 +120,8 @@ std::vector<float> PqRetriever::train(const HostKvStore& store, int64_t begin, i
   const int64_t n = static_cast<int64_t>(sample.size());
   std::vector<float> codebook(static_cast<size_t>(n_kv_) * m_ * k_ * dsub_);
   const int tasks = n_kv_ * m_;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-  for (int task = 0; task < tasks; ++task) {
+  parallel_for(tasks, n_threads, true, Schedule::kDynamic, [&](int64_t task_i) {
+    const auto task = static_cast<int>(task_i);
     const int h = task / m_;
     const int j = task % m_;
     std::vector<float> row(static_cast<size_t>(d_));
@@ -139,7 +140,7 @@ std::vector<float> PqRetriever::train(const HostKvStore& store, int64_t begin, i
     o.parallel = false;
     const KmeansResult r = kmeans(points.data(), n, dsub_, dsub_, o);
     std::copy(r.centroids.begin(), r.centroids.end(), codebook.begin() + static_cast<int64_t>(task) * k_ * dsub_);
-  }
+  });
   return codebook;
 }
 
@@ -174,14 +175,8 @@ void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& cod
       }
     }
   };
-  // One block per head (decode steps) or one thread: no OpenMP region, whose overhead would dominate and which an
-  // exception (an allocation failure) cannot leave, so extend keeps its strong guarantee there.
-  if (n_threads <= 1 || blocks <= 1) {
-    for (int64_t task = 0; task < tasks; ++task) run(task);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-  for (int64_t task = 0; task < tasks; ++task) run(task);
+  // One block per head (decode steps) or one thread: no OpenMP region, whose overhead would dominate.
+  parallel_for(tasks, n_threads, blocks > 1, Schedule::kDynamic, run);
 }
 
 void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
@@ -338,8 +333,8 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
           "PQ index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
               std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
   const int64_t n = r.mid_end - r.mid_begin;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(r.n_threads)
-  for (int h = 0; h < n_kv_; ++h) {
+  parallel_for(n_kv_, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
     const int group = r.group;
     const float* qg = r.q + static_cast<int64_t>(h) * group * d_;
     SelectScratch& scratch = select_scratch();
@@ -368,7 +363,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       float* folded = sized(scratch.folded, static_cast<size_t>(n));
       fold_logits(logits, group, n, r.fold, folded);
       topk_positions(folded, n, r.budget, r.mid_begin, out);
-      continue;
+      return;
     }
 
     // Cell path: score every code tuple once. Cell u = sum_j code_j k^j, so the table of sub-space j is added to
@@ -429,7 +424,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       for (; take != 0 && written < r.budget; take &= take - 1)
         out[written++] = static_cast<int32_t>(r.mid_begin + t0 + std::countr_zero(take));
     }
-  }
+  });
   return r.budget;
 }
 
