@@ -27,7 +27,7 @@ void Context::reserve_host_bytes(int64_t bytes) {
   const int64_t limit = config_.host_bytes_limit;
   int64_t current = host_bytes_.load();
   for (;;) {
-    require(limit == 0 || current + bytes <= limit, KVRET_ERR_CAPACITY,
+    require(limit == 0 || bytes <= limit - current, KVRET_ERR_CAPACITY,
             "host KV store is full: " + std::to_string(current) + " of " + std::to_string(limit) +
                 " bytes (config.host_bytes_limit) used, the append needs " + std::to_string(bytes) + " more");
     if (host_bytes_.compare_exchange_weak(current, current + bytes)) return;

@@ -13,6 +13,9 @@ namespace kvret {
 
 namespace {
 
+/// Most tokens one layer holds: positions are int32 everywhere (selections, working-set rows).
+constexpr int64_t kMaxLayerTokens = INT32_MAX;
+
 std::string layer_name(int32_t layer) { return "layer " + std::to_string(layer); }
 
 /// Converts a [Hq, D] query view to f32, checking finiteness when asked.
@@ -140,7 +143,12 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
           layer_name(layer) + " holds " + std::to_string(length) + " tokens; appending " + std::to_string(tokens) +
               " exceeds config.max_seq_tokens = " + std::to_string(c.max_seq_tokens));
 
+  require(tokens <= kMaxLayerTokens - length, KVRET_ERR_CAPACITY,
+          layer_name(layer) + " holds " + std::to_string(length) + " tokens; appending " + std::to_string(tokens) +
+              " exceeds the 2^31 - 1 tokens a layer can hold (positions are int32)");
   const int64_t grow = l.store.bytes_to_grow(tokens);
+  require(grow < INT64_MAX, KVRET_ERR_OUT_OF_MEMORY,
+          "appending " + std::to_string(tokens) + " tokens needs more than 2^63 bytes of host memory");
   ctx_.reserve_host_bytes(grow);
   try {
     l.store.append(kv, vv, tokens, tokens_dim);
@@ -150,35 +158,43 @@ void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* 
   }
   stats_.host_bytes += grow;
   stats_.tokens_stored += tokens;
-  const int64_t mid_end = groups(layer).mid_end;
-
-  if (!prefill) {
-    // The token leaving the local window gets its index entry now; on failure the append is undone.
-    try {
+  // Until the call returns, a failure undoes the append (the pages stay for reuse), so the caller may retry it:
+  // the entry of the token leaving the local window at decode, and a synchronous prefill build.
+  try {
+    const int64_t mid_end = groups(layer).mid_end;
+    if (!prefill) {
       index_range(layer, l, mid_end, false);
-    } catch (...) {
-      l.store.truncate(length);
-      stats_.tokens_stored -= tokens;
-      throw;
+      return;
     }
-    return;
-  }
-  if (mid_end <= l.indexed_end) return;
-  if (!c.background_build) {
-    // A failed build undoes the append, as at decode: the caller may retry the whole call.
-    try {
+    if (mid_end <= l.indexed_end) return;
+    if (!c.background_build) {
       index_range(layer, l, mid_end, true);
-    } catch (...) {
-      l.store.truncate(length);
-      stats_.tokens_stored -= tokens;
-      throw;
+      return;
     }
-    return;
+    schedule_build(layer, l, mid_end);
+  } catch (...) {
+    l.store.truncate(length);
+    stats_.tokens_stored -= tokens;
+    throw;
   }
+}
+
+void Sequence::schedule_build(int32_t layer, Layer& l, int64_t mid_end) {
   {
     std::lock_guard<std::mutex> lock(l.mu);
     l.build_pending = true;
   }
+  try {
+    submit_build(layer, l, mid_end);
+  } catch (...) {  // the job was not queued: nothing will clear the flag
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.build_pending = false;
+    l.cv.notify_all();
+    throw;
+  }
+}
+
+void Sequence::submit_build(int32_t layer, Layer& l, int64_t mid_end) {
   ctx_.builds().submit([this, layer, &l, mid_end] {
     kvret_status status = KVRET_OK;
     std::string message;

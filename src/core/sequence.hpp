@@ -84,6 +84,9 @@ class Sequence {
   /// Indexes [l.indexed_end, mid_end) now (runs on the calling thread). Strong guarantee.
   void index_range(int32_t layer, Layer& l, int64_t end, bool may_retrain);
   void append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill);
+  /// Marks the layer's build pending and queues it on the context's build thread (on failure: not pending).
+  void schedule_build(int32_t layer, Layer& l, int64_t mid_end);
+  void submit_build(int32_t layer, Layer& l, int64_t mid_end);
 
   Context& ctx_;
   std::vector<std::unique_ptr<Layer>> layers_;

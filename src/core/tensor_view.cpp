@@ -83,27 +83,42 @@ TensorView TensorView::from(const kvret_tensor* t, const char* name, DTypeSet al
   require(t->ndim <= kMaxDims && t->shape != nullptr, KVRET_ERR_SHAPE, std::string(name) + ": shape is NULL");
   v.ndim_ = t->ndim;
   v.dtype_ = dt;
-  int64_t elements = 1;
+  bool empty = false;
   for (int i = 0; i < t->ndim; ++i) {
     require(t->shape[i] >= 0, KVRET_ERR_SHAPE,
             std::string(name) + ": negative extent in dimension " + std::to_string(i));
     v.shape_[i] = t->shape[i];
-    elements *= t->shape[i];
+    empty |= t->shape[i] == 0;
   }
+  // Default strides, and the byte offset of the last element: every product and sum is overflow-checked, so that
+  // no shape or stride, however large, wraps an address computed later.
   int64_t running = 1;
+  int64_t last = 0;  // elements from the first to the last one addressed
+  const auto too_large = [&] {
+    return Error(KVRET_ERR_SHAPE, std::string(name) + ": shape and strides address more than 2^63 bytes");
+  };
   for (int i = t->ndim - 1; i >= 0; --i) {
     v.strides_[i] = t->strides ? t->strides[i] : running;
-    running *= v.shape_[i];
     require(v.strides_[i] >= 0, KVRET_ERR_STRIDE,
             std::string(name) + ": negative stride in dimension " + std::to_string(i));
+    if (empty) continue;
+    int64_t span = 0;
+    if (__builtin_mul_overflow(v.shape_[i] - 1, v.strides_[i], &span) || __builtin_add_overflow(last, span, &last) ||
+        (!t->strides && __builtin_mul_overflow(running, v.shape_[i], &running)))
+      throw too_large();
   }
+  int64_t last_byte = 0;
+  if (!empty && (__builtin_mul_overflow(last, static_cast<int64_t>(dtype_size(dt)), &last_byte) ||
+                 t->byte_offset > static_cast<uint64_t>(INT64_MAX - last_byte)))
+    throw too_large();
   if (t->ndim > 0 && v.shape_[t->ndim - 1] > 1) {
     require(v.strides_[t->ndim - 1] == 1, KVRET_ERR_STRIDE,
             std::string(name) + ": the innermost dimension must be contiguous (stride 1), got stride " +
                 std::to_string(v.strides_[t->ndim - 1]));
   }
-  require(t->data != nullptr || elements == 0, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": data is NULL");
-  v.base_ = static_cast<std::byte*>(t->data) + t->byte_offset;
+  require(t->data != nullptr || empty, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": data is NULL");
+  // NULL data (an empty tensor) gets no offset: arithmetic on a null pointer is undefined.
+  v.base_ = t->data ? static_cast<std::byte*>(t->data) + t->byte_offset : nullptr;
   return v;
 }
 

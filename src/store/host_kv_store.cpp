@@ -1,6 +1,9 @@
 #include "store/host_kv_store.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <new>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -20,13 +23,20 @@ HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype)
       page_bytes_(2 * n_kv_heads * kPageTokens * static_cast<int64_t>(row_bytes_)) {}
 
 int64_t HostKvStore::bytes_to_grow(int64_t tokens) const noexcept {
+  if (tokens > INT64_MAX - size_) return INT64_MAX;
+  const int64_t total = size_ + tokens;
   const int64_t have = static_cast<int64_t>(pages_.size());
-  const int64_t need = (size_ + tokens + kPageTokens - 1) / kPageTokens;
-  return need > have ? (need - have) * page_bytes_ : 0;
+  const int64_t need = total / kPageTokens + (total % kPageTokens != 0 ? 1 : 0);
+  int64_t bytes = 0;
+  if (need <= have) return 0;
+  return __builtin_mul_overflow(need - have, page_bytes_, &bytes) ? INT64_MAX : bytes;
 }
 
 void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t tokens, bool tokens_dim) {
-  const size_t new_pages = static_cast<size_t>(bytes_to_grow(tokens) / page_bytes_);
+  const int64_t grow = bytes_to_grow(tokens);
+  require(grow < INT64_MAX, KVRET_ERR_OUT_OF_MEMORY,
+          "appending " + std::to_string(tokens) + " tokens needs more than 2^63 bytes of host memory");
+  const size_t new_pages = static_cast<size_t>(grow / page_bytes_);
   std::vector<Page> fresh;
   fresh.reserve(new_pages);
   for (size_t i = 0; i < new_pages; ++i) {
@@ -35,7 +45,9 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
             "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
     fresh.emplace_back(p);
   }
-  pages_.reserve(pages_.size() + new_pages);  // may throw bad_alloc before anything changed
+  // may throw bad_alloc before anything changed; grows geometrically (decode adds a page every kPageTokens tokens)
+  if (pages_.capacity() < pages_.size() + new_pages)
+    pages_.reserve(std::max(2 * pages_.capacity(), pages_.size() + new_pages));
   for (auto& p : fresh) pages_.push_back(std::move(p));
   // Nothing below can fail.
   for (int64_t t = 0; t < tokens; ++t) {

@@ -24,7 +24,7 @@ class HostKvStore {
   size_t row_bytes() const noexcept { return row_bytes_; }
   /// Bytes held in pages.
   int64_t bytes() const noexcept { return static_cast<int64_t>(pages_.size()) * page_bytes_; }
-  /// Extra page bytes an append of `tokens` more tokens allocates.
+  /// Extra page bytes an append of `tokens` more tokens allocates (INT64_MAX when that does not fit in 64 bits).
   int64_t bytes_to_grow(int64_t tokens) const noexcept;
 
   /// Appends `tokens` tokens. k and v are [tokens, H, D] views (or [H, D] when tokens_dim is false). Every page is
