@@ -1,6 +1,7 @@
 #include "core/config.hpp"
 
 #include <cstring>
+#include <iterator>
 
 #include "core/error.hpp"
 
@@ -59,6 +60,40 @@ void unsupported(bool ok, const std::string& what) {
 
 }  // namespace
 
+/// Every field of kvret_config in declaration order (a struct from an older version ends at one of their
+/// offsets). Keep in step with kvret.h: the static_assert below fails when a field is appended without it.
+#define KVRET_CONFIG_FIELDS(X)                                                                                        \
+  X(struct_size)                                                                                                      \
+  X(n_layers) X(n_q_heads) X(n_kv_heads) X(head_dim) X(kv_dtype) X(device_type) X(device_id) X(n_sink) X(n_local)     \
+      X(budget) X(budget_ratio) X(gqa_fold) X(index_kind) X(pq_m) X(pq_bits) X(pq_iters) X(pq_tol) X(pq_train_sample) \
+          X(cluster_tokens) X(cluster_decode_interval) X(cluster_decode_k) X(page_size) X(quant_bits)                 \
+              X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
+                  X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
+                      X(check_finite) X(seed) X(pq_exact_fraction)
+
+namespace {
+
+#define KVRET_FIELD_END(f) offsetof(kvret_config, f) + sizeof(kvret_config::f),
+constexpr size_t kFieldEnds[] = {KVRET_CONFIG_FIELDS(KVRET_FIELD_END)};
+#undef KVRET_FIELD_END
+static_assert((kFieldEnds[std::size(kFieldEnds) - 1] + alignof(kvret_config) - 1) / alignof(kvret_config) *
+                      alignof(kvret_config) ==
+                  sizeof(kvret_config),
+              "KVRET_CONFIG_FIELDS misses a field appended to kvret_config");
+
+/// Whether a caller's struct_size is that of a version of the struct: it ends at a field's end, or at that end
+/// rounded up to the struct's alignment (its sizeof), or is at least this version's sizeof. Any other size would
+/// split a field (half a disk_path pointer).
+bool whole_fields(size_t size) {
+  if (size >= sizeof(kvret_config)) return true;
+  constexpr size_t a = alignof(kvret_config);
+  for (size_t end : kFieldEnds)
+    if (size == end || size == (end + a - 1) / a * a) return true;
+  return false;
+}
+
+}  // namespace
+
 kvret_config read_config(const kvret_config* user, std::string* disk_path) {
   kvret_config c;
   config_defaults(&c);
@@ -66,6 +101,9 @@ kvret_config read_config(const kvret_config* user, std::string* disk_path) {
     const size_t size = user->struct_size;
     require(size >= offsetof(kvret_config, n_layers) + sizeof(int32_t), KVRET_ERR_VERSION,
             "config.struct_size is " + std::to_string(size) + "; call kvret_config_init first");
+    require(whole_fields(size), KVRET_ERR_VERSION,
+            "config.struct_size is " + std::to_string(size) +
+                ", which ends inside a field: no version of kvret_config has that size (call kvret_config_init)");
     if (size > sizeof c) {
       const auto* extra = reinterpret_cast<const unsigned char*>(user) + sizeof c;
       for (size_t i = 0; i < size - sizeof c; ++i)

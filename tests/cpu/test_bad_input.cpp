@@ -395,6 +395,34 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
   kvret_destroy(ctx);
 }
 
+// A struct_size that ends inside a field is no version of the struct: half of disk_path's pointer was once copied
+// and dereferenced (a segfault). Every size that ends a field, or that end rounded to the struct's alignment (an
+// older version's sizeof), is accepted.
+TEST(Config, StructSizeInsideAFieldIsRefused) {
+  std::string path = "/nonexistent-kvret-disk-tier";
+  for (const size_t size : {offsetof(kvret_config, disk_path) + 4, offsetof(kvret_config, disk_path) + 1,
+                            offsetof(kvret_config, pq_m) + 2, offsetof(kvret_config, seed) + 4}) {
+    kvret_config c;
+    kvret_config_init(&c);
+    c.disk_path = path.c_str();
+    c.struct_size = size;
+    kvret_context* ctx = reinterpret_cast<kvret_context*>(0x1);
+    EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_VERSION) << size;
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(std::string(kvret_last_error()).find("ends inside a field"), std::string::npos) << kvret_last_error();
+  }
+  for (const size_t size :
+       {offsetof(kvret_config, disk_path), offsetof(kvret_config, block_tokens), offsetof(kvret_config, seed),
+        offsetof(kvret_config, pq_exact_fraction), sizeof(kvret_config)}) {
+    kvret_config c;
+    kvret_config_init(&c);
+    c.struct_size = size;
+    kvret_context* ctx = nullptr;
+    ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << size << ": " << kvret_last_error();
+    kvret_destroy(ctx);
+  }
+}
+
 TEST(Config, PqExactFractionIsValidated) {
   kvret_config c;
   kvret_config_init(&c);
