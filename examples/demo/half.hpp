@@ -9,6 +9,7 @@
 #include <cstring>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVRET_DEMO_F16C 1
 #endif
@@ -88,8 +89,18 @@ __attribute__((target("avx,f16c"))) inline void f16_to_f32_f16c(const uint16_t* 
   for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
+/// F16C and AVX with the YMM state enabled by the OS (CPUID leaf 1, XGETBV; clang has no "f16c" for
+/// __builtin_cpu_supports).
 inline bool have_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    constexpr unsigned kNeed = (1u << 27) | (1u << 28) | (1u << 29);  // OSXSAVE, AVX, F16C
+    if ((c & kNeed) != kNeed) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
+  }();
   return yes;
 }
 #endif

@@ -5,9 +5,11 @@
 #include <mutex>
 #include <new>
 #include <shared_mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "c_api/handles.hpp"
 #include "core/config.hpp"
 #include "core/context.hpp"
 #include "core/error.hpp"
@@ -29,33 +31,54 @@ using kvret::require;
 
 thread_local std::string g_last_error;
 
-/// Live handles. A pointer that is not here is NULL, closed or foreign: it is reported, never dereferenced.
+/// Live handles. A handle is a number drawn once from a counter, never an object's address and never reused, so a
+/// closed sequence's or destroyed context's handle stays invalid when the allocator gives its memory to a new one.
+/// A handle that is not here is NULL, closed or foreign: it is reported, never dereferenced.
+template <class T>
 class HandleRegistry {
  public:
-  void add(const void* p) {
+  /// Registers object and returns its new handle (strong guarantee).
+  const void* add(T* object) {
     std::unique_lock lock(mu_);
-    live_.insert(p);
+    const uintptr_t id = next_;
+    objects_.emplace(id, object);
+    try {
+      ids_.emplace(object, id);
+    } catch (...) {
+      objects_.erase(id);
+      throw;
+    }
+    next_ += kStep;
+    return reinterpret_cast<const void*>(id);
   }
-  void remove(const void* p) {
+  void remove(const T* object) noexcept {
     std::unique_lock lock(mu_);
-    live_.erase(p);
+    const auto it = ids_.find(object);
+    if (it == ids_.end()) return;
+    objects_.erase(it->second);
+    ids_.erase(it);
   }
-  bool contains(const void* p) const {
+  /// The object of a live handle, else nullptr.
+  T* find(const void* handle) const {
     std::shared_lock lock(mu_);
-    return live_.count(p) != 0;
+    const auto it = objects_.find(reinterpret_cast<uintptr_t>(handle));
+    return it == objects_.end() ? nullptr : it->second;
   }
 
  private:
+  static constexpr uintptr_t kStep = 16;  // handles look like aligned pointers to code that prints them
   mutable std::shared_mutex mu_;
-  std::unordered_set<const void*> live_;
+  uintptr_t next_ = 0x10000;
+  std::unordered_map<uintptr_t, T*> objects_;
+  std::unordered_map<const T*, uintptr_t> ids_;
 };
 
-HandleRegistry& contexts() {
-  static HandleRegistry r;
+HandleRegistry<kvret_context>& contexts() {
+  static HandleRegistry<kvret_context> r;
   return r;
 }
-HandleRegistry& sequences() {
-  static HandleRegistry r;
+HandleRegistry<kvret::Sequence>& sequences() {
+  static HandleRegistry<kvret::Sequence> r;
   return r;
 }
 
@@ -84,21 +107,19 @@ kvret_status guarded(F&& body) noexcept {
   }
 }
 
-kvret::Context& context_of(const kvret_context* ctx) {
+kvret_context& context_of(const kvret_context* ctx) {
   require(ctx != nullptr, KVRET_ERR_INVALID_HANDLE, "context handle is NULL");
-  require(contexts().contains(ctx), KVRET_ERR_INVALID_HANDLE,
-          "context handle is not a live kvret context (destroyed or foreign)");
-  return *const_cast<kvret_context*>(ctx);
+  kvret_context* c = contexts().find(ctx);
+  require(c != nullptr, KVRET_ERR_INVALID_HANDLE, "context handle is not a live kvret context (destroyed or foreign)");
+  return *c;
 }
 
 kvret::Sequence& sequence_of(const kvret_seq* seq) {
   require(seq != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is NULL");
-  require(sequences().contains(seq), KVRET_ERR_INVALID_HANDLE,
-          "sequence handle is not a live kvret sequence (closed or foreign)");
-  return *reinterpret_cast<kvret::Sequence*>(const_cast<kvret_seq*>(seq));
+  kvret::Sequence* s = sequences().find(seq);
+  require(s != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is not a live kvret sequence (closed or foreign)");
+  return *s;
 }
-
-kvret_seq* to_handle(kvret::Sequence* s) { return reinterpret_cast<kvret_seq*>(s); }
 
 template <class T>
 void require_out(T* p, const char* name) {
@@ -111,6 +132,10 @@ void require_cpu_stream(kvret_stream stream) {
 }
 
 }  // namespace
+
+namespace kvret {
+Sequence* sequence_from_handle(const kvret_seq* seq) { return sequences().find(seq); }
+}  // namespace kvret
 
 extern "C" {
 
@@ -178,18 +203,22 @@ kvret_status kvret_create(const kvret_config* config, kvret_context** out) {
     std::string disk_path;
     const kvret_config c = kvret::read_config(config, &disk_path);
     auto* ctx = new kvret_context(c, std::move(disk_path));
-    contexts().add(ctx);
-    *out = ctx;
+    try {
+      *out = static_cast<kvret_context*>(const_cast<void*>(contexts().add(ctx)));
+    } catch (...) {
+      delete ctx;
+      throw;
+    }
   });
 }
 
 kvret_status kvret_destroy(kvret_context* ctx) {
   if (ctx == nullptr) return KVRET_OK;
   return guarded([&] {
-    kvret::Context& c = context_of(ctx);
-    contexts().remove(ctx);
+    kvret_context& c = context_of(ctx);
+    contexts().remove(&c);
     for (kvret::Sequence* s : c.sequences()) sequences().remove(s);
-    delete ctx;
+    delete &c;
   });
 }
 
@@ -212,8 +241,12 @@ kvret_status kvret_seq_open(kvret_context* ctx, kvret_seq** out) {
     require_out(out, "out");
     *out = nullptr;
     kvret::Sequence* s = c.open_sequence();
-    sequences().add(s);
-    *out = to_handle(s);
+    try {
+      *out = static_cast<kvret_seq*>(const_cast<void*>(sequences().add(s)));
+    } catch (...) {
+      c.close_sequence(s);
+      throw;
+    }
   });
 }
 

@@ -83,6 +83,32 @@ class BadInput : public ::testing::Test {
   F32 k1_{{2, 64}}, v1_{{2, 64}};
 };
 
+// A closed sequence's or destroyed context's handle stays dead when the allocator gives its memory to a new one
+// (the registry once keyed on the object's address, so the new sequence answered for the old handle).
+TEST_F(BadInput, HandlesAreNotRevivedByAddressReuse) {
+  int64_t n = 0;
+  for (int round = 0; round < 50; ++round) {
+    kvret_seq* old_seq = nullptr;
+    ASSERT_EQ(kvret_seq_open(ctx_.get(), &old_seq), KVRET_OK);
+    ASSERT_EQ(kvret_seq_close(old_seq), KVRET_OK);
+    kvret_seq* new_seq = nullptr;
+    ASSERT_EQ(kvret_seq_open(ctx_.get(), &new_seq), KVRET_OK);  // often at the same address
+    EXPECT_NE(new_seq, old_seq);
+    expect_rejected(KVRET_ERR_INVALID_HANDLE, "closed", [&] { return kvret_seq_length(old_seq, 0, &n); });
+    ASSERT_EQ(kvret_seq_length(new_seq, 0, &n), KVRET_OK);
+    ASSERT_EQ(kvret_seq_close(new_seq), KVRET_OK);
+
+    kvret_context* old_ctx = nullptr;
+    ASSERT_EQ(kvret_create(&config_, &old_ctx), KVRET_OK);
+    ASSERT_EQ(kvret_destroy(old_ctx), KVRET_OK);
+    auto new_ctx = test::make_context(config_);
+    EXPECT_NE(new_ctx.get(), old_ctx);
+    kvret_stats st;
+    kvret_stats_init(&st);
+    expect_rejected(KVRET_ERR_INVALID_HANDLE, "destroyed", [&] { return kvret_context_stats(old_ctx, &st); });
+  }
+}
+
 TEST_F(BadInput, Handles) {
   int64_t n = 0;
   int fake = 0;

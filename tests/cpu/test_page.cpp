@@ -6,13 +6,14 @@
 #include <cstdlib>
 #include <new>
 
+#include "c_api/handles.hpp"
 #include "core/sequence.hpp"
 #include "index/page_retriever.hpp"
 #include "test_util.hpp"
 
 // Fault injection for the strong guarantee: while armed, the calling thread's n-th allocation from now fails.
-// The replacement new is malloc-backed, so libstdc++'s default operator delete (free) still matches; noinline keeps
-// GCC from pairing the inlined malloc with delete (-Wmismatched-new-delete). The counter is declared in
+// The replacement new is malloc-backed and replaced together with its deletes (free); noinline keeps GCC from
+// pairing the inlined malloc with delete (-Wmismatched-new-delete). The counter is declared in
 // test_util.hpp (the PQ tests use it too).
 namespace kvret::test {
 thread_local int64_t g_allocations_until_failure = -1;
@@ -28,6 +29,9 @@ __attribute__((noinline)) void* operator new(std::size_t size) {
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
+// Its matching deletes (AddressSanitizer checks that new and delete are a replaced pair).
+__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kvret {
 namespace {
@@ -51,7 +55,7 @@ struct PageFixture {
     test::clustered_kv(n, 2, 64, seed, k, v);
     EXPECT_EQ(kvret_append_prefill(seq, 0, &k, &v), KVRET_OK) << kvret_last_error();
   }
-  Sequence& sequence() { return *reinterpret_cast<Sequence*>(seq); }
+  Sequence& sequence() { return *sequence_from_handle(seq); }
   const PageRetriever& page() { return dynamic_cast<const PageRetriever&>(sequence().index(0)); }
 };
 
@@ -215,8 +219,8 @@ TEST(Page, DecodeGrowthEqualsABuildFromScratch) {
     kvret_seq* scratch = nullptr;
     test::expect_ok(kvret_seq_open(ctx.get(), &scratch));
     test::expect_ok(kvret_append_prefill(scratch, 0, &k, &v));
-    const auto& a = dynamic_cast<const PageRetriever&>(reinterpret_cast<Sequence*>(grown)->index(0));
-    const auto& b = dynamic_cast<const PageRetriever&>(reinterpret_cast<Sequence*>(scratch)->index(0));
+    const auto& a = dynamic_cast<const PageRetriever&>(sequence_from_handle(grown)->index(0));
+    const auto& b = dynamic_cast<const PageRetriever&>(sequence_from_handle(scratch)->index(0));
     ASSERT_EQ(a.base(), b.base());
     ASSERT_EQ(a.size(), b.size());
     ASSERT_EQ(a.size(), kTotal - c.n_sink - c.n_local);
@@ -261,8 +265,8 @@ TEST(Page, ChunkedPrefillContinuesThePartialPage) {
     test::expect_ok(kvret_append_prefill(chunked, 0, &kc, &vc));
   }
   test::expect_ok(kvret_append_prefill(whole, 0, &k, &v));
-  const auto& a = dynamic_cast<const PageRetriever&>(reinterpret_cast<Sequence*>(chunked)->index(0));
-  const auto& b = dynamic_cast<const PageRetriever&>(reinterpret_cast<Sequence*>(whole)->index(0));
+  const auto& a = dynamic_cast<const PageRetriever&>(sequence_from_handle(chunked)->index(0));
+  const auto& b = dynamic_cast<const PageRetriever&>(sequence_from_handle(whole)->index(0));
   ASSERT_EQ(a.pages(), b.pages());
   for (int h = 0; h < 2; ++h)
     for (int64_t p = 0; p < a.pages(); ++p)
@@ -297,7 +301,8 @@ TEST(Page, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
   f.index.extend(f.store, 4, 100, true, 1);  // 96 tokens: 6 full pages
   // decode steps that open a page, fill a partial one, and a chunk that crosses several pages
   const std::pair<int64_t, int64_t> steps[] = {{100, 101}, {101, 102}, {102, 117}, {117, 118}, {118, 390}};
-  for (const auto& [begin, end] : steps) {
+  for (const auto& step : steps) {
+    const int64_t begin = step.first, end = step.second;  // plain locals: lambdas capture them (clang 14)
     const auto before = f.snapshot();
     const int64_t size_before = f.index.size();
     const int64_t bytes_before = f.index.bytes();

@@ -7,6 +7,7 @@
 #include <map>
 #include <new>
 
+#include "c_api/handles.hpp"
 #include "core/sequence.hpp"
 #include "core/vec_math.hpp"
 #include "index/pq_retriever.hpp"
@@ -38,7 +39,7 @@ struct PqFixture {
     test::clustered_kv(n, 2, 64, seed, k, v);
     EXPECT_EQ(kvret_append_prefill(seq, 0, &k, &v), KVRET_OK) << kvret_last_error();
   }
-  Sequence& sequence() { return *reinterpret_cast<Sequence*>(seq); }
+  Sequence& sequence() { return *sequence_from_handle(seq); }
   const PqRetriever& pq() { return dynamic_cast<const PqRetriever&>(sequence().index(0)); }
 };
 
@@ -166,7 +167,7 @@ TEST(Pq, ChunkedPrefillRetrainsWhenTheMiddleDoubles) {
   test::clustered_kv(500, 2, 64, 9, k, v);
   test::expect_ok(kvret_append_prefill(seq, 0, &k, &v));
   auto index = [&]() -> const PqRetriever& {  // waits for the background build
-    return dynamic_cast<const PqRetriever&>(reinterpret_cast<Sequence*>(seq)->index(0));
+    return dynamic_cast<const PqRetriever&>(sequence_from_handle(seq)->index(0));
   };
   const PqRetriever& pq = index();
   const std::vector<float> first(pq.centroids(0, 0), pq.centroids(0, 0) + 64 * 32);
@@ -519,7 +520,8 @@ TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
 
   // single decode steps, then a chunk; every allocation of each may fail
   const std::pair<int64_t, int64_t> steps[] = {{1000, 1001}, {1001, 1002}, {1002, 1003}, {1003, 1010}, {1010, 1200}};
-  for (const auto& [begin, end] : steps) {
+  for (const auto& step : steps) {
+    const int64_t begin = step.first, end = step.second;  // plain locals: lambdas capture them (clang 14)
     const auto before = f.state();
     const int failures = test::fail_each_allocation(
         [&] { f.index.extend(f.store, begin, end, false, 1); },
