@@ -226,6 +226,9 @@ KVRET_API kvret_status kvret_config_init(kvret_config* config);
 /* ---------------------------------------------------------------------------------------------------------------
  * Context and sequences
  * ------------------------------------------------------------------------------------------------------------- */
+/** Handles: opaque values, never dereferenced by the caller. Each is issued once and never reused, so after
+ *  kvret_destroy / kvret_seq_close every call with the old handle returns KVRET_ERR_INVALID_HANDLE, even when a
+ *  new context or sequence takes the old one's memory. */
 typedef struct kvret_context kvret_context;
 typedef struct kvret_seq kvret_seq;
 

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Installs what building and testing kvret needs on a Debian 12 machine (idempotent: skips what is present).
-# Usage: scripts/install-deps.sh [--minimal]   (--minimal: only what the library, demo and C/C++ tests need)
+# Usage: scripts/install-deps.sh [--minimal] [--sanitizers]   (--minimal: only what the library, demo and C/C++ tests
+# need; --sanitizers: also clang and LLVM's OpenMP runtime, for scripts/sanitize.sh)
 set -euo pipefail
 minimal=0
-[[ "${1:-}" == "--minimal" ]] && minimal=1
+sanitizers=0
+for arg in "$@"; do
+  [[ "$arg" == "--minimal" ]] && minimal=1
+  [[ "$arg" == "--sanitizers" ]] && sanitizers=1
+done
 
 apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev)
 if [[ $minimal == 0 ]]; then
   apt_packages+=(swig openjdk-17-jdk-headless junit4 libhamcrest-java libfaiss-dev libopenblas-dev clang-format)
+fi
+if [[ $sanitizers == 1 ]]; then
+  apt_packages+=(clang libomp-dev)
 fi
 
 missing=()

@@ -32,8 +32,9 @@ inline float squared_distance(const float* a, const float* b, int64_t n) noexcep
 /// (no libm call). Inputs below -87 give 0.
 inline float exp_nonpositive(float x) noexcept {
   x = x < -87.0f ? -87.0f : x;
-  const float t = x * 1.44269504088896341f;                             // x / ln 2
-  const float fn = static_cast<float>(static_cast<int32_t>(t - 0.5f));  // round to nearest (t <= 0)
+  const float t = x * 1.44269504088896341f;  // x / ln 2
+  // round to nearest (t <= 0); a NaN converts as 0 (its int conversion is undefined) and stays NaN through f
+  const float fn = static_cast<float>(static_cast<int32_t>((t == t ? t : 0.0f) - 0.5f));
   const float f = t - fn;                                               // in [-0.5, 0.5]
   // 2^f by its Taylor series in f ln 2 (degree 6)
   const float y = f * 0.693147180559945309f;

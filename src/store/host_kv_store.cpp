@@ -40,10 +40,13 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
   std::vector<Page> fresh;
   fresh.reserve(new_pages);
   for (size_t i = 0; i < new_pages; ++i) {
-    auto* p = static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment, std::nothrow));
-    require(p != nullptr, KVRET_ERR_OUT_OF_MEMORY,
-            "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
-    fresh.emplace_back(p);
+    // owned before anything else may throw (the message of a failure allocates)
+    Page page(
+        static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment, std::nothrow)));
+    if (!page)
+      throw Error(KVRET_ERR_OUT_OF_MEMORY,
+                  "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
+    fresh.push_back(std::move(page));
   }
   // may throw bad_alloc before anything changed; grows geometrically (decode adds a page every kPageTokens tokens)
   if (pages_.capacity() < pages_.size() + new_pages)

@@ -29,7 +29,15 @@ __attribute__((noinline)) void* operator new(std::size_t size) {
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
-// Its matching deletes (AddressSanitizer checks that new and delete are a replaced pair).
+// The nothrow form (std::stable_sort's buffer) fails the same way, and the matching deletes: under AddressSanitizer
+// every form not replaced here is the sanitizer's, which checks that new and delete come in pairs.
+__attribute__((noinline)) void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(size);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
 __attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
 __attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
