@@ -309,7 +309,10 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
                                                   int64_t* out_rows);
 
 /** Writes the working set of `layer` for the selection (positions: int32 [n_kv_heads, >= count], as written by
- *  kvret_select) into *out and its row count into *out_rows. Stream-ordered: on the CUDA backend it only
+ *  kvret_select) into *out and its row count into *out_rows. Each head's positions must be distinct middle positions
+ *  at the time of this call (else KVRET_ERR_OUT_OF_RANGE / KVRET_ERR_INVALID_ARGUMENT). A selection made at an
+ *  earlier length stays valid, since the middle only grows, and fetches exactly the tokens it names: it does not
+ *  see the tokens that entered the middle since (select again at each decode step for those). Stream-ordered: on the CUDA backend it only
  *  enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
