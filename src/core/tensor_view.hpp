@@ -47,8 +47,10 @@ class TensorView {
   /// Throws KVRET_ERR_SHAPE unless dim(i) >= extent.
   void expect_dim_at_least(int i, int64_t extent, const char* what) const;
 
-  /// Address of element (i0, i1, ...) — only the leading `n` indices are given, the rest are 0.
+  /// Address of element (i0, i1, ...) — only the leading `n` indices are given, the rest are 0. nullptr for an
+  /// empty tensor with NULL data (an offset from a null pointer is undefined).
   std::byte* at(std::initializer_list<int64_t> index) const noexcept {
+    if (base_ == nullptr) return nullptr;
     int64_t offset = 0;
     int d = 0;
     for (int64_t i : index) offset += i * strides_[d++];
