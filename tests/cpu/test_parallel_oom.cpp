@@ -68,22 +68,12 @@ TEST(ParallelOutOfMemory, BuildSelectFetchAndAttendReportItAndChangeNothing) {
     EXPECT_EQ(got.data, want.data) << "the select that succeeded after the failures";
     EXPECT_GT(failed_selects, 0);
 
-    int64_t capacity = 0;
-    test::expect_ok(kvret_working_set_capacity(seq, 0, kBudget, &capacity));
-    F32 wk({2, capacity, 64}), wv({2, capacity, 64});
-    I32 wp({2, capacity});
-    kvret_working_set ws{wk.t, wv.t, wp.t};
+    test::WorkingSetBuffers w(seq, 0, kBudget, 2, 64);
     int64_t rows = 0;
-    run_until_ok([&] { return kvret_fetch_async(seq, 0, &want, kBudget, &ws, &rows, nullptr); },
+    run_until_ok([&] { return kvret_fetch_async(seq, 0, &want, kBudget, &w.ws, &rows, nullptr); },
                  [&] { EXPECT_EQ(length(), kTokens); });
-    ASSERT_EQ(rows, capacity);
-    for (int h = 0; h < 2; ++h)  // the fetched rows are the stored ones
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t pos = wp.data[static_cast<size_t>(h * capacity + r)];
-        for (int i = 0; i < 64; ++i)
-          ASSERT_EQ(wk.data[static_cast<size_t>((h * capacity + r) * 64 + i)],
-                    k.data[static_cast<size_t>((pos * 2 + h) * 64 + i)]);
-      }
+    ASSERT_EQ(rows, w.capacity);
+    w.expect_stored_keys(rows, k.data, 2, 64);  // the fetched rows are the stored ones
 
     // attend over 2048 rows: 2048 x 8 query heads is above its threshold for a parallel loop
     constexpr int64_t kRows = 2048;

@@ -38,30 +38,21 @@ TEST(StaleSelection, FetchesTheTokensItNamesAfterLaterDecodeSteps) {
     test::expect_ok(kvret_append_decode(seq, 0, &k1, &v1));
     keys.insert(keys.end(), k1.data.begin(), k1.data.end());
   }
-  int64_t capacity = 0;
-  test::expect_ok(kvret_working_set_capacity(seq, 0, kBudget, &capacity));
-  F32 wk({2, capacity, 64}), wv({2, capacity, 64});
-  I32 wp({2, capacity});
-  kvret_working_set ws{wk.t, wv.t, wp.t};
+  test::WorkingSetBuffers w(seq, 0, kBudget, 2, 64);
   int64_t rows = 0;
-  test::expect_ok(kvret_fetch_async(seq, 0, &sel, count, &ws, &rows, nullptr));
+  test::expect_ok(kvret_fetch_async(seq, 0, &sel, count, &w.ws, &rows, nullptr));
   ASSERT_EQ(rows, c.n_sink + count + c.n_local);
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h)
     for (int32_t i = 0; i < count; ++i)  // the selected rows, after the sink, are the named tokens
-      EXPECT_EQ(wp.data[static_cast<size_t>(h * capacity + c.n_sink + i)],
+      EXPECT_EQ(w.positions.data[static_cast<size_t>(h * w.capacity + c.n_sink + i)],
                 sel.data[static_cast<size_t>(h * kBudget + i)]);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t pos = wp.data[static_cast<size_t>(h * capacity + r)];
-      for (int d = 0; d < 64; ++d)
-        ASSERT_EQ(wk.data[static_cast<size_t>((h * capacity + r) * 64 + d)],
-                  keys[static_cast<size_t>((pos * 2 + h) * 64 + d)]);
-    }
-  }
+  w.expect_stored_keys(rows, keys, 2, 64);
   // a position in the local window is not a middle position
   I32 bad = sel;
   bad.refresh();
   bad.data[0] = static_cast<int32_t>(230 - 1);
-  EXPECT_EQ(kvret_fetch_async(seq, 0, &bad, count, &ws, &rows, nullptr), KVRET_ERR_OUT_OF_RANGE) << kvret_last_error();
+  EXPECT_EQ(kvret_fetch_async(seq, 0, &bad, count, &w.ws, &rows, nullptr), KVRET_ERR_OUT_OF_RANGE)
+      << kvret_last_error();
 }
 
 }  // namespace

@@ -110,6 +110,40 @@ inline ContextPtr make_context(const kvret_config& c) {
   return ContextPtr(ctx);
 }
 
+/// f32 working-set buffers for `count` selected tokens per KV head of `layer`, sized by kvret_working_set_capacity.
+struct WorkingSetBuffers {
+  int64_t capacity;
+  Buffer<float> k, v;
+  Buffer<int32_t> positions;
+  kvret_working_set ws;
+
+  WorkingSetBuffers(kvret_seq* seq, int32_t layer, int32_t count, int heads, int head_dim)
+      : capacity(capacity_of(seq, layer, count)),
+        k({heads, capacity, head_dim}),
+        v({heads, capacity, head_dim}),
+        positions({heads, capacity}),
+        ws{k.t, v.t, positions.t} {}
+
+  /// Asserts that rows [0, rows) of every head hold the key stored at their position: keys is [T, heads, head_dim].
+  void expect_stored_keys(int64_t rows, const std::vector<float>& keys, int heads, int head_dim) const {
+    for (int h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t pos = positions.data[static_cast<size_t>(h * capacity + r)];
+        for (int i = 0; i < head_dim; ++i)
+          ASSERT_EQ(k.data[static_cast<size_t>((h * capacity + r) * head_dim + i)],
+                    keys[static_cast<size_t>((static_cast<int64_t>(pos) * heads + h) * head_dim + i)])
+              << "head " << h << " row " << r << " position " << pos;
+      }
+  }
+
+ private:
+  static int64_t capacity_of(kvret_seq* seq, int32_t layer, int32_t count) {
+    int64_t c = 0;
+    EXPECT_EQ(kvret_working_set_capacity(seq, layer, count, &c), KVRET_OK) << kvret_last_error();
+    return c;
+  }
+};
+
 /// Random clustered keys/values [T, H, D] (keys around a few centers, so PQ has structure to find).
 inline void clustered_kv(int64_t tokens, int heads, int d, uint64_t seed, F32& k, F32& v) {
   std::mt19937_64 rng(seed);
