@@ -126,6 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.pq_m = 1 << r.below(3);  // 1, 2, 4: divides every head_dim above
   c.pq_bits = 1 + static_cast<int32_t>(r.below(6));
   c.pq_train_sample = 0;
+  c.pq_iters = 1 + static_cast<int32_t>(r.below(3));  // a few k-means iterations keep an input fast
   c.pq_exact_fraction = static_cast<float>(r.below(4)) * 0.05f;
   c.page_size = 1 + static_cast<int32_t>(r.below(20));
   c.budget_ratio = 0.05f + static_cast<float>(r.below(20)) * 0.05f;
