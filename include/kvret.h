@@ -263,7 +263,8 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
 /** Appends T prefill tokens to `layer` and schedules that layer's index build (in the background when
  *  background_build is on: the call returns before the build ends; its failure, if any, is reported by the next
  *  call that waits for it; with background_build off a failed build fails the call and the tokens are not
- *  appended, so it may be retried). May be called again (chunked prefill): the first build trains the index; a later
+ *  appended, so it may be retried). A layer holds at most 2^31 - 1 tokens (positions are int32; beyond,
+ *  KVRET_ERR_CAPACITY). May be called again (chunked prefill): the first build trains the index; a later
  *  one retrains it when the middle has at least doubled since the last training, else encodes the new tokens
  *  with the current codebook. A call on a layer whose build is still running waits for that build first. */
 KVRET_API kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const kvret_tensor* k,
