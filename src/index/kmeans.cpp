@@ -137,8 +137,7 @@ void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const fl
                     float* distances, bool parallel) {
   const CentroidPanel panel(centroids, k, d);
   const int64_t chunks = (n + kAssignChunk - 1) / kAssignChunk;
-  parallel_for(chunks, 0, parallel && n >= 1024, Schedule::kStatic, [&](int64_t c_i) {
-    const auto c = static_cast<int64_t>(c_i);
+  parallel_for(chunks, 0, parallel && n >= 1024, Schedule::kStatic, [&](int64_t c) {
     int best[kAssignChunk];
     const int64_t begin = c * kAssignChunk;
     const int64_t end = std::min(n, begin + kAssignChunk);
