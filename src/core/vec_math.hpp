@@ -29,8 +29,10 @@ inline float squared_distance(const float* a, const float* b, int64_t n) noexcep
 }
 
 /// e^x for x <= 0 (softmax terms), relative error below 2e-7, written so that a loop over it vectorizes
-/// (no libm call). Inputs below -87 give 0.
+/// (no libm call). Inputs below -87 give 0; positive ones are taken as 0 (the weighted fold computes terms of
+/// weight-0 entries above the maximum, which it never uses); NaN stays NaN.
 inline float exp_nonpositive(float x) noexcept {
+  x = x > 0.0f ? 0.0f : x;
   x = x < -87.0f ? -87.0f : x;
   const float t = x * 1.44269504088896341f;  // x / ln 2
   // round to nearest (t <= 0); a NaN converts as 0 (its int conversion is undefined) and stays NaN through f

@@ -59,7 +59,8 @@ void softmax_accumulate_scalar(const float* l, const int32_t* weight, int64_t n,
 
 __attribute__((target("avx2"))) inline __m256 exp_nonpositive_avx2(__m256 x) noexcept {
   const __m256 lo = _mm256_set1_ps(-87.0f);
-  x = _mm256_max_ps(lo, x);  // lo where x < -87; x where x is NaN (max returns its second operand)
+  x = _mm256_min_ps(_mm256_setzero_ps(), x);  // 0 where x > 0; x where x is NaN (min returns its second operand)
+  x = _mm256_max_ps(lo, x);                   // lo where x < -87; x where x is NaN
   const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
   const __m256i n = _mm256_cvttps_epi32(_mm256_sub_ps(t, _mm256_set1_ps(0.5f)));
   const __m256 fn = _mm256_cvtepi32_ps(n);

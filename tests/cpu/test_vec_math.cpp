@@ -149,6 +149,20 @@ TEST(VecMath, ExpNonpositiveOfEveryRegion) {
   EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
   EXPECT_EQ(exp_nonpositive(-90.0f), 0.0f);
   EXPECT_NEAR(exp_nonpositive(-1.0f), std::exp(-1.0f), 2e-7f);
+  // positive input (a weight-0 entry above the weighted maximum) is taken as 0, NaN stays NaN
+  EXPECT_EQ(exp_nonpositive(1.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(4.2e28f), 1.0f);
+  EXPECT_TRUE(std::isnan(exp_nonpositive(std::nanf(""))));
+  // and the vectorized fold agrees: weight-0 entries far above the maximum of the weighted ones
+  std::vector<float> logits(37, -1.0f);
+  std::vector<int32_t> weight(37, 1);
+  for (int u = 0; u < 37; u += 3) {
+    logits[static_cast<size_t>(u)] = 4.2e28f;
+    weight[static_cast<size_t>(u)] = 0;
+  }
+  std::vector<float> got(37), want = scalar_fold(logits, weight.data(), 1, 37);
+  fold_weighted_logits(logits.data(), weight.data(), 1, 37, KVRET_FOLD_SUM_PROB, got.data());
+  for (size_t u = 0; u < 37; ++u) EXPECT_TRUE(same_bits(got[u], want[u])) << u;
 }
 
 TEST(VecMath, ScaledDotsAreScaleTimesDotBitForBit) {
