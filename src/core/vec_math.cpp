@@ -43,7 +43,8 @@ void pq_token_logits_scalar(const float* lut, int nq, int m, int k, const uint8_
 #ifdef KVRET_VEC_AVX2
 /// pq_token_logits for m = M (a multiple of 4), eight tokens at a time: the codes of a block are decoded once into
 /// M vectors of table offsets (byte b of the 32-bit word q of each token is code 4q + b), then every head sums its
-/// M gathered entries lane by lane from +0 in j order, as the scalar loop does.
+/// M gathered entries lane by lane from +0 in j order (for M = 4 as two pairs, pq4_logit's order), as the scalar
+/// loop does. For M = 4 it serves k > kPairTableMaxK only.
 template <int M>
 __attribute__((target("avx2"))) void pq_token_logits_avx2(const float* lut, int nq, int k, const uint8_t* codes,
                                                           int64_t n, float* out) noexcept {
