@@ -25,6 +25,20 @@ float* exp_scratch(int64_t n) {
   return e.data();
 }
 
+/// The normalizer of one head's exp terms: eight double partial sums (lane i takes the terms at 8b + i of the
+/// whole blocks of eight), added in lane order, then the tail in index order. Eight independent chains, so that
+/// the vector code (two __m256d per head) is not bound by the latency of one chain of n dependent adds.
+double unweighted_sum(const float* e, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    for (int i = 0; i < 8; ++i) lane[i] += static_cast<double>(e[u + i]);
+  double z = 0;
+  for (const double x : lane) z += x;
+  for (; u < n; ++u) z += e[u];
+  return z;
+}
+
 /// One head of the sum-of-probabilities fold, scalar: folded += softmax(l) (weighted by `weight` when not null).
 void softmax_accumulate_scalar(const float* l, const int32_t* weight, int64_t n, float* e, float* folded) {
   float mx = kLowest;
@@ -44,7 +58,7 @@ void softmax_accumulate_scalar(const float* l, const int32_t* weight, int64_t n,
     for (float x : zf) z += x;
     for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[u];
   } else {
-    for (int64_t u = 0; u < n; ++u) z += e[u];
+    z = unweighted_sum(e, n);
   }
   if (z <= 0) return;
   const float inv = static_cast<float>(1.0 / z);
@@ -116,9 +130,8 @@ __attribute__((target("avx2"))) void accumulate_scaled_avx2(const float* e, floa
 }
 
 /// The unweighted fold of `group` heads (e: [group, n] scratch), four heads at a time: each head's normalizer is
-/// the double sum of its exp terms in index order, a chain of dependent adds; the four chains advance together in
-/// the lanes of one __m256d (fed by a 4x8 transpose of the exp terms just computed), so the latency of one chain
-/// covers four heads. Every head's z and folded's additions (head by head, in head order) are the one-head code's.
+/// unweighted_sum's eight double partial sums (two __m256d per head), and folded's additions (head by head, in head
+/// order) are made in one pass for the four heads. Every head's z and every addition are the one-head code's.
 __attribute__((target("avx2"))) void softmax_fold_avx2(const float* logits, int group, int64_t n, float* e,
                                                        float* folded) {
   for (int g0 = 0; g0 < group; g0 += 4) {
@@ -138,32 +151,25 @@ __attribute__((target("avx2"))) void softmax_fold_avx2(const float* logits, int 
       mx[i] = row_max_avx2(l[i], nullptr, n);
       active[i] = mx[i] > kLowest;
     }
-    __m256d z4 = _mm256_setzero_pd();
+    __m256d zlo[4], zhi[4];  // lanes 0..3 and 4..7 of unweighted_sum's partial sums, per head
+    for (int i = 0; i < 4; ++i) zlo[i] = zhi[i] = _mm256_setzero_pd();
     int64_t u = 0;
-    for (; u + 8 <= n; u += 8) {
-      __m256 x[4];
+    for (; u + 8 <= n; u += 8)
       for (int i = 0; i < 4; ++i) {
-        x[i] = _mm256_setzero_ps();
         if (!active[i]) continue;
-        x[i] = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l[i] + u), _mm256_set1_ps(mx[i])));
-        _mm256_storeu_ps(ev[i] + u, x[i]);
+        const __m256 x = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l[i] + u), _mm256_set1_ps(mx[i])));
+        _mm256_storeu_ps(ev[i] + u, x);
+        zlo[i] = _mm256_add_pd(zlo[i], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        zhi[i] = _mm256_add_pd(zhi[i], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
       }
-      // c_r (r < 4): lanes 0..3 = the four heads at u + r, lanes 4..7 = at u + 4 + r
-      const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
-      const __m256 c0 = _mm256_shuffle_ps(t0, t2, 0x44), c1 = _mm256_shuffle_ps(t0, t2, 0xee);
-      const __m256 c2 = _mm256_shuffle_ps(t1, t3, 0x44), c3 = _mm256_shuffle_ps(t1, t3, 0xee);
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c0)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c1)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c2)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_castps256_ps128(c3)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c0, 1)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c1, 1)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c2, 1)));
-      z4 = _mm256_add_pd(z4, _mm256_cvtps_pd(_mm256_extractf128_ps(c3, 1)));
+    double z[4];
+    for (int i = 0; i < 4; ++i) {
+      alignas(32) double lanes[8];
+      _mm256_store_pd(lanes, zlo[i]);
+      _mm256_store_pd(lanes + 4, zhi[i]);
+      z[i] = 0;
+      for (const double x : lanes) z[i] += x;
     }
-    alignas(32) double z[4];
-    _mm256_store_pd(z, z4);
     // the heads that add to folded, in head order, and their 1 / z
     const float* add[4];
     float inv[4];
@@ -219,7 +225,7 @@ __attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, con
     for (; u + 8 <= n; u += 8)
       _mm256_storeu_ps(e + u, exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(l + u), vmx)));
     for (; u < n; ++u) e[u] = exp_nonpositive(l[u] - mx);
-    for (u = 0; u < n; ++u) z += e[u];
+    z = unweighted_sum(e, n);
   }
   if (z <= 0) return;
   accumulate_scaled_avx2(e, static_cast<float>(1.0 / z), n, folded);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -9,6 +10,9 @@
 namespace kvret {
 
 namespace {
+
+/// The sample of scores that bounds topk_positions' candidates.
+constexpr int64_t kTopkSamples = 1024;
 
 /// The kth smallest (0-based) of keys[0, n), which it reorders: a quickselect with median-of-three pivots and a
 /// branch-free Lomuto partition (its comparisons are unpredictable), std::nth_element past a depth limit.
@@ -50,39 +54,43 @@ void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int
   }
   // The order (score descending, index ascending) is the ascending order of (rank << 32 | index): the kth key is
   // the last one taken, and the taken indices are those whose key is not above it, written in index order.
-  // The kth key by one radix step: a histogram of the ranks' top kRadixBits bits finds the bin that holds it (every
-  // key of a lower bin is taken); only that bin's keys go to the quickselect.
-  constexpr int kRadixBits = 12;
-  constexpr int kShift = 32 - kRadixBits;
-  thread_local std::vector<uint32_t> rank_buffer;
-  thread_local std::vector<uint64_t> key_buffer;
-  if (rank_buffer.size() < static_cast<size_t>(n)) rank_buffer.resize(static_cast<size_t>(n));
-  uint32_t* ranks = rank_buffer.data();
-  uint32_t hist[1u << kRadixBits] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    ranks[i] = descending_rank(scores[i]);
-    ++hist[ranks[i] >> kShift];
-  }
-  uint32_t bin = 0;
-  int64_t below = 0;  // keys in the bins before `bin`
-  while (below + hist[bin] < k) below += hist[bin++];
-  // the bin's keys, written branch-free (a key of another bin is overwritten by the next)
-  if (key_buffer.size() < static_cast<size_t>(hist[bin]) + 1) key_buffer.resize(static_cast<size_t>(hist[bin]) + 1);
+  // A rank bound from a strided sample keeps only the candidates at or below it (every one of the k taken when at
+  // least k pass); the kth key is selected among them alone. The sample only decides how many keys the quickselect
+  // sees, never the result: with fewer than k candidates every key is a candidate.
+  thread_local std::vector<uint64_t> key_buffer, work_buffer;
+  if (key_buffer.size() < static_cast<size_t>(n) + 1) key_buffer.resize(static_cast<size_t>(n) + 1);
   uint64_t* keys = key_buffer.data();
-  int64_t in_bin = 0;
-  for (int64_t i = 0; i < n && in_bin < hist[bin]; ++i) {
-    keys[in_bin] = static_cast<uint64_t>(ranks[i]) << 32 | static_cast<uint32_t>(i);
-    in_bin += (ranks[i] >> kShift) == bin;
+  const int64_t samples = std::min<int64_t>(n, kTopkSamples);
+  uint32_t sample[kTopkSamples];
+  for (int64_t s = 0; s < samples; ++s) sample[s] = descending_rank(scores[s * n / samples]);
+  // the sample's order statistic a few standard deviations past the expected position of the kth key
+  const double p = static_cast<double>(k) / static_cast<double>(n);
+  const double spread = 4.0 * std::sqrt(p * (1.0 - p) * static_cast<double>(samples));
+  const auto at = static_cast<int64_t>(std::ceil(p * static_cast<double>(samples) + spread)) + 1;
+  uint32_t bound = std::numeric_limits<uint32_t>::max();
+  if (at < samples) {
+    std::nth_element(sample, sample + at, sample + samples);
+    bound = sample[at];
   }
-  const uint64_t last = kth_smallest(keys, in_bin, k - 1 - below);
-  const uint32_t last_rank = static_cast<uint32_t>(last >> 32);
-  const int64_t last_index = static_cast<uint32_t>(last);
+  int64_t candidates = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    candidates = 0;
+    for (int64_t i = 0; i < n; ++i) {  // branch-free: a key above the bound is overwritten by the next
+      const uint32_t rank = descending_rank(scores[i]);
+      keys[candidates] = static_cast<uint64_t>(rank) << 32 | static_cast<uint32_t>(i);
+      candidates += rank <= bound;
+    }
+    if (candidates >= k) break;
+    bound = std::numeric_limits<uint32_t>::max();  // an unlucky sample: every key
+  }
+  if (work_buffer.size() < static_cast<size_t>(candidates)) work_buffer.resize(static_cast<size_t>(candidates));
+  uint64_t* work = work_buffer.data();
+  std::copy_n(keys, candidates, work);
+  const uint64_t last = kth_smallest(work, candidates, k - 1);
   int64_t written = 0;
-  for (int64_t i = 0; i < n && written < k; ++i) {  // out[written] stays in bounds
-    const uint32_t rank = ranks[i];
-    out[written] = static_cast<int32_t>(base + i);
-    written +=
-        static_cast<int>(rank < last_rank) | (static_cast<int>(rank == last_rank) & static_cast<int>(i <= last_index));
+  for (int64_t c = 0; c < candidates && written < k; ++c) {  // out[written] stays in bounds
+    out[written] = static_cast<int32_t>(base + static_cast<uint32_t>(keys[c]));
+    written += keys[c] <= last;
   }
 }
 

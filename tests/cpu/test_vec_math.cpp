@@ -38,7 +38,12 @@ std::vector<float> scalar_fold(const std::vector<float>& logits, const int32_t* 
       for (float x : zf) z += x;
       for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[static_cast<size_t>(u)];
     } else {
-      for (int64_t u = 0; u < n; ++u) z += e[static_cast<size_t>(u)];
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t u = 0;
+      for (; u + 8 <= n; u += 8)
+        for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
+      for (const double x : lane) z += x;
+      for (; u < n; ++u) z += e[static_cast<size_t>(u)];
     }
     if (z <= 0) continue;
     const float inv = static_cast<float>(1.0 / z);
@@ -111,8 +116,8 @@ TEST(VecMath, PqTokenLogitsAreThePerTokenSumBitForBit) {
 }
 
 TEST(VecMath, TopkPositionsAreTheSortedTop) {
-  for (const int64_t n : {1, 5, 17, 100, 5000})
-    for (const int variant : {0, 1, 2}) {
+  for (const int64_t n : {1, 5, 17, 100, 5000, 40000})
+    for (const int variant : {0, 1, 2, 3}) {
       std::vector<float> scores = test::random_vector(static_cast<size_t>(n), static_cast<uint64_t>(n + variant));
       for (size_t i = 0; i < scores.size(); ++i) {
         if (variant == 1) scores[i] = std::round(scores[i] * 3.0f);  // many ties
@@ -121,6 +126,8 @@ TEST(VecMath, TopkPositionsAreTheSortedTop) {
         if (i % 17 == 4) scores[i] = -0.0f;
         if (i % 19 == 6) scores[i] = -INFINITY;
       }
+      if (variant == 3)  // the 1024 scores topk_positions samples are the highest: its bound keeps fewer than k
+        for (int64_t s = 0; s < std::min<int64_t>(n, 1024); ++s) scores[static_cast<size_t>(s * n / 1024)] = 10.0f;
       const auto rank = [](float s) { return s == s ? s : -INFINITY; };
       std::vector<int32_t> order(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
