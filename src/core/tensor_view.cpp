@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "core/vec_math.hpp"
 
 namespace kvret {
 
@@ -145,18 +146,6 @@ __attribute__((target("avx,f16c"))) void f16_row_f16c(const uint16_t* h, float* 
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
   for (; i < n; ++i) out[i] = f16_to_f32(h[i]);
-}
-
-/// CPUID leaf 1 (F16C, AVX, OSXSAVE) and XGETBV (the OS saves the YMM state): what __builtin_cpu_supports("f16c")
-/// answers in GCC, which clang does not accept.
-bool cpu_has_f16c() noexcept {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
-  if ((c & (kOsxsave | kAvx | kF16c)) != (kOsxsave | kAvx | kF16c)) return false;
-  unsigned lo = 0, hi = 0;
-  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return (lo & 6u) == 6u;  // XMM and YMM state enabled
 }
 
 const bool kHasF16c = cpu_has_f16c();

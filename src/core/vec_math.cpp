@@ -2,7 +2,14 @@
 
 #include <omp.h>
 
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+#include "core/tensor_view.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVRET_VEC_AVX2 1
 #endif
@@ -12,6 +19,33 @@ namespace kvret {
 int resolve_threads(int32_t n_threads) noexcept { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
 
 namespace {
+
+/// Element `offset` of rows of dtype T.
+template <DType T>
+inline const void* key_row(const void* keys, int64_t offset) noexcept {
+  return static_cast<const char*>(keys) + offset * static_cast<int64_t>(dtype_size(T));
+}
+
+/// Element i of a row of dtype T, as f32 (exact).
+template <DType T>
+inline float key_f32(const void* row, int64_t i) noexcept {
+  if constexpr (T == DType::F32) return static_cast<const float*>(row)[i];
+  if constexpr (T == DType::F16) return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+  return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+}
+
+/// scaled_dots of key rows of dtype T, one row converted to f32 at a time.
+template <DType T>
+void scaled_dots_typed_scalar(const float* q, int64_t q_stride, int nq, const void* keys, int64_t key_stride,
+                              int64_t n_keys, int64_t len, float scale, float* out, int64_t out_stride) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(len));
+  for (int64_t e = 0; e < n_keys; ++e) {
+    const void* r = key_row<T>(keys, e * key_stride);
+    for (int64_t i = 0; i < len; ++i) row[static_cast<size_t>(i)] = key_f32<T>(r, i);
+    for (int g = 0; g < nq; ++g) out[g * out_stride + e] = scale * dot(q + g * q_stride, row.data(), len);
+  }
+}
 
 void scaled_dots_scalar(const float* q, int64_t q_stride, int nq, const float* keys, int64_t key_stride, int64_t n_keys,
                         int64_t len, float scale, float* out, int64_t out_stride) noexcept {
@@ -128,18 +162,32 @@ __attribute__((target("avx2"))) inline float reduce_like_dot(__m256 acc) noexcep
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                  // (w0+w1) + (w2+w3)
 }
 
-/// NQ queries x NK keys, every accumulator in a register (NQ * NK <= 8).
-template <int NQ, int NK>
-__attribute__((target("avx2"))) void dots_block_avx2(const float* q, int64_t q_stride, const float* keys,
-                                                     int64_t key_stride, int64_t len, float scale, float* out,
-                                                     int64_t out_stride) noexcept {
+/// Eight keys of a row from element i, converted to f32 (exactly: f16 and bf16 hold f32 values).
+template <DType T>
+__attribute__((target("avx2,f16c"))) inline __m256 load_keys8(const void* row, int64_t i) noexcept {
+  if constexpr (T == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// NQ queries x NK keys (rows of dtype T), every accumulator in a register (NQ * NK <= 8).
+template <int NQ, int NK, DType T>
+__attribute__((target("avx2,f16c"))) void dots_block_avx2(const float* q, int64_t q_stride, const void* keys,
+                                                          int64_t key_stride, int64_t len, float scale, float* out,
+                                                          int64_t out_stride) noexcept {
   __m256 acc[NQ][NK];
   for (int g = 0; g < NQ; ++g)
     for (int e = 0; e < NK; ++e) acc[g][e] = _mm256_setzero_ps();
+  const void* row[NK];
+  for (int e = 0; e < NK; ++e) row[e] = key_row<T>(keys, e * key_stride);
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
     __m256 k[NK];
-    for (int e = 0; e < NK; ++e) k[e] = _mm256_loadu_ps(keys + e * key_stride + i);
+    for (int e = 0; e < NK; ++e) k[e] = load_keys8<T>(row[e], i);
     for (int g = 0; g < NQ; ++g) {
       const __m256 qv = _mm256_loadu_ps(q + g * q_stride + i);
       for (int e = 0; e < NK; ++e) acc[g][e] = _mm256_add_ps(acc[g][e], _mm256_mul_ps(qv, k[e]));
@@ -148,43 +196,45 @@ __attribute__((target("avx2"))) void dots_block_avx2(const float* q, int64_t q_s
   for (int g = 0; g < NQ; ++g)
     for (int e = 0; e < NK; ++e) {
       const float* a = q + g * q_stride;
-      const float* b = keys + e * key_stride;
       float s = reduce_like_dot(acc[g][e]);
-      for (int64_t t = i; t < len; ++t) s += a[t] * b[t];
+      for (int64_t t = i; t < len; ++t) s += a[t] * key_f32<T>(row[e], t);
       out[g * out_stride + e] = scale * s;
     }
 }
 
-template <int NQ>
-__attribute__((target("avx2"))) void dots_rows_avx2(const float* q, int64_t q_stride, const float* keys,
-                                                    int64_t key_stride, int64_t n_keys, int64_t len, float scale,
-                                                    float* out, int64_t out_stride) noexcept {
+template <int NQ, DType T>
+__attribute__((target("avx2,f16c"))) void dots_rows_avx2(const float* q, int64_t q_stride, const void* keys,
+                                                         int64_t key_stride, int64_t n_keys, int64_t len, float scale,
+                                                         float* out, int64_t out_stride) noexcept {
   constexpr int kKeys = NQ <= 2 ? 4 : 2;
   int64_t e = 0;
   for (; e + kKeys <= n_keys; e += kKeys)
-    dots_block_avx2<NQ, kKeys>(q, q_stride, keys + e * key_stride, key_stride, len, scale, out + e, out_stride);
+    dots_block_avx2<NQ, kKeys, T>(q, q_stride, key_row<T>(keys, e * key_stride), key_stride, len, scale, out + e,
+                                  out_stride);
   for (; e < n_keys; ++e)
-    dots_block_avx2<NQ, 1>(q, q_stride, keys + e * key_stride, key_stride, len, scale, out + e, out_stride);
+    dots_block_avx2<NQ, 1, T>(q, q_stride, key_row<T>(keys, e * key_stride), key_stride, len, scale, out + e,
+                              out_stride);
 }
 
-__attribute__((target("avx2"))) void scaled_dots_avx2(const float* q, int64_t q_stride, int nq, const float* keys,
-                                                      int64_t key_stride, int64_t n_keys, int64_t len, float scale,
-                                                      float* out, int64_t out_stride) noexcept {
+template <DType T>
+__attribute__((target("avx2,f16c"))) void scaled_dots_avx2(const float* q, int64_t q_stride, int nq, const void* keys,
+                                                           int64_t key_stride, int64_t n_keys, int64_t len, float scale,
+                                                           float* out, int64_t out_stride) noexcept {
   int g = 0;
   for (; g + 4 <= nq; g += 4)
-    dots_rows_avx2<4>(q + g * q_stride, q_stride, keys, key_stride, n_keys, len, scale, out + g * out_stride,
-                      out_stride);
+    dots_rows_avx2<4, T>(q + g * q_stride, q_stride, keys, key_stride, n_keys, len, scale, out + g * out_stride,
+                         out_stride);
   const float* qr = q + g * q_stride;
   float* o = out + g * out_stride;
   switch (nq - g) {
     case 3:
-      dots_rows_avx2<3>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
+      dots_rows_avx2<3, T>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
       break;
     case 2:
-      dots_rows_avx2<2>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
+      dots_rows_avx2<2, T>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
       break;
     case 1:
-      dots_rows_avx2<1>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
+      dots_rows_avx2<1, T>(qr, q_stride, keys, key_stride, n_keys, len, scale, o, out_stride);
       break;
     default:
       break;
@@ -201,11 +251,41 @@ bool detect_avx2() noexcept {
 #endif
 }
 
+bool detect_avx512f() noexcept {
+#ifdef KVRET_VEC_AVX2
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool cpu_has_avx2() noexcept {
   static const bool ok = detect_avx2();
   return ok;
+}
+
+bool cpu_has_avx512f() noexcept {
+  static const bool ok = detect_avx512f();
+  return ok;
+}
+
+/// CPUID leaf 1 (F16C, AVX, OSXSAVE) and XGETBV (the OS saves the YMM state): what __builtin_cpu_supports("f16c")
+/// answers in GCC, which clang does not accept.
+bool cpu_has_f16c() noexcept {
+#ifdef KVRET_VEC_AVX2
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
+  if ((c & (kOsxsave | kAvx | kF16c)) != (kOsxsave | kAvx | kF16c)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 6u) == 6u;  // XMM and YMM state enabled
+#else
+  return false;
+#endif
 }
 
 void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t n, float* out) noexcept {
@@ -239,11 +319,41 @@ void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, in
                  int64_t len, float scale, float* out, int64_t out_stride) noexcept {
 #ifdef KVRET_VEC_AVX2
   if (cpu_has_avx2()) {
-    scaled_dots_avx2(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+    scaled_dots_avx2<DType::F32>(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
     return;
   }
 #endif
   scaled_dots_scalar(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+}
+
+void scaled_dots(const float* q, int64_t q_stride, int nq, const void* keys, DType key_dtype, int64_t key_stride,
+                 int64_t n_keys, int64_t len, float scale, float* out, int64_t out_stride) {
+  switch (key_dtype) {
+    case DType::F32:
+      scaled_dots(q, q_stride, nq, static_cast<const float*>(keys), key_stride, n_keys, len, scale, out, out_stride);
+      return;
+    case DType::F16:
+#ifdef KVRET_VEC_AVX2
+      if (cpu_has_avx2() && cpu_has_f16c()) {
+        scaled_dots_avx2<DType::F16>(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+        return;
+      }
+#endif
+      scaled_dots_typed_scalar<DType::F16>(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+      return;
+    case DType::BF16:
+#ifdef KVRET_VEC_AVX2
+      if (cpu_has_avx2()) {
+        scaled_dots_avx2<DType::BF16>(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+        return;
+      }
+#endif
+      scaled_dots_typed_scalar<DType::BF16>(q, q_stride, nq, keys, key_stride, n_keys, len, scale, out, out_stride);
+      return;
+    case DType::I32:
+      break;
+  }
+  throw Error(KVRET_ERR_INTERNAL, "scaled_dots: keys of an integer dtype");
 }
 
 }  // namespace kvret

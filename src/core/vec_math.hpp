@@ -5,6 +5,8 @@
 
 namespace kvret {
 
+enum class DType : uint8_t;
+
 inline float dot(const float* a, const float* b, int64_t n) noexcept {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -37,7 +39,7 @@ inline float exp_nonpositive(float x) noexcept {
   const float t = x * 1.44269504088896341f;  // x / ln 2
   // round to nearest (t <= 0); a NaN converts as 0 (its int conversion is undefined) and stays NaN through f
   const float fn = static_cast<float>(static_cast<int32_t>((t == t ? t : 0.0f) - 0.5f));
-  const float f = t - fn;                                               // in [-0.5, 0.5]
+  const float f = t - fn;  // in [-0.5, 0.5]
   // 2^f by its Taylor series in f ln 2 (degree 6)
   const float y = f * 0.693147180559945309f;
   float p = 1.0f / 720.0f;
@@ -57,11 +59,22 @@ inline float exp_nonpositive(float x) noexcept {
 /// code they replace, so the choice never changes a result).
 bool cpu_has_avx2() noexcept;
 
+/// Whether the CPU (and the OS) run F16C code (f16 <-> f32 conversion), checked by CPUID and XGETBV.
+bool cpu_has_f16c() noexcept;
+
+/// Whether the CPU (and the OS) run AVX-512F code: the paths that use it compute the AVX2 paths' bits.
+bool cpu_has_avx512f() noexcept;
+
 /// out[g * out_stride + e] = scale * dot(q + g * q_stride, keys + e * key_stride, len) for g < nq and e < n_keys:
 /// bit for bit what the scalar dot gives (same eight partial sums, same order), blocked so that each key row is
 /// loaded once for several queries (AVX2 where the CPU has it).
 void scaled_dots(const float* q, int64_t q_stride, int nq, const float* keys, int64_t key_stride, int64_t n_keys,
                  int64_t len, float scale, float* out, int64_t out_stride) noexcept;
+
+/// scaled_dots of key rows stored as f32, f16 or bf16 (`keys` points at their first element; key_stride counts
+/// elements): the bits of scaled_dots on the rows converted to f32. An integer dtype throws KVRET_ERR_INTERNAL.
+void scaled_dots(const float* q, int64_t q_stride, int nq, const void* keys, DType key_dtype, int64_t key_stride,
+                 int64_t n_keys, int64_t len, float scale, float* out, int64_t out_stride);
 
 /// PQ logits of n tokens for nq query heads: out[g * n + t] = sum_j lut[(g * m + j) * k + codes[t * m + j]] for
 /// g < nq, t < n (codes: [n, m]; lut: [nq, m, k]), summed from 0.0f in the order j = 0..m-1 -- for m = 4 as two

@@ -59,6 +59,7 @@ T* sized(std::vector<T>& v, size_t n) {
 struct SelectScratch {
   std::vector<float> lut, logits, folded, exact;
   std::vector<int32_t> counts;
+  std::vector<int64_t> offsets;
   std::vector<uint64_t> keys;
   std::vector<uint8_t> state;
 };
@@ -99,7 +100,7 @@ int64_t PqRetriever::bytes() const noexcept {
   for (const auto& c : cell_counts_) b += static_cast<int64_t>(c.size() * sizeof(int32_t));
   for (const auto& c : cells_of_) b += static_cast<int64_t>(c.size() * sizeof(uint16_t));
   for (const auto& p : exact_pos_) b += static_cast<int64_t>(p.size() * sizeof(int64_t));
-  for (const auto& k : exact_keys_) b += static_cast<int64_t>(k.size() * sizeof(float));
+  for (const auto& k : exact_keys_) b += static_cast<int64_t>(k.size());
   b += static_cast<int64_t>(exact_threshold_.size() * sizeof(float));
   return b;
 }
@@ -199,7 +200,9 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     encode(store, codebook, base, end, codes, keeps_exact() ? &errors : nullptr, n_threads);
     // The exact set of each head: the top exact_count tokens by reconstruction error, ties to the earlier token.
     std::vector<std::vector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
-    std::vector<std::vector<float>> exact_keys(static_cast<size_t>(n_kv_));
+    std::vector<std::vector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
+    const DType key_dtype = store.dtype();
+    const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype);
     std::vector<float> threshold(static_cast<size_t>(n_kv_), std::numeric_limits<float>::infinity());
     const int64_t n_exact = exact_count(params_.exact_fraction, total);
     if (n_exact > 0) {
@@ -217,10 +220,10 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
         order.resize(static_cast<size_t>(n_exact));
         std::sort(order.begin(), order.end());
         auto& keys = exact_keys[static_cast<size_t>(h)];
-        keys.resize(static_cast<size_t>(n_exact) * d_);
+        keys.resize(static_cast<size_t>(n_exact) * row_bytes);
         for (int64_t e = 0; e < n_exact; ++e) {
           const int64_t pos = base + order[static_cast<size_t>(e)];
-          store.keys_f32(h, pos, pos + 1, keys.data() + e * d_);
+          std::memcpy(keys.data() + static_cast<size_t>(e) * row_bytes, store.key_row(h, pos), row_bytes);
           order[static_cast<size_t>(e)] = pos;
         }
         exact_pos[static_cast<size_t>(h)] = std::move(order);
@@ -249,6 +252,7 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     cells_of_.swap(cells);
     exact_pos_.swap(exact_pos);
     exact_keys_.swap(exact_keys);
+    key_dtype_ = key_dtype;
     exact_threshold_.swap(threshold);
     base_ = base;
     end_ = end;
@@ -265,7 +269,8 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
   // New tokens whose error is strictly above the head's threshold become exact (strictly: when the threshold is
   // 0 because the bulk quantizes without error, equal tokens do not pile into the exact set).
   std::vector<std::vector<int64_t>> new_exact(static_cast<size_t>(n_kv_));  // offsets in [0, n)
-  std::vector<std::vector<float>> new_keys(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<std::byte>> new_keys(static_cast<size_t>(n_kv_));
+  const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype_);
   if (keeps_exact()) {
     for (int h = 0; h < n_kv_; ++h) {
       const float threshold = exact_threshold_[static_cast<size_t>(h)];
@@ -273,9 +278,9 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
       for (int64_t t = 0; t < n; ++t)
         if (errors[static_cast<size_t>(h)][static_cast<size_t>(t)] > threshold) picked.push_back(t);
       auto& keys = new_keys[static_cast<size_t>(h)];
-      keys.resize(picked.size() * static_cast<size_t>(d_));
+      keys.resize(picked.size() * row_bytes);
       for (size_t e = 0; e < picked.size(); ++e)
-        store.keys_f32(h, begin + picked[e], begin + picked[e] + 1, keys.data() + e * d_);
+        std::memcpy(keys.data() + e * row_bytes, store.key_row(h, begin + picked[e]), row_bytes);
     }
   }
   // the only steps that may throw: nothing has changed yet
@@ -288,7 +293,7 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     auto& pos = exact_pos_[static_cast<size_t>(h)];
     auto& keys = exact_keys_[static_cast<size_t>(h)];
     reserve_for(pos, pos.size() + added);
-    reserve_for(keys, keys.size() + added * static_cast<size_t>(d_));
+    reserve_for(keys, keys.size() + added * row_bytes);
   }
   // commit (no throw below: every append fits the reserved capacity)
   for (int h = 0; h < n_kv_; ++h) {
@@ -313,6 +318,14 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
   end_ = end;
+}
+
+std::vector<float> PqRetriever::exact_keys_f32(int head) const {
+  const auto& rows = exact_keys_[static_cast<size_t>(head)];
+  const size_t n = exact_pos_[static_cast<size_t>(head)].size() * static_cast<size_t>(d_);
+  std::vector<float> out(n);
+  convert_row(rows.data(), key_dtype_, reinterpret_cast<std::byte*>(out.data()), DType::F32, n);
+  return out;
 }
 
 void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut) const {
@@ -346,21 +359,32 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     int32_t* out = out_rows[h];
     const std::vector<int64_t>& exact_pos = exact_pos_[static_cast<size_t>(h)];
     const int64_t n_exact = static_cast<int64_t>(exact_pos.size());
-    const float* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
+    const std::byte* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
 
     if (!uses_cells()) {
+      float* folded = sized(scratch.folded, static_cast<size_t>(n));
+      // m = 4 with the sum-of-probabilities fold: no logits, no exp per token (pq4_softmax_fold), where it applies.
+      if (m_ == 4 && r.fold == KVRET_FOLD_SUM_PROB) {
+        float* exact_logits = sized(scratch.exact, static_cast<size_t>(group * n_exact));
+        scaled_dots(qg, d_, group, exact_keys, key_dtype_, d_, n_exact, d_, r.scale, exact_logits, n_exact);
+        int64_t* offsets = sized(scratch.offsets, static_cast<size_t>(n_exact));
+        for (int64_t e = 0; e < n_exact; ++e) offsets[e] = exact_pos[static_cast<size_t>(e)] - base_;
+        if (pq4_softmax_fold(lut, group, k_, codes, n, offsets, exact_logits, n_exact, folded)) {
+          topk_positions(folded, n, r.budget, r.mid_begin, out);
+          return;
+        }
+      }
       // Per-token path: every token's logits from its own codes, [group, n], all heads in one pass over the codes;
       // the exact tokens' logits ([group, n_exact], each key row read once for the whole group) replace theirs.
       float* logits = sized(scratch.logits, static_cast<size_t>(group) * n);
       pq_token_logits(lut, group, m_, k_, codes, n, logits);
       if (n_exact > 0) {
         float* exact_logits = sized(scratch.exact, static_cast<size_t>(group * n_exact));
-        scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, exact_logits, n_exact);
+        scaled_dots(qg, d_, group, exact_keys, key_dtype_, d_, n_exact, d_, r.scale, exact_logits, n_exact);
         for (int g = 0; g < group; ++g)
           for (int64_t e = 0; e < n_exact; ++e)
             logits[g * n + exact_pos[static_cast<size_t>(e)] - base_] = exact_logits[g * n_exact + e];
       }
-      float* folded = sized(scratch.folded, static_cast<size_t>(n));
       fold_logits(logits, group, n, r.fold, folded);
       topk_positions(folded, n, r.budget, r.mid_begin, out);
       return;
@@ -393,7 +417,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
     }
     // The exact logits, straight into their items: [group, n_exact] at column cells_ (each key row is read once
     // for the whole group).
-    scaled_dots(qg, d_, group, exact_keys, d_, n_exact, d_, r.scale, cell_logits + cells_, items);
+    scaled_dots(qg, d_, group, exact_keys, key_dtype_, d_, n_exact, d_, r.scale, cell_logits + cells_, items);
     float* folded = sized(scratch.folded, static_cast<size_t>(items));
     fold_weighted_logits(cell_logits, counts, group, items, r.fold, folded);
 

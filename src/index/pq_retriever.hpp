@@ -64,8 +64,9 @@ class PqRetriever final : public Retriever {
   void approximate_logits(int head, const float* q, float* out) const;
   /// Positions (absolute, ascending) of the tokens of `head` kept exact.
   const std::vector<int64_t>& exact_positions(int head) const noexcept { return exact_pos_[static_cast<size_t>(head)]; }
-  /// The f32 keys of exact_positions(head): [exact_positions(head).size(), head_dim].
-  const float* exact_keys(int head) const noexcept { return exact_keys_[static_cast<size_t>(head)].data(); }
+  /// The keys of exact_positions(head) as f32: [exact_positions(head).size(), head_dim]. They are kept in the KV
+  /// store's dtype (an f16 store's exact keys take half the bytes of f32 ones and score the same).
+  std::vector<float> exact_keys_f32(int head) const;
   /// The squared reconstruction error above which a newly encoded token of `head` becomes exact: the smallest
   /// error in the set chosen at the last training (+inf when the set is empty, e.g. fraction 0).
   float exact_threshold(int head) const noexcept { return exact_threshold_[static_cast<size_t>(head)]; }
@@ -93,14 +94,15 @@ class PqRetriever final : public Retriever {
   int k_;
   int64_t cells_;  ///< k^m when <= 65536, else 0
   Params params_;
-  std::vector<float> codebook_;                    ///< [H, m, k, dsub]
-  std::vector<std::vector<uint8_t>> codes_;        ///< per head [n, m]
-  std::vector<std::vector<int32_t>> cell_counts_;  ///< per head [cells]
-  std::vector<std::vector<uint16_t>> cells_of_;    ///< per head [n]: the cell of each token (cell path only;
-                                                   ///< exact tokens keep theirs but are not counted in it)
-  std::vector<std::vector<int64_t>> exact_pos_;    ///< per head: positions of the exact tokens, ascending
-  std::vector<std::vector<float>> exact_keys_;     ///< per head [exact, d]: their keys
-  std::vector<float> exact_threshold_;             ///< per head: see exact_threshold()
+  std::vector<float> codebook_;                     ///< [H, m, k, dsub]
+  std::vector<std::vector<uint8_t>> codes_;         ///< per head [n, m]
+  std::vector<std::vector<int32_t>> cell_counts_;   ///< per head [cells]
+  std::vector<std::vector<uint16_t>> cells_of_;     ///< per head [n]: the cell of each token (cell path only;
+                                                    ///< exact tokens keep theirs but are not counted in it)
+  std::vector<std::vector<int64_t>> exact_pos_;     ///< per head: positions of the exact tokens, ascending
+  std::vector<std::vector<std::byte>> exact_keys_;  ///< per head [exact, d]: their keys, in key_dtype_
+  DType key_dtype_ = DType::F32;                    ///< the store's dtype at the last training
+  std::vector<float> exact_threshold_;              ///< per head: see exact_threshold()
   int64_t base_ = -1;
   int64_t end_ = -1;
   int64_t trained_on_ = 0;

@@ -129,6 +129,80 @@ __attribute__((target("avx2"))) void accumulate_scaled_avx2(const float* e, floa
   for (; u < n; ++u) folded[u] += e[u] * inv;
 }
 
+/// exp_table's whole blocks of eight entries; returns the number of entries done.
+__attribute__((target("avx2"))) int64_t exp_table_avx2(const float* in, int64_t k, float sub, const float* extra,
+                                                       float* out) noexcept {
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8) {
+    __m256 x = _mm256_sub_ps(_mm256_loadu_ps(in + c), _mm256_set1_ps(sub));
+    if (extra) x = _mm256_sub_ps(x, _mm256_set1_ps(*extra));
+    _mm256_storeu_ps(out + c, exp_nonpositive_avx2(x));
+  }
+  return c;
+}
+
+/// unweighted_sum, its whole blocks in two __m256d (lanes 0..3 and 4..7).
+__attribute__((target("avx2"))) double unweighted_sum_avx2(const float* e, int64_t n) noexcept {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8) {
+    const __m256 x = _mm256_loadu_ps(e + u);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+  }
+  alignas(32) double lane[8];
+  _mm256_store_pd(lane, lo);
+  _mm256_store_pd(lane + 4, hi);
+  double z = 0;
+  for (const double x : lane) z += x;
+  for (; u < n; ++u) z += e[u];
+  return z;
+}
+
+/// pq4_products from the four exp tables (k <= 64, each padded to 64 entries), sixteen tokens at a time with no
+/// gather: an entry of a 64-entry table is one of two 32-entry permutes (vpermi2ps reads only the code's low five
+/// bits), chosen by the code's bit 5; the products are the pair tables' (E_0 E_1)(E_2 E_3). Returns the tokens done.
+__attribute__((target("avx512f"))) int64_t pq4_products_avx512(const float (*ej)[64], const uint8_t* codes, int64_t n,
+                                                               float* e) noexcept {
+  __m512 table[4][4];
+  for (int j = 0; j < 4; ++j)
+    for (int q = 0; q < 4; ++q) table[j][q] = _mm512_loadu_ps(ej[j] + 16 * q);
+  const __m512i bit5 = _mm512_set1_epi32(32);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const __m512i w = _mm512_loadu_si512(codes + t * 4);
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j) {
+      // code j in bits 0..5 (the bits above are ignored); maskz: GCC 12 warns on the unmasked shift's undefined
+      const __m512i c = _mm512_maskz_srli_epi32(__mmask16{0xffff}, w, 8 * static_cast<unsigned>(j));
+      const __m512 low = _mm512_permutex2var_ps(table[j][0], c, table[j][1]);
+      const __m512 high = _mm512_permutex2var_ps(table[j][2], c, table[j][3]);
+      v[j] = _mm512_mask_blend_ps(_mm512_test_epi32_mask(c, bit5), low, high);
+    }
+    _mm512_storeu_ps(e + t, _mm512_mul_ps(_mm512_mul_ps(v[0], v[1]), _mm512_mul_ps(v[2], v[3])));
+  }
+  return t;
+}
+
+/// pq4_products' whole blocks of eight tokens; returns the number of tokens done.
+__attribute__((target("avx2"))) int64_t pq4_products_avx2(const float* a, const float* b, int k, const uint8_t* codes,
+                                                          int64_t n, float* e) noexcept {
+  const __m256i low_byte = _mm256_set1_epi32(0xff);
+  const __m256i vk = _mm256_set1_epi32(k);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 4));
+    const __m256i c0 = _mm256_and_si256(w, low_byte);
+    const __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(w, 8), low_byte);
+    const __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(w, 16), low_byte);
+    const __m256i c3 = _mm256_srli_epi32(w, 24);
+    const __m256i ia = _mm256_add_epi32(c0, _mm256_mullo_epi32(c1, vk));
+    const __m256i ib = _mm256_add_epi32(c2, _mm256_mullo_epi32(c3, vk));
+    _mm256_storeu_ps(e + t, _mm256_mul_ps(_mm256_i32gather_ps(a, ia, 4), _mm256_i32gather_ps(b, ib, 4)));
+  }
+  return t;
+}
+
 /// The unweighted fold of `group` heads (e: [group, n] scratch), four heads at a time: each head's normalizer is
 /// unweighted_sum's eight double partial sums (two __m256d per head), and folded's additions (head by head, in head
 /// order) are made in one pass for the four heads. Every head's z and every addition are the one-head code's.
@@ -233,6 +307,103 @@ __attribute__((target("avx2"))) void softmax_accumulate_avx2(const float* l, con
 #endif
 
 }  // namespace
+
+namespace {
+
+/// Largest k of pq4_softmax_fold: its two pair tables of k^2 floats stay in L1 (32 KiB at k = 64).
+constexpr int kPq4MaxK = 64;
+
+/// The maximum of x[0, n), NaN ignored; kLowest if none.
+float max_ignoring_nan(const float* x, int64_t n) noexcept {
+  float mx = kLowest;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);  // std::max(mx, NaN) keeps mx
+  return mx;
+}
+
+/// out[c] = exp_nonpositive(in[c] - sub), or (in[c] - sub) - extra when extra is not null.
+void exp_table(const float* in, int64_t k, float sub, const float* extra, float* out) noexcept {
+  int64_t c = 0;
+#ifdef KVRET_FOLD_AVX2
+  if (cpu_has_avx2()) c = exp_table_avx2(in, k, sub, extra, out);
+#endif
+  for (; c < k; ++c) out[c] = exp_nonpositive(extra ? (in[c] - sub) - *extra : in[c] - sub);
+}
+
+/// e[t] = a[c0 + k c1] * b[c2 + k c3] for t in [0, n).
+void pq4_products(const float* a, const float* b, int k, const uint8_t* codes, int64_t n, float* e) noexcept {
+  int64_t t = 0;
+#ifdef KVRET_FOLD_AVX2
+  if (cpu_has_avx2()) t = pq4_products_avx2(a, b, k, codes, n, e);
+#endif
+  for (; t < n; ++t) {
+    const uint8_t* c = codes + t * 4;
+    e[t] = a[c[0] + k * c[1]] * b[c[2] + k * c[3]];
+  }
+}
+
+}  // namespace
+
+bool pq4_softmax_fold(const float* lut, int group, int k, const uint8_t* codes, int64_t n, const int64_t* exact,
+                      const float* exact_logits, int64_t n_exact, float* folded) {
+  if (k > kPq4MaxK || k <= 0 || n <= 0) return false;
+  // Every head's reference first, so that nothing is written unless all are finite.
+  thread_local std::vector<float> reference;
+  reference.resize(2 * static_cast<size_t>(group));
+  float* ref = reference.data();
+  float* shift = ref + group;
+  for (int g = 0; g < group; ++g) {
+    const float* l = lut + static_cast<int64_t>(g) * 4 * k;
+    float sum = 0;
+    for (int j = 0; j < 4; ++j) sum += max_ignoring_nan(l + j * k, k);
+    const float m = std::max(sum, max_ignoring_nan(exact_logits + g * n_exact, n_exact));
+    if (!std::isfinite(sum) || !std::isfinite(m)) return false;
+    ref[g] = m;
+    shift[g] = m - sum;
+  }
+  float* e = exp_scratch(static_cast<int64_t>(group) * n + n_exact);
+  float* exact_e = e + static_cast<int64_t>(group) * n;
+  alignas(64) float ej[4][kPq4MaxK] = {};
+  alignas(32) float a[kPq4MaxK * kPq4MaxK];
+  alignas(32) float b[kPq4MaxK * kPq4MaxK];
+  std::fill(folded, folded + n, 0.0f);
+  for (int g = 0; g < group; ++g) {
+    const float* l = lut + static_cast<int64_t>(g) * 4 * k;
+    for (int j = 0; j < 4; ++j)
+      exp_table(l + j * k, k, max_ignoring_nan(l + j * k, k), j == 0 ? &shift[g] : nullptr, ej[j]);
+    float* eg = e + static_cast<int64_t>(g) * n;
+    int64_t t = 0;
+#ifdef KVRET_FOLD_AVX2
+    if (cpu_has_avx512f()) t = pq4_products_avx512(ej, codes, n, eg);
+#endif
+    if (t < n) {
+      for (int c1 = 0; c1 < k; ++c1)
+        for (int c0 = 0; c0 < k; ++c0) {
+          a[c0 + k * c1] = ej[0][c0] * ej[1][c1];
+          b[c0 + k * c1] = ej[2][c0] * ej[3][c1];
+        }
+      pq4_products(a, b, k, codes + t * 4, n - t, eg + t);
+    }
+    exp_table(exact_logits + g * n_exact, n_exact, ref[g], nullptr, exact_e);
+    for (int64_t i = 0; i < n_exact; ++i) eg[exact[i]] = exact_e[i];
+    double z = 0;
+#ifdef KVRET_FOLD_AVX2
+    if (cpu_has_avx2())
+      z = unweighted_sum_avx2(eg, n);
+    else
+#endif
+      z = unweighted_sum(eg, n);
+    if (z <= 0) continue;
+    const float inv = static_cast<float>(1.0 / z);
+#ifdef KVRET_FOLD_AVX2
+    if (cpu_has_avx2()) {
+      accumulate_scaled_avx2(eg, inv, n, folded);
+      continue;
+    }
+#endif
+    for (int64_t u = 0; u < n; ++u) folded[u] += eg[u] * inv;
+  }
+  return true;
+}
 
 void fold_weighted_logits(const float* logits, const int32_t* weight, int group, int64_t n, kvret_gqa_fold fold,
                           float* folded) {

@@ -7,6 +7,13 @@
 #include <limits>
 #include <vector>
 
+#include "core/vec_math.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVRET_TOPK_AVX2 1
+#endif
+
 namespace kvret {
 
 namespace {
@@ -44,6 +51,56 @@ uint64_t kth_smallest(uint64_t* keys, int64_t n, int64_t kth) {
   return keys[kth];
 }
 
+/// The keys (rank << 32 | index) of the scores whose rank is at most `bound`, in index order; returns their count.
+/// keys must hold n + 1 entries.
+int64_t gather_candidates_scalar(const float* scores, int64_t i, int64_t n, uint32_t bound, uint64_t* keys,
+                                 int64_t count) noexcept {
+  for (; i < n; ++i) {  // branch-free: a key above the bound is overwritten by the next
+    const uint32_t rank = descending_rank(scores[i]);
+    keys[count] = static_cast<uint64_t>(rank) << 32 | static_cast<uint32_t>(i);
+    count += rank <= bound;
+  }
+  return count;
+}
+
+#ifdef KVRET_TOPK_AVX2
+/// gather_candidates_scalar eight scores at a time: descending_rank's bits in the lanes, an unsigned compare with
+/// the bound (both offset by 2^31 for the signed compare), and the keys of the set bits written in lane order.
+__attribute__((target("avx2,bmi"))) int64_t gather_candidates_avx2(const float* scores, int64_t n, uint32_t bound,
+                                                                   uint64_t* keys) noexcept {
+  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
+  const __m256i ones = _mm256_set1_epi32(-1);
+  const __m256i bound_signed = _mm256_set1_epi32(static_cast<int32_t>(bound ^ 0x80000000u));
+  alignas(32) uint32_t rank[8];
+  int64_t count = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(scores + i);
+    const __m256 f = _mm256_add_ps(_mm256_blendv_ps(x, lowest, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)),
+                                   _mm256_setzero_ps());  // NaN -> -inf, -0 -> +0
+    const __m256i b = _mm256_castps_si256(f);
+    const __m256i ascending = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi32(b, 31), top));
+    const __m256i r = _mm256_xor_si256(ascending, ones);
+    const __m256i above = _mm256_cmpgt_epi32(_mm256_xor_si256(r, top), bound_signed);
+    auto take = static_cast<uint32_t>(~_mm256_movemask_ps(_mm256_castsi256_ps(above))) & 0xffu;
+    if (take == 0) continue;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rank), r);
+    for (; take != 0; take &= take - 1) {
+      const int lane = __builtin_ctz(take);
+      keys[count++] = static_cast<uint64_t>(rank[lane]) << 32 | static_cast<uint32_t>(i + lane);
+    }
+  }
+  return gather_candidates_scalar(scores, i, n, bound, keys, count);
+}
+#endif
+
+int64_t gather_candidates(const float* scores, int64_t n, uint32_t bound, uint64_t* keys) noexcept {
+#ifdef KVRET_TOPK_AVX2
+  if (cpu_has_avx2()) return gather_candidates_avx2(scores, n, bound, keys);
+#endif
+  return gather_candidates_scalar(scores, 0, n, bound, keys, 0);
+}
+
 }  // namespace
 
 void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int32_t* out) {
@@ -74,12 +131,7 @@ void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int
   }
   int64_t candidates = 0;
   for (int pass = 0; pass < 2; ++pass) {
-    candidates = 0;
-    for (int64_t i = 0; i < n; ++i) {  // branch-free: a key above the bound is overwritten by the next
-      const uint32_t rank = descending_rank(scores[i]);
-      keys[candidates] = static_cast<uint64_t>(rank) << 32 | static_cast<uint32_t>(i);
-      candidates += rank <= bound;
-    }
+    candidates = gather_candidates(scores, n, bound, keys);
     if (candidates >= k) break;
     bound = std::numeric_limits<uint32_t>::max();  // an unlucky sample: every key
   }

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "c_api/handles.hpp"
+#include "core/half.hpp"
 #include "core/sequence.hpp"
 #include "core/vec_math.hpp"
 #include "index/pq_retriever.hpp"
@@ -27,8 +28,10 @@ struct PqFixture {
   F32 k, v;
   int64_t tokens;
 
-  PqFixture(int64_t n, int m, int bits, uint64_t seed = 1, float exact_fraction = 0.0f, int fold = KVRET_FOLD_SUM_PROB)
+  PqFixture(int64_t n, int m, int bits, uint64_t seed = 1, float exact_fraction = 0.0f, int fold = KVRET_FOLD_SUM_PROB,
+            int kv_dtype = KVRET_KV_F32)
       : config(test::small_config()), k({n, 2, 64}), v({n, 2, 64}), tokens(n) {
+    config.kv_dtype = kv_dtype;
     config.pq_m = m;
     config.pq_bits = bits;
     config.pq_exact_fraction = exact_fraction;
@@ -316,7 +319,8 @@ TEST_P(PqShapes, ExactSetIsTheTopFractionByReconstructionError) {
       const int64_t pos = pq.exact_positions(h)[static_cast<size_t>(e)];
       smallest = std::min(smallest, err[static_cast<size_t>(pos - pq.base())]);
       for (int i = 0; i < 64; ++i)
-        ASSERT_EQ(pq.exact_keys(h)[e * 64 + i], f.k.data[static_cast<size_t>((pos * 2 + h) * 64 + i)]);
+        ASSERT_EQ(pq.exact_keys_f32(h)[static_cast<size_t>(e * 64 + i)],
+                  f.k.data[static_cast<size_t>((pos * 2 + h) * 64 + i)]);
     }
     EXPECT_NEAR(pq.exact_threshold(h), smallest, 1e-4 * smallest);
     EXPECT_TRUE(off.pq().exact_positions(h).empty());
@@ -382,6 +386,45 @@ TEST_P(PqExactSelect, TiesAndNaNFollowTheReference) {
         const std::vector<int32_t> got(out.data.begin() + h * budget, out.data.begin() + (h + 1) * budget);
         ASSERT_EQ(got, reference_select(pq, f.k.data, 2, 64, qt.data, 4, h, budget, fold == KVRET_FOLD_MAX_LOGIT))
             << "head " << h << " budget " << budget << " fill " << fill;
+      }
+    }
+  }
+}
+
+// An f16 or bf16 store keeps its exact keys in its own dtype: half the bytes of f32, the same keys, and a selection
+// that is the reference's on the keys as stored.
+TEST(PqExact, KeysKeepTheStoreDtype) {
+  for (const int dtype : {KVRET_KV_F16, KVRET_KV_BF16}) {
+    PqFixture wide(3000, 4, 6, 5, 0.05f, KVRET_FOLD_SUM_PROB, KVRET_KV_F32);
+    PqFixture f(3000, 4, 6, 5, 0.05f, KVRET_FOLD_SUM_PROB, dtype);
+    const PqRetriever& pq = f.pq();
+    std::vector<float> stored = f.k.data;  // the keys as the store holds them
+    for (float& x : stored) x = dtype == KVRET_KV_F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+    int64_t exact_rows = 0;
+    for (int h = 0; h < 2; ++h) {
+      const auto keys = pq.exact_keys_f32(h);
+      const auto& pos = pq.exact_positions(h);
+      exact_rows += static_cast<int64_t>(pos.size());
+      for (size_t e = 0; e < pos.size(); ++e)
+        for (int i = 0; i < 64; ++i)
+          ASSERT_EQ(keys[e * 64 + i], stored[static_cast<size_t>((pos[e] * 2 + h) * 64 + i)]);
+    }
+    int64_t wide_rows = 0;
+    for (int h = 0; h < 2; ++h) wide_rows += static_cast<int64_t>(wide.pq().exact_positions(h).size());
+    ASSERT_EQ(exact_rows, wide_rows);
+    const int64_t codes_and_tables = wide.pq().bytes() - wide_rows * 64 * 4;
+    EXPECT_EQ(pq.bytes(), codes_and_tables + exact_rows * 64 * 2) << "dtype " << dtype;
+    F32 qt({8, 64});
+    qt.data = test::random_vector(8 * 64, 31);
+    qt.refresh();
+    for (int32_t budget : {7, 300}) {
+      I32 out({2, budget});
+      int32_t count = 0;
+      test::expect_ok(kvret_select(f.seq, 0, &qt, budget, &out, &count));
+      for (int h = 0; h < 2; ++h) {
+        const std::vector<int32_t> got(out.data.begin() + h * budget, out.data.begin() + (h + 1) * budget);
+        ASSERT_EQ(got, reference_select(pq, stored, 2, 64, qt.data, 4, h, budget, false))
+            << "dtype " << dtype << " head " << h << " budget " << budget;
       }
     }
   }
@@ -487,7 +530,7 @@ struct DirectPqIndex {
     for (int h = 0; h < 2; ++h) {
       s.codes.emplace_back(index.codes(h), index.codes(h) + index.size() * index.m());
       s.exact.push_back(index.exact_positions(h));
-      s.keys.emplace_back(index.exact_keys(h), index.exact_keys(h) + index.exact_positions(h).size() * 64);
+      s.keys.push_back(index.exact_keys_f32(h));
     }
     return s;
   }
@@ -560,7 +603,7 @@ TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
       if (is_exact) {
         const auto at = static_cast<size_t>(std::lower_bound(exact.begin(), exact.end(), t) - exact.begin());
         for (int i = 0; i < 64; ++i)
-          ASSERT_EQ(f.index.exact_keys(h)[at * 64 + i], f.k.data[static_cast<size_t>((t * 2 + h) * 64 + i)]);
+          ASSERT_EQ(f.index.exact_keys_f32(h)[at * 64 + i], f.k.data[static_cast<size_t>((t * 2 + h) * 64 + i)]);
       }
     }
     EXPECT_EQ(added, 40);

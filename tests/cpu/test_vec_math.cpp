@@ -10,6 +10,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/error.hpp"
+#include "core/half.hpp"
+#include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/topk.hpp"
@@ -81,6 +84,137 @@ TEST(VecMath, FoldIsTheScalarFoldBitForBit) {
               << got[static_cast<size_t>(u)] << " vs " << want[static_cast<size_t>(u)];
       }
     }
+}
+
+/// pq4_softmax_fold's definition, scalar (see gqa_fold.hpp).
+std::vector<float> scalar_pq4_fold(const std::vector<float>& lut, int group, int k, const std::vector<uint8_t>& codes,
+                                   int64_t n, const std::vector<int64_t>& exact,
+                                   const std::vector<float>& exact_logits) {
+  const auto n_exact = static_cast<int64_t>(exact.size());
+  const auto max_of = [](const float* x, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[i]);
+    return mx;
+  };
+  std::vector<float> folded(static_cast<size_t>(n), 0.0f), e(static_cast<size_t>(n));
+  for (int g = 0; g < group; ++g) {
+    const float* l = lut.data() + g * 4 * k;
+    float mx[4], sum = 0;
+    for (int j = 0; j < 4; ++j) sum += mx[j] = max_of(l + j * k, k);
+    const float ref = std::max(sum, max_of(exact_logits.data() + g * n_exact, n_exact));
+    const float shift = ref - sum;
+    std::vector<float> ej(static_cast<size_t>(4 * k));
+    for (int j = 0; j < 4; ++j)
+      for (int c = 0; c < k; ++c)
+        ej[static_cast<size_t>(j * k + c)] = exp_nonpositive(j == 0 ? (l[c] - mx[0]) - shift : l[j * k + c] - mx[j]);
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* c = codes.data() + t * 4;
+      e[static_cast<size_t>(t)] = (ej[c[0]] * ej[static_cast<size_t>(k + c[1])]) *
+                                  (ej[static_cast<size_t>(2 * k + c[2])] * ej[static_cast<size_t>(3 * k + c[3])]);
+    }
+    for (int64_t i = 0; i < n_exact; ++i)
+      e[static_cast<size_t>(exact[static_cast<size_t>(i)])] =
+          exp_nonpositive(exact_logits[static_cast<size_t>(g * n_exact + i)] - ref);
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z = 0;
+    int64_t u = 0;
+    for (; u + 8 <= n; u += 8)
+      for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
+    for (const double x : lane) z += x;
+    for (; u < n; ++u) z += e[static_cast<size_t>(u)];
+    if (z <= 0) continue;
+    const float inv = static_cast<float>(1.0 / z);
+    for (int64_t t = 0; t < n; ++t) folded[static_cast<size_t>(t)] += e[static_cast<size_t>(t)] * inv;
+  }
+  return folded;
+}
+
+// Every vector width (sixteen tokens with AVX-512, eight with AVX2 from the pair tables, then one at a time: n
+// from 1 to past 16 with remainders of each), exact tokens anywhere, NaN table entries, and logits spread over
+// e^-87 are the scalar definition's bits.
+TEST(VecMath, Pq4SoftmaxFoldIsItsScalarDefinitionBitForBit) {
+  for (const int k : {4, 13, 16, 64})
+    for (const int group : {1, 4, 5})
+      for (const int64_t n : {1, 7, 8, 15, 16, 17, 30, 1000, 4123})
+        for (const double exact_share : {0.0, 0.05, 1.0}) {
+          auto lut = test::random_vector(static_cast<size_t>(group * 4 * k), static_cast<uint64_t>(n + k), 8.0f);
+          for (size_t i = 9; i < lut.size(); i += 61) lut[i] = std::nanf("");
+          std::vector<uint8_t> codes(static_cast<size_t>(n * 4));
+          uint64_t state = static_cast<uint64_t>(n * 31 + k);
+          for (auto& c : codes) c = static_cast<uint8_t>(splitmix64(state) % static_cast<uint64_t>(k));
+          std::vector<int64_t> exact;
+          for (int64_t t = 0; t < n; ++t)
+            if (static_cast<double>(splitmix64(state) % 1000) < exact_share * 1000.0) exact.push_back(t);
+          auto exact_logits = test::random_vector(static_cast<size_t>(group) * exact.size(), 5, 30.0f);
+          const auto want = scalar_pq4_fold(lut, group, k, codes, n, exact, exact_logits);
+          std::vector<float> got(static_cast<size_t>(n), -7.0f);
+          ASSERT_TRUE(pq4_softmax_fold(lut.data(), group, k, codes.data(), n, exact.data(), exact_logits.data(),
+                                       static_cast<int64_t>(exact.size()), got.data()));
+          for (int64_t u = 0; u < n; ++u)
+            ASSERT_TRUE(same_bits(got[static_cast<size_t>(u)], want[static_cast<size_t>(u)]))
+                << "k " << k << " group " << group << " n " << n << " exact " << exact.size() << " u " << u << ": "
+                << got[static_cast<size_t>(u)] << " vs " << want[static_cast<size_t>(u)];
+        }
+}
+
+// Up to rounding it is fold_logits of the per-token logits; where it does not apply it says so and writes nothing.
+TEST(VecMath, Pq4SoftmaxFoldIsTheFoldOfTheLogits) {
+  const int k = 64, group = 4;
+  const int64_t n = 3000;
+  auto lut = test::random_vector(static_cast<size_t>(group * 4 * k), 3, 2.0f);
+  std::vector<uint8_t> codes(static_cast<size_t>(n * 4));
+  uint64_t state = 9;
+  for (auto& c : codes) c = static_cast<uint8_t>(splitmix64(state) % k);
+  const std::vector<int64_t> exact = {5, 700, 2999};
+  const auto exact_logits = test::random_vector(static_cast<size_t>(group) * exact.size(), 4, 6.0f);
+  std::vector<float> logits(static_cast<size_t>(group * n));
+  pq_token_logits(lut.data(), group, 4, k, codes.data(), n, logits.data());
+  for (int g = 0; g < group; ++g)
+    for (size_t i = 0; i < exact.size(); ++i)
+      logits[static_cast<size_t>(g * n + exact[i])] = exact_logits[static_cast<size_t>(g) * exact.size() + i];
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  fold_logits(logits.data(), group, n, KVRET_FOLD_SUM_PROB, want.data());
+  ASSERT_TRUE(
+      pq4_softmax_fold(lut.data(), group, k, codes.data(), n, exact.data(), exact_logits.data(), 3, got.data()));
+  for (int64_t u = 0; u < n; ++u)
+    ASSERT_NEAR(got[static_cast<size_t>(u)], want[static_cast<size_t>(u)],
+                1e-5f * want[static_cast<size_t>(u)] + 1e-30f)
+        << u;
+
+  std::vector<float> untouched(static_cast<size_t>(n), -7.0f);
+  EXPECT_FALSE(pq4_softmax_fold(lut.data(), group, 65, codes.data(), n, exact.data(), exact_logits.data(), 3,
+                                untouched.data()));  // k > 64
+  auto huge = lut;
+  for (int j = 0; j < 4; ++j) huge[static_cast<size_t>(4 * k + j * k)] = 3e38f;  // head 1: the sum of maxima is +inf
+  EXPECT_FALSE(
+      pq4_softmax_fold(huge.data(), group, k, codes.data(), n, exact.data(), exact_logits.data(), 3, untouched.data()));
+  for (const float x : untouched) ASSERT_EQ(x, -7.0f) << "written though it does not apply";
+}
+
+// Key rows in f16 or bf16 score as the same rows converted to f32, bit for bit (every vector and tail path).
+TEST(VecMath, ScaledDotsOfHalfKeysAreThoseOfTheirF32Values) {
+  for (const DType dtype : {DType::F16, DType::BF16, DType::F32})
+    for (const int64_t len : {7, 13, 64, 128})
+      for (const int nq : {1, 2, 3, 4, 5})
+        for (const int64_t n_keys : {1, 3, 9}) {
+          const int64_t stride = len + 3;
+          auto q = test::random_vector(static_cast<size_t>(nq * len), 2);
+          auto wide = test::random_vector(static_cast<size_t>(n_keys * stride), 3, 4.0f);
+          std::vector<uint16_t> half(wide.size());
+          for (size_t i = 0; i < wide.size(); ++i) {
+            half[i] = dtype == DType::BF16 ? f32_to_bf16(wide[i]) : f32_to_f16(wide[i]);
+            if (dtype != DType::F32) wide[i] = dtype == DType::BF16 ? bf16_to_f32(half[i]) : f16_to_f32(half[i]);
+          }
+          const void* keys = dtype == DType::F32 ? static_cast<const void*>(wide.data()) : half.data();
+          std::vector<float> want(static_cast<size_t>(nq * n_keys)), got(want.size(), -7.0f);
+          scaled_dots(q.data(), len, nq, wide.data(), stride, n_keys, len, 0.125f, want.data(), n_keys);
+          scaled_dots(q.data(), len, nq, keys, dtype, stride, n_keys, len, 0.125f, got.data(), n_keys);
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_TRUE(same_bits(got[i], want[i]))
+                << dtype_name(dtype) << " len " << len << " nq " << nq << " i " << i;
+        }
+  float out = 0;
+  const int32_t ints[4] = {};
+  EXPECT_THROW(scaled_dots(&out, 4, 1, ints, DType::I32, 4, 1, 4, 1.0f, &out, 1), Error);
 }
 
 TEST(VecMath, PqTokenLogitsAreThePerTokenSumBitForBit) {
