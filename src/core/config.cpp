@@ -62,15 +62,16 @@ void unsupported(bool ok, const std::string& what) {
 
 /// Every field of kvret_config in declaration order (a struct from an older version ends at one of their
 /// offsets). Keep in step with kvret.h: the static_assert below fails when a field is appended without it.
-#define KVRET_CONFIG_FIELDS(X)                                                                                  \
-  X(struct_size)                                                                                                \
-  X(n_layers)                                                                                                   \
-  X(n_q_heads) X(n_kv_heads) X(head_dim) X(kv_dtype) X(device_type) X(device_id) X(n_sink) X(n_local) X(budget) \
-      X(budget_ratio) X(gqa_fold) X(index_kind) X(pq_m) X(pq_bits) X(pq_iters) X(pq_tol) X(pq_train_sample)     \
-          X(cluster_tokens) X(cluster_decode_interval) X(cluster_decode_k) X(page_size) X(quant_bits)           \
-              X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)         \
-                  X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)     \
+// clang-format off
+#define KVRET_CONFIG_FIELDS(X)                                                                                        \
+  X(struct_size)                                                                                                      \
+  X(n_layers) X(n_q_heads) X(n_kv_heads) X(head_dim) X(kv_dtype) X(device_type) X(device_id) X(n_sink) X(n_local)     \
+      X(budget) X(budget_ratio) X(gqa_fold) X(index_kind) X(pq_m) X(pq_bits) X(pq_iters) X(pq_tol) X(pq_train_sample) \
+          X(cluster_tokens) X(cluster_decode_interval) X(cluster_decode_k) X(page_size) X(quant_bits)                 \
+              X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
+                  X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
                       X(check_finite) X(seed) X(pq_exact_fraction)
+// clang-format on
 
 namespace {
 
