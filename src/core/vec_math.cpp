@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/error.hpp"
@@ -242,10 +244,20 @@ __attribute__((target("avx2,f16c"))) void scaled_dots_avx2(const float* q, int64
 }
 #endif
 
+/// The widest instruction set the environment allows: KVRET_MAX_CPU_ISA=scalar (0), avx2 (1) or avx512 (2, the
+/// default; any other value is ignored).
+int allowed_isa() noexcept {
+  const char* cap = std::getenv("KVRET_MAX_CPU_ISA");
+  if (cap == nullptr) return 2;
+  if (std::strcmp(cap, "scalar") == 0) return 0;
+  if (std::strcmp(cap, "avx2") == 0) return 1;
+  return 2;
+}
+
 bool detect_avx2() noexcept {
 #ifdef KVRET_VEC_AVX2
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
+  return allowed_isa() >= 1 && __builtin_cpu_supports("avx2");
 #else
   return false;
 #endif
@@ -254,7 +266,7 @@ bool detect_avx2() noexcept {
 bool detect_avx512f() noexcept {
 #ifdef KVRET_VEC_AVX2
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
+  return allowed_isa() >= 2 && __builtin_cpu_supports("avx512f");
 #else
   return false;
 #endif
@@ -276,6 +288,7 @@ bool cpu_has_avx512f() noexcept {
 /// answers in GCC, which clang does not accept.
 bool cpu_has_f16c() noexcept {
 #ifdef KVRET_VEC_AVX2
+  if (allowed_isa() < 1) return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
   constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;

@@ -55,12 +55,16 @@ inline float exp_nonpositive(float x) noexcept {
   return x <= -87.0f ? 0.0f : p * scale;
 }
 
+/// The SIMD paths are chosen once per process from the CPU, capped by the environment variable KVRET_MAX_CPU_ISA
+/// (scalar, avx2 or avx512). Scoring, folding, top-k and attention compute the scalar code's bits on every path;
+/// k-means' AVX2 path uses FMA, so a cap may move a near-tie of its assignments (and so a codebook).
+
 /// Whether the CPU runs the AVX2 paths of the hot loops (checked once; they compute the same bits as the scalar
 /// code they replace, so the choice never changes a result).
 bool cpu_has_avx2() noexcept;
 
 /// Whether the CPU (and the OS) run F16C code (f16 <-> f32 conversion), checked by CPUID and XGETBV.
-bool cpu_has_f16c() noexcept;
+bool cpu_has_f16c() noexcept;  // false under KVRET_MAX_CPU_ISA=scalar
 
 /// Whether the CPU (and the OS) run AVX-512F code: the paths that use it compute the AVX2 paths' bits.
 bool cpu_has_avx512f() noexcept;

@@ -104,7 +104,7 @@ __attribute__((target("avx2,fma"))) void nearest_block_avx2(const float* x, int6
 }
 
 bool has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = cpu_has_avx2() && __builtin_cpu_supports("fma");  // cpu_has_avx2: KVRET_MAX_CPU_ISA
   return ok;
 }
 #endif
