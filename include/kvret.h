@@ -252,6 +252,15 @@ KVRET_API kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int
 /** The budget select uses by default for `layer` at its current length (config budget, or ratio * length,
  *  clamped to the number of middle tokens). */
 KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget);
+/** Rolls the sequence back to its first `length` tokens in every layer (a layer holding fewer keeps its own): for
+ *  speculative decoding (drop the rejected draft tokens) and regeneration. Afterwards the sequence is as if the
+ *  dropped tokens had never been appended: lengths, stats (whole KV pages past the end are freed), index and
+ *  selections equal those of a sequence given the same appends up to `length`. One exception: where `length` falls
+ *  inside the tokens a PQ index was trained on (its prefill), that index is rebuilt from the remaining tokens, as a
+ *  prefill of exactly those tokens would build it. Waits for the sequence's background builds. Strong guarantee:
+ *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. length < 0: KVRET_ERR_INVALID_ARGUMENT;
+ *  a length at or above every layer's is a no-op. */
+KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Appending keys and values

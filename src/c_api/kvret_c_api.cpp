@@ -267,6 +267,10 @@ kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_
   });
 }
 
+kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length) {
+  return guarded([&] { sequence_of(seq).truncate(length); });
+}
+
 kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget) {
   return guarded([&] {
     const kvret::Sequence& s = sequence_of(seq);

@@ -129,6 +129,7 @@ void validate_config(const kvret_config& c) {
   check(c.n_kv_heads >= 1, "n_kv_heads", "must be >= 1, got " + std::to_string(c.n_kv_heads));
   check(c.n_q_heads % c.n_kv_heads == 0, "n_q_heads",
         std::to_string(c.n_q_heads) + " is not a multiple of n_kv_heads " + std::to_string(c.n_kv_heads));
+  static_assert(kMaxHeadDim == 256, "head_dim's check below lists the accepted sizes");
   check(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, "head_dim",
         "must be 64, 128 or 256, got " + std::to_string(c.head_dim));
   check(c.kv_dtype == KVRET_KV_F16 || c.kv_dtype == KVRET_KV_BF16 || c.kv_dtype == KVRET_KV_F32, "kv_dtype",

@@ -10,6 +10,8 @@ namespace kvret {
 constexpr float kDefaultPqExactFraction = 0.05f;
 /// Largest accepted kvret_config.pq_exact_fraction.
 constexpr float kMaxPqExactFraction = 0.5f;
+/// The largest head_dim a config may give (read_config accepts 64, 128 and 256).
+constexpr int kMaxHeadDim = 256;
 
 /// Fills every field of *config with the documented defaults (see kvret.h).
 void config_defaults(kvret_config* config) noexcept;

@@ -76,10 +76,12 @@ void Sequence::wait_layer(int32_t layer, Layer& l) {
 
 int64_t Sequence::length(int32_t layer) const { return layer_at(layer).store.size(); }
 
-TokenGroups Sequence::groups(int32_t layer) const {
+TokenGroups Sequence::groups(int32_t layer) const { return groups_at(length(layer)); }
+
+TokenGroups Sequence::groups_at(int64_t length) const noexcept {
   const kvret_config& c = ctx_.config();
   TokenGroups g;
-  g.length = length(layer);
+  g.length = length;
   g.mid_begin = std::min<int64_t>(c.n_sink, g.length);
   g.mid_end = std::max<int64_t>(g.mid_begin, g.length - c.n_local);
   return g;
@@ -232,6 +234,57 @@ void Sequence::wait_index(int32_t layer) {
     return;
   }
   wait_layer(layer, layer_at(layer));
+}
+
+void Sequence::truncate(int64_t length) {
+  require(length >= 0, KVRET_ERR_INVALID_ARGUMENT, "length must be >= 0, got " + std::to_string(length));
+  drain();  // no build runs while the layers change (a failed one keeps its status for the next wait)
+  // Everything that may throw first: the indexes that cannot be cut are rebuilt aside from the tokens that stay.
+  struct Plan {
+    Layer* layer;
+    TokenGroups after;
+    int64_t indexed_end;
+    std::unique_ptr<Retriever> rebuilt;
+  };
+  std::vector<Plan> plans;
+  const auto start = std::chrono::steady_clock::now();
+  int64_t rebuilds = 0;
+  for (int32_t i = 0; i < ctx_.config().n_layers; ++i) {
+    Layer& l = *layers_[static_cast<size_t>(i)];
+    if (l.store.size() <= length) continue;
+    Plan p{&l, groups_at(length), 0, nullptr};
+    p.indexed_end = std::min(l.indexed_end, p.after.mid_end);
+    if (!l.index->can_cut(p.indexed_end)) {
+      p.rebuilt = make_retriever(ctx_.config(), i);
+      p.rebuilt->extend(l.store, p.after.mid_begin, p.after.mid_end, true, ctx_.threads());
+      p.indexed_end = p.after.mid_end;
+      ++rebuilds;
+    }
+    plans.push_back(std::move(p));
+  }
+  if (rebuilds > 0) {
+    stats_.index_builds += rebuilds;
+    stats_.index_build_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+  // commit (no throw below)
+  for (Plan& p : plans) {
+    Layer& l = *p.layer;
+    if (p.rebuilt) {
+      l.index.swap(p.rebuilt);
+    } else {
+      l.index->cut(l.store, p.indexed_end);
+    }
+    l.indexed_end = p.indexed_end;
+    const int64_t index_bytes = l.index->bytes();
+    stats_.index_bytes += index_bytes - l.index_bytes;
+    l.index_bytes = index_bytes;
+    stats_.tokens_stored -= l.store.size() - length;
+    l.store.truncate(length);
+    const int64_t freed = l.store.release_unused_pages();
+    stats_.host_bytes -= freed;
+    ctx_.release_host_bytes(freed);
+  }
 }
 
 int64_t Sequence::resolve_budget(int32_t layer, int32_t budget) const {

@@ -41,9 +41,14 @@ class Sequence {
   void append_prefill(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
   void append_decode(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
   void wait_index(int32_t layer);
+  /// Rolls every layer back to its first `length` tokens (layers holding fewer keep theirs); see kvret_seq_truncate.
+  /// Strong guarantee.
+  void truncate(int64_t length);
 
   int64_t length(int32_t layer) const;
   TokenGroups groups(int32_t layer) const;
+  /// The groups of a layer holding `length` tokens.
+  TokenGroups groups_at(int64_t length) const noexcept;
   /// Resolves a requested budget (KVRET_BUDGET_DEFAULT allowed) to the number selected per head; throws
   /// KVRET_ERR_BUDGET for 0, negatives other than the default, or more than the layer's length.
   int64_t resolve_budget(int32_t layer, int32_t budget) const;

@@ -9,6 +9,7 @@ class ExactRetriever final : public Retriever {
   void extend(const HostKvStore&, int64_t, int64_t, bool, int) override {}
   int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
   int64_t bytes() const noexcept override { return 0; }
+  bool can_cut(int64_t) const noexcept override { return true; }
 };
 
 /// The streaming baseline: selects nothing, so the working set is sink + local.
@@ -17,6 +18,7 @@ class StreamingRetriever final : public Retriever {
   void extend(const HostKvStore&, int64_t, int64_t, bool, int) override {}
   int64_t select(const HostKvStore&, const SelectRequest&, int32_t* const*) const override { return 0; }
   int64_t bytes() const noexcept override { return 0; }
+  bool can_cut(int64_t) const noexcept override { return true; }
 };
 
 }  // namespace kvret

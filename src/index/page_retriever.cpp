@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/vec_math.hpp"
@@ -19,6 +20,7 @@ constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the
 PageRetriever::PageRetriever(int n_kv_heads, int head_dim, int page_size)
     : n_kv_(n_kv_heads), d_(head_dim), page_size_(page_size), bounds_(static_cast<size_t>(n_kv_heads)) {
   require(page_size >= 1, KVRET_ERR_INVALID_ARGUMENT, "page_size must be >= 1");
+  require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim above kMaxHeadDim");
 }
 
 int64_t PageRetriever::bytes() const noexcept {
@@ -92,6 +94,36 @@ void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end,
   }
   base_ = base;
   end_ = end;
+}
+
+void PageRetriever::cut(const HostKvStore& store, int64_t end) noexcept {
+  if (base_ < 0 || end >= end_) return;
+  if (end <= base_) {
+    for (auto& b : bounds_) b.clear();
+    base_ = end_ = -1;
+    return;
+  }
+  end_ = end;
+  const int64_t n_pages = pages();
+  const size_t row = 2 * static_cast<size_t>(d_);
+  const size_t d = static_cast<size_t>(d_);
+  const int64_t first = base_ + (n_pages - 1) * page_size_;  // the last page, summarized again from its tokens
+  float key[kMaxHeadDim];
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& b = bounds_[static_cast<size_t>(h)];
+    b.resize(static_cast<size_t>(n_pages) * row);  // shrinking: no allocation
+    float* lo = b.data() + static_cast<size_t>(n_pages - 1) * row;
+    float* hi = lo + d;
+    std::fill_n(lo, d, std::numeric_limits<float>::infinity());
+    std::fill_n(hi, d, -std::numeric_limits<float>::infinity());
+    for (int64_t pos = first; pos < end; ++pos) {
+      store.keys_f32(h, pos, pos + 1, key);
+      for (size_t i = 0; i < d; ++i) {
+        lo[i] = std::min(lo[i], key[i]);
+        hi[i] = std::max(hi[i], key[i]);
+      }
+    }
+  }
 }
 
 void PageRetriever::scaled_bounds(int head, const float* q, int n_queries, float scale, float* split,

@@ -22,6 +22,9 @@ class PageRetriever final : public Retriever {
   void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
   int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
   int64_t bytes() const noexcept override;
+  /// Always: whole pages are dropped, a page the cut splits is summarized again from the store.
+  bool can_cut(int64_t) const noexcept override { return true; }
+  void cut(const HostKvStore& store, int64_t end) noexcept override;
 
   // Introspection (tests, benchmarks).
   int page_size() const noexcept { return page_size_; }

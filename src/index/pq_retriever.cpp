@@ -95,6 +95,7 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()) {}
 
 int64_t PqRetriever::bytes() const noexcept {
+  if (base_ < 0) return 0;  // nothing indexed yet
   int64_t b = static_cast<int64_t>(codebook_.size() * sizeof(float));
   for (const auto& c : codes_) b += static_cast<int64_t>(c.size());
   for (const auto& c : cell_counts_) b += static_cast<int64_t>(c.size() * sizeof(int32_t));
@@ -316,6 +317,35 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     for (const int64_t t : picked) pos.push_back(begin + t);
     const auto& keys = new_keys[static_cast<size_t>(h)];
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
+  }
+  end_ = end;
+}
+
+bool PqRetriever::can_cut(int64_t end) const noexcept { return base_ < 0 || end >= end_ || end >= base_ + trained_on_; }
+
+void PqRetriever::cut(const HostKvStore&, int64_t end) noexcept {
+  if (base_ < 0 || end >= end_) return;
+  const int64_t kept = end - base_, old = end_ - base_;
+  const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype_);
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& pos = exact_pos_[static_cast<size_t>(h)];
+    const auto first_cut = static_cast<size_t>(std::lower_bound(pos.begin(), pos.end(), end) - pos.begin());
+    if (uses_cells()) {  // the dropped tokens leave their cells' counts (exact ones were never counted)
+      auto& cell = cells_of_[static_cast<size_t>(h)];
+      auto& count = cell_counts_[static_cast<size_t>(h)];
+      size_t next = first_cut;
+      for (int64_t t = kept; t < old; ++t) {
+        if (next < pos.size() && pos[next] == base_ + t) {
+          ++next;
+          continue;
+        }
+        --count[cell[static_cast<size_t>(t)]];
+      }
+      cell.resize(static_cast<size_t>(kept));  // shrinking: no allocation
+    }
+    codes_[static_cast<size_t>(h)].resize(static_cast<size_t>(kept) * static_cast<size_t>(m_));
+    pos.resize(first_cut);
+    exact_keys_[static_cast<size_t>(h)].resize(first_cut * row_bytes);
   }
   end_ = end;
 }

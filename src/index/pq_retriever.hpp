@@ -45,6 +45,10 @@ class PqRetriever final : public Retriever {
   void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
   int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
   int64_t bytes() const noexcept override;
+  /// Where the codebook was trained on positions below `end` only: then the codes, cells and exact tokens at or
+  /// above it are dropped and the rest is what the same extends up to `end` built.
+  bool can_cut(int64_t end) const noexcept override;
+  void cut(const HostKvStore& store, int64_t end) noexcept override;
 
   // Introspection (tests, benchmarks).
   bool trained() const noexcept { return trained_on_ > 0; }

@@ -36,6 +36,16 @@ class Retriever {
 
   /// Bytes the index holds.
   virtual int64_t bytes() const noexcept = 0;
+
+  /// Whether cut(end) can drop the indexed positions at or above `end` exactly, leaving the index the positions
+  /// below `end` would have built by the same extends. When it cannot (the default), the sequence rebuilds the
+  /// index from the remaining positions instead.
+  virtual bool can_cut(int64_t end) const noexcept {
+    (void)end;
+    return false;
+  }
+  /// Drops the indexed positions at or above `end` (only after can_cut(end)); `store` still holds them. Never throws.
+  virtual void cut(const HostKvStore& store, int64_t end) noexcept { (void)store, (void)end; }
 };
 
 /// The retriever for config.index_kind; `layer` decorrelates per-layer seeds.

@@ -65,6 +65,14 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
   size_ += tokens;
 }
 
+int64_t HostKvStore::release_unused_pages() noexcept {
+  const auto need = static_cast<size_t>(size_ / kPageTokens + (size_ % kPageTokens != 0 ? 1 : 0));
+  if (pages_.size() <= need) return 0;
+  const int64_t freed = static_cast<int64_t>(pages_.size() - need) * page_bytes_;
+  pages_.resize(need);  // shrinking: no allocation
+  return freed;
+}
+
 void HostKvStore::keys_f32(int head, int64_t begin, int64_t end, float* out) const noexcept {
   for (int64_t pos = begin; pos < end; ++pos)
     load_row_f32(key_row(head, pos), dtype_, out + (pos - begin) * head_dim_, static_cast<size_t>(head_dim_));

@@ -35,6 +35,8 @@ class HostKvStore {
   void truncate(int64_t size) noexcept {
     if (size < size_) size_ = size;
   }
+  /// Frees the pages past the last one holding a token; returns the bytes freed. Never throws.
+  int64_t release_unused_pages() noexcept;
 
   const std::byte* key_row(int head, int64_t pos) const noexcept { return row(0, head, pos); }
   const std::byte* value_row(int head, int64_t pos) const noexcept { return row(1, head, pos); }
