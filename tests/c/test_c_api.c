@@ -174,6 +174,19 @@ int main(void) {
     CHECK(stats.sequences == 1);
   }
 
+  { /* roll every layer back to its prefill, then below it */
+    int64_t length = 0;
+    int32_t layer;
+    CHECK_OK(kvret_seq_truncate(seq, T));
+    for (layer = 0; layer < LAYERS; ++layer) {
+      CHECK_OK(kvret_seq_length(seq, layer, &length));
+      CHECK(length == T);
+    }
+    CHECK_OK(kvret_seq_truncate(seq, T / 2));
+    CHECK_OK(kvret_seq_length(seq, 0, &length));
+    CHECK(length == T / 2);
+    CHECK(kvret_seq_truncate(seq, -1) == KVRET_ERR_INVALID_ARGUMENT);
+  }
   CHECK_OK(kvret_seq_close(seq));
   CHECK_OK(kvret_destroy(ctx));
   CHECK(kvret_destroy(NULL) == KVRET_OK);

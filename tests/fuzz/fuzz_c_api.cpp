@@ -85,8 +85,9 @@ struct Seq {
 };
 
 /// Calls made and calls that returned KVRET_OK, per kind; printed at exit when KVRET_FUZZ_STATS is set.
-enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kCalls };
-const char* const kCallNames[kCalls] = {"create", "prefill", "decode", "select", "fetch", "select_batch", "attend"};
+enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kCalls };
+const char* const kCallNames[kCalls] = {"create", "prefill",      "decode", "select",
+                                        "fetch",  "select_batch", "attend", "truncate"};
 uint64_t g_made[kCalls], g_ok[kCalls];
 
 kvret_status tally(Call call, kvret_status status) {
@@ -288,8 +289,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           for (float x : o) FUZZ_CHECK(x > 0.9999f && x < 1.0001f);
         break;
       }
-      default: {  // wait and stats
+      default: {  // wait and stats, or truncate
         if (!s.handle) break;
+        if (r.below(2) == 0) {  // truncate: mostly within the longest layer, now and then negative or far beyond
+          int64_t longest = 0;
+          for (const auto& k : s.k) longest = std::max(longest, static_cast<int64_t>(k.size()) / (H * D));
+          const uint32_t pick = r.below(16);
+          const int64_t length = pick == 0   ? -static_cast<int64_t>(r.u8()) - 1
+                                 : pick == 1 ? longest + static_cast<int64_t>(r.u8())
+                                             : static_cast<int64_t>(r.below(static_cast<uint32_t>(longest) + 1));
+          const kvret_status st = tally(kTruncate, kvret_seq_truncate(s.handle, length));
+          FUZZ_CHECK(length >= 0 ? st == KVRET_OK || st == KVRET_ERR_OUT_OF_MEMORY : st == KVRET_ERR_INVALID_ARGUMENT);
+          if (st != KVRET_OK) break;
+          for (int32_t l = 0; l < L; ++l) {
+            auto& k = s.k[static_cast<size_t>(l)];
+            auto& v = s.v[static_cast<size_t>(l)];
+            const size_t keep =
+                static_cast<size_t>(std::min<int64_t>(length, static_cast<int64_t>(k.size()) / (H * D)));
+            k.resize(keep * static_cast<size_t>(H * D));
+            v.resize(keep * static_cast<size_t>(H * D));
+            int64_t tokens = -1;
+            FUZZ_CHECK(kvret_seq_length(s.handle, l, &tokens) == KVRET_OK && tokens == static_cast<int64_t>(keep));
+          }
+          break;
+        }
         kvret_wait_index(s.handle, layer);
         kvret_stats st;
         kvret_stats_init(&st);

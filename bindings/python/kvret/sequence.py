@@ -1,6 +1,7 @@
 """Sequence: one request or conversation whose keys and values kvret stores, indexes and retrieves."""
 
 import collections
+import operator
 import threading
 
 import numpy as np
@@ -63,6 +64,16 @@ class Sequence(Resource):
         """Waits until the index of `layer` (every layer when -1) is built."""
         with self._lock:
             _c.kvret_wait_index(self._handle, layer)
+
+    def truncate(self, length):
+        """Rolls the sequence back to its first `length` tokens in every layer (speculative decoding: drop the
+        rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been
+        appended; on failure nothing changes. `length` is a non-negative integer (see kvret_seq_truncate)."""
+        length = operator.index(length)  # an int, not a float rounded to one
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        with self._lock:
+            _c.kvret_seq_truncate(self._handle, min(length, 2**63 - 1))
 
     # ---- queries ----
     def length(self, layer):

@@ -163,3 +163,28 @@ def test_version():
 @pytest.mark.parametrize("name", ["n_layers", "budget_ratio", "pq_bits", "seed", "disk_path"])
 def test_every_config_field_is_a_keyword(name):
     assert name in kvret.config.FIELDS
+
+
+def test_truncate_rolls_back_decode_steps(rng):
+    with make_context() as ctx, ctx.open_sequence() as a, ctx.open_sequence() as b:
+        k, v = random_kv(rng)
+        a.append_prefill(0, k, v)
+        b.append_prefill(0, k, v)
+        for _ in range(5):  # draft tokens, then rejected
+            dk, dv = random_kv(rng, tokens=1)
+            a.append_decode(0, dk[0], dv[0])
+        assert a.length(0) == TOKENS + 5
+        a.truncate(TOKENS)
+        assert a.length(0) == TOKENS and a.stats()["tokens_stored"] == b.stats()["tokens_stored"]
+        q = rng.standard_normal((N_Q, D), dtype=np.float32)
+        np.testing.assert_array_equal(a.select(0, q), b.select(0, q))
+        positions = a.select(0, q)
+        ws_a, ws_b = a.fetch(0, positions), b.fetch(0, positions)
+        np.testing.assert_array_equal(ws_a.k, ws_b.k)
+        np.testing.assert_array_equal(ws_a.positions, ws_b.positions)
+        with pytest.raises(ValueError, match="length"):
+            a.truncate(-1)
+        with pytest.raises(TypeError):
+            a.truncate(3.5)  # not rounded to 3
+        a.truncate(2**70)  # beyond every layer: nothing to drop
+        assert a.length(0) == TOKENS

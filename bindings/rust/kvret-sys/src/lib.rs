@@ -234,6 +234,8 @@ extern "C" {
     ) -> kvret_status;
     pub fn kvret_wait_index(seq: *mut kvret_seq, layer: i32) -> kvret_status;
 
+    pub fn kvret_seq_truncate(seq: *mut kvret_seq, length: i64) -> kvret_status;
+
     pub fn kvret_select(
         seq: *mut kvret_seq,
         layer: i32,

@@ -102,6 +102,14 @@ impl<'ctx> Sequence<'ctx> {
         check(unsafe { sys::kvret_wait_index(self.raw(), layer) })
     }
 
+    /// Rolls the sequence back to its first `length` tokens in every layer (speculative decoding: drop the
+    /// rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been
+    /// appended; on failure nothing changes (see `kvret_seq_truncate`).
+    pub fn truncate(&mut self, length: usize) -> Result<()> {
+        let length = i64::try_from(length).unwrap_or(i64::MAX); // beyond every layer: a no-op
+        check(unsafe { sys::kvret_seq_truncate(self.raw(), length) })
+    }
+
     // ---- queries ----
 
     /// Tokens stored for `layer`.

@@ -230,3 +230,27 @@ fn effective_config_and_version() -> kvret::Result<()> {
     assert!(kvret::version().starts_with("0."));
     Ok(())
 }
+
+#[test]
+fn truncate_rolls_back_decode_steps() -> kvret::Result<()> {
+    let mut rng = Rng(11);
+    let ctx = Context::new(&config())?;
+    let mut a = ctx.open_sequence()?;
+    let mut b = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    a.append_prefill(0, &k, &v)?;
+    b.append_prefill(0, &k, &v)?;
+    for _ in 0..5 {
+        // draft tokens, then rejected
+        let step = rng.gaussian(KV_HEADS * HEAD_DIM);
+        a.append_decode(0, &step, &step)?;
+    }
+    assert_eq!(a.length(0)?, TOKENS + 5);
+    a.truncate(TOKENS)?;
+    assert_eq!(a.length(0)?, TOKENS);
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    assert_eq!(a.select(0, &q, None)?, b.select(0, &q, None)?);
+    a.truncate(usize::MAX)?; // beyond every layer: nothing to drop
+    assert_eq!(a.length(0)?, TOKENS);
+    Ok(())
+}

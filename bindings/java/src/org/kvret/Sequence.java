@@ -57,6 +57,18 @@ public final class Sequence implements AutoCloseable {
     KvretNative.kvret_wait_index(handle, layer);
   }
 
+  /**
+   * Rolls the sequence back to its first {@code length} tokens in every layer (speculative decoding: drop the
+   * rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been appended;
+   * on failure nothing changes (see kvret_seq_truncate).
+   *
+   * @throws IllegalArgumentException if length is negative
+   */
+  public synchronized void truncate(long length) {
+    if (length < 0) throw new IllegalArgumentException("length must be >= 0, got " + length);
+    KvretNative.kvret_seq_truncate(handle, length);
+  }
+
   // ---- queries ----
 
   /** Tokens stored for {@code layer}. */

@@ -123,4 +123,38 @@ public class RoundTripTest {
     assertEquals(Kvret.headerVersionNumber() / 100, Kvret.versionNumber() / 100);
     assertTrue(Kvret.version().startsWith("0."));
   }
+
+  @Test
+  public void truncateRollsBackDecodeSteps() {
+    try (Context ctx = Context.create(Fixtures.config().build());
+        Sequence a = ctx.openSequence();
+        Sequence b = ctx.openSequence()) {
+      Tensor k = Fixtures.kv(random);
+      Tensor v = Fixtures.kv(random);
+      a.appendPrefill(0, k, v);
+      b.appendPrefill(0, k, v);
+      for (int step = 0; step < 5; ++step) { // draft tokens, then rejected
+        Tensor dk = Tensor.ofFloats(Fixtures.gaussian(random, Fixtures.KV_HEADS * Fixtures.HEAD_DIM),
+            Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+        a.appendDecode(0, dk, dk);
+      }
+      assertEquals(Fixtures.TOKENS + 5, a.length(0));
+      a.truncate(Fixtures.TOKENS);
+      assertEquals(Fixtures.TOKENS, a.length(0));
+      Tensor q = Fixtures.query(random);
+      Selection got = a.select(0, q);
+      Selection want = b.select(0, q);
+      for (int head = 0; head < Fixtures.KV_HEADS; ++head) {
+        assertArrayEquals(want.positions(head), got.positions(head));
+      }
+      try {
+        a.truncate(-1);
+        org.junit.Assert.fail("a negative length was accepted");
+      } catch (IllegalArgumentException expected) {
+        assertTrue(expected.getMessage().contains("length"));
+      }
+      a.truncate(Long.MAX_VALUE);
+      assertEquals(Fixtures.TOKENS, a.length(0));
+    }
+  }
 }
