@@ -261,6 +261,15 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
  *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. length < 0: KVRET_ERR_INVALID_ARGUMENT;
  *  a length at or above every layer's is a no-op. */
 KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
+/** Opens a new sequence of the same context that holds what `seq` holds (every layer's tokens and index): for
+ *  beam search, parallel sampling, or several continuations of one prompt. The two share their KV pages copy on
+ *  write (a page is copied when either appends into it), so a fork costs the index copy, not the KV. From then on
+ *  they are independent: appends, truncations, selections and closing one never change the other, and each may
+ *  be used from its own thread. Its stats start with the state (tokens_stored, host_bytes, index_bytes) and no
+ *  activity; a page the two share counts in the host_bytes of each, so host_bytes_limit is never exceeded when
+ *  one of them later copies it. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
+ *  OUT_OF_MEMORY) *out is NULL and nothing was created. */
+KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Appending keys and values

@@ -236,10 +236,10 @@ kvret_status kvret_get_config(const kvret_context* ctx, kvret_config* out) {
 }
 
 kvret_status kvret_seq_open(kvret_context* ctx, kvret_seq** out) {
+  if (out != nullptr) *out = nullptr;  // before anything may fail
   return guarded([&] {
     kvret::Context& c = context_of(ctx);
     require_out(out, "out");
-    *out = nullptr;
     kvret::Sequence* s = c.open_sequence();
     try {
       *out = static_cast<kvret_seq*>(const_cast<void*>(sequences().add(s)));
@@ -264,6 +264,21 @@ kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_
     const kvret::Sequence& s = sequence_of(seq);
     require_out(out_tokens, "out_tokens");
     *out_tokens = s.length(layer);
+  });
+}
+
+kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out) {
+  if (out != nullptr) *out = nullptr;  // before anything may fail
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_out(out, "out");
+    kvret::Sequence* child = s.context().adopt_sequence(s.fork());
+    try {
+      *out = static_cast<kvret_seq*>(const_cast<void*>(sequences().add(child)));
+    } catch (...) {
+      s.context().close_sequence(child);
+      throw;
+    }
   });
 }
 

@@ -43,6 +43,12 @@ Sequence* Context::open_sequence() {
   return sequences_.back().get();
 }
 
+Sequence* Context::adopt_sequence(std::unique_ptr<Sequence> seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sequences_.push_back(std::move(seq));  // on bad_alloc, seq (and its reserved bytes) is released by the caller
+  return sequences_.back().get();
+}
+
 void Context::close_sequence(Sequence* seq) {
   std::unique_ptr<Sequence> owned;
   {

@@ -31,6 +31,8 @@ class Context {
   void release_host_bytes(int64_t bytes) noexcept;
 
   Sequence* open_sequence();
+  /// Takes a sequence made for this context (a fork) into the open ones.
+  Sequence* adopt_sequence(std::unique_ptr<Sequence> seq);
   void close_sequence(Sequence* seq);
   bool owns(const Sequence* seq) const;
   std::vector<Sequence*> sequences() const;

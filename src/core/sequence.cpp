@@ -287,6 +287,27 @@ void Sequence::truncate(int64_t length) {
   }
 }
 
+std::unique_ptr<Sequence> Sequence::fork() {
+  drain();  // no build changes a layer while it is copied (a failed one keeps its status here)
+  auto child = std::make_unique<Sequence>(ctx_, ForkTag{});
+  child->layers_.reserve(layers_.size());
+  int64_t host_bytes = 0;
+  for (const auto& l : layers_) {
+    child->layers_.push_back(std::make_unique<Layer>(l->store.fork(), l->index->clone()));
+    Layer& c = *child->layers_.back();
+    c.indexed_end = l->indexed_end;
+    c.index_bytes = l->index_bytes;
+    host_bytes += l->store.bytes();
+  }
+  // A page the two share counts in each (so the host limit holds whichever of them writes to it first).
+  ctx_.reserve_host_bytes(host_bytes);
+  // no throw below
+  child->stats_.host_bytes = host_bytes;
+  child->stats_.tokens_stored = stats_.tokens_stored.load();
+  child->stats_.index_bytes = stats_.index_bytes.load();
+  return child;
+}
+
 int64_t Sequence::resolve_budget(int32_t layer, int32_t budget) const {
   const kvret_config& c = ctx_.config();
   const TokenGroups g = groups(layer);

@@ -30,6 +30,9 @@ struct TokenGroups {
 class Sequence {
  public:
   explicit Sequence(Context& ctx);
+  /// A fork's sequence: its layers already filled.
+  struct ForkTag {};
+  Sequence(Context& ctx, ForkTag) : ctx_(ctx) {}
   ~Sequence();  ///< waits for this sequence's background builds
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -44,6 +47,9 @@ class Sequence {
   /// Rolls every layer back to its first `length` tokens (layers holding fewer keep theirs); see kvret_seq_truncate.
   /// Strong guarantee.
   void truncate(int64_t length);
+  /// A new sequence of the same context holding the same tokens, index and stats of state (tokens, bytes), sharing
+  /// this one's KV pages copy-on-write; see kvret_seq_fork. Strong guarantee (nothing is created on failure).
+  std::unique_ptr<Sequence> fork();
 
   int64_t length(int32_t layer) const;
   TokenGroups groups(int32_t layer) const;
@@ -71,6 +77,7 @@ class Sequence {
   struct Layer {
     Layer(int n_kv_heads, int head_dim, DType dtype, std::unique_ptr<Retriever> r)
         : store(n_kv_heads, head_dim, dtype), index(std::move(r)) {}
+    Layer(HostKvStore s, std::unique_ptr<Retriever> r) : store(std::move(s)), index(std::move(r)) {}
     HostKvStore store;
     std::unique_ptr<Retriever> index;
     int64_t indexed_end = 0;  ///< middle positions below this are indexed

@@ -10,6 +10,7 @@ class ExactRetriever final : public Retriever {
   int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<ExactRetriever>(*this); }
 };
 
 /// The streaming baseline: selects nothing, so the working set is sink + local.
@@ -19,6 +20,7 @@ class StreamingRetriever final : public Retriever {
   int64_t select(const HostKvStore&, const SelectRequest&, int32_t* const*) const override { return 0; }
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<StreamingRetriever>(*this); }
 };
 
 }  // namespace kvret

@@ -25,6 +25,7 @@ class PageRetriever final : public Retriever {
   /// Always: whole pages are dropped, a page the cut splits is summarized again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
   void cut(const HostKvStore& store, int64_t end) noexcept override;
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<PageRetriever>(*this); }
 
   // Introspection (tests, benchmarks).
   int page_size() const noexcept { return page_size_; }

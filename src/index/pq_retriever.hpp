@@ -49,6 +49,7 @@ class PqRetriever final : public Retriever {
   /// above it are dropped and the rest is what the same extends up to `end` built.
   bool can_cut(int64_t end) const noexcept override;
   void cut(const HostKvStore& store, int64_t end) noexcept override;
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<PqRetriever>(*this); }
 
   // Introspection (tests, benchmarks).
   bool trained() const noexcept { return trained_on_ > 0; }

@@ -8,6 +8,10 @@
 
 namespace kvret {
 
+std::unique_ptr<Retriever> Retriever::clone() const {
+  throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be copied, so its sequences cannot be forked");
+}
+
 std::unique_ptr<Retriever> make_retriever(const kvret_config& c, int layer) {
   switch (c.index_kind) {
     case KVRET_INDEX_EXACT:

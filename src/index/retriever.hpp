@@ -46,6 +46,9 @@ class Retriever {
   }
   /// Drops the indexed positions at or above `end` (only after can_cut(end)); `store` still holds them. Never throws.
   virtual void cut(const HostKvStore& store, int64_t end) noexcept { (void)store, (void)end; }
+
+  /// An independent copy (for a forked sequence). The default: KVRET_ERR_UNSUPPORTED.
+  virtual std::unique_ptr<Retriever> clone() const;
 };
 
 /// The retriever for config.index_kind; `layer` decorrelates per-layer seeds.

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -32,6 +34,22 @@ int64_t HostKvStore::bytes_to_grow(int64_t tokens) const noexcept {
   return __builtin_mul_overflow(need - have, page_bytes_, &bytes) ? INT64_MAX : bytes;
 }
 
+HostKvStore::Page HostKvStore::new_page() const {
+  auto* raw = static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment, std::nothrow));
+  if (raw == nullptr)
+    throw Error(KVRET_ERR_OUT_OF_MEMORY,
+                "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
+  return Page(raw, PageDeleter{});  // frees raw if the control block cannot be allocated
+}
+
+HostKvStore HostKvStore::fork() const {
+  HostKvStore copy(n_kv_heads_, head_dim_, dtype_);
+  const auto used = static_cast<size_t>(size_ / kPageTokens + (size_ % kPageTokens != 0 ? 1 : 0));
+  copy.pages_.assign(pages_.begin(), pages_.begin() + static_cast<std::ptrdiff_t>(used));
+  copy.size_ = size_;
+  return copy;
+}
+
 void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t tokens, bool tokens_dim) {
   const int64_t grow = bytes_to_grow(tokens);
   require(grow < INT64_MAX, KVRET_ERR_OUT_OF_MEMORY,
@@ -39,18 +57,22 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
   const size_t new_pages = static_cast<size_t>(grow / page_bytes_);
   std::vector<Page> fresh;
   fresh.reserve(new_pages);
-  for (size_t i = 0; i < new_pages; ++i) {
-    // owned before anything else may throw (the message of a failure allocates)
-    Page page(
-        static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment, std::nothrow)));
-    if (!page)
-      throw Error(KVRET_ERR_OUT_OF_MEMORY,
-                  "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
-    fresh.push_back(std::move(page));
+  for (size_t i = 0; i < new_pages; ++i) fresh.push_back(new_page());
+  // Pages this append writes into that a forked store shares: copied first (copy on write).
+  const auto first = static_cast<size_t>(size_ / kPageTokens);
+  const int64_t total = size_ + tokens;
+  const auto last = std::min(pages_.size(), static_cast<size_t>(total / kPageTokens + (total % kPageTokens != 0)));
+  std::vector<std::pair<size_t, Page>> copies;
+  for (size_t p = first; p < last; ++p) {
+    if (pages_[p].use_count() <= 1) continue;
+    Page page = new_page();
+    std::memcpy(page.get(), pages_[p].get(), static_cast<size_t>(page_bytes_));
+    copies.emplace_back(p, std::move(page));
   }
   // may throw bad_alloc before anything changed; grows geometrically (decode adds a page every kPageTokens tokens)
   if (pages_.capacity() < pages_.size() + new_pages)
     pages_.reserve(std::max(2 * pages_.capacity(), pages_.size() + new_pages));
+  for (auto& [p, page] : copies) pages_[p].swap(page);
   for (auto& p : fresh) pages_.push_back(std::move(p));
   // Nothing below can fail.
   for (int64_t t = 0; t < tokens; ++t) {

@@ -24,7 +24,8 @@ class HostKvStore {
   size_t row_bytes() const noexcept { return row_bytes_; }
   /// Bytes held in pages.
   int64_t bytes() const noexcept { return static_cast<int64_t>(pages_.size()) * page_bytes_; }
-  /// Extra page bytes an append of `tokens` more tokens allocates (INT64_MAX when that does not fit in 64 bits).
+  /// Extra page bytes an append of `tokens` more tokens adds to bytes() (INT64_MAX when that does not fit in 64
+  /// bits). A shared page it copies first replaces the shared one, so it adds nothing here.
   int64_t bytes_to_grow(int64_t tokens) const noexcept;
 
   /// Appends `tokens` tokens. k and v are [tokens, H, D] views (or [H, D] when tokens_dim is false). Every page is
@@ -37,6 +38,10 @@ class HostKvStore {
   }
   /// Frees the pages past the last one holding a token; returns the bytes freed. Never throws.
   int64_t release_unused_pages() noexcept;
+
+  /// A store holding the same tokens that shares this one's pages (copy on write: an append to either copies a
+  /// shared page before it writes into it). Throws std::bad_alloc (its page list), changing nothing.
+  HostKvStore fork() const;
 
   const std::byte* key_row(int head, int64_t pos) const noexcept { return row(0, head, pos); }
   const std::byte* value_row(int head, int64_t pos) const noexcept { return row(1, head, pos); }
@@ -56,7 +61,10 @@ class HostKvStore {
   struct PageDeleter {
     void operator()(std::byte* p) const noexcept;
   };
-  using Page = std::unique_ptr<std::byte[], PageDeleter>;
+  /// A page, shared by the stores of forked sequences until one of them writes into it.
+  using Page = std::shared_ptr<std::byte>;
+  /// A new page (Error OUT_OF_MEMORY when it cannot be allocated).
+  Page new_page() const;
 
   int n_kv_heads_;
   int head_dim_;

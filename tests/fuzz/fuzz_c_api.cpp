@@ -85,9 +85,9 @@ struct Seq {
 };
 
 /// Calls made and calls that returned KVRET_OK, per kind; printed at exit when KVRET_FUZZ_STATS is set.
-enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kCalls };
-const char* const kCallNames[kCalls] = {"create", "prefill",      "decode", "select",
-                                        "fetch",  "select_batch", "attend", "truncate"};
+enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kFork, kCalls };
+const char* const kCallNames[kCalls] = {"create",       "prefill", "decode",   "select", "fetch",
+                                        "select_batch", "attend",  "truncate", "fork"};
 uint64_t g_made[kCalls], g_ok[kCalls];
 
 kvret_status tally(Call call, kvret_status status) {
@@ -289,8 +289,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           for (float x : o) FUZZ_CHECK(x > 0.9999f && x < 1.0001f);
         break;
       }
-      default: {  // wait and stats, or truncate
+      default: {  // wait and stats, truncate, or fork
         if (!s.handle) break;
+        Seq& free_slot = seqs[r.below(4)];
+        if (r.below(3) == 0 && !free_slot.handle) {  // fork into a free slot: the fork holds what its source holds
+          kvret_seq* forked = nullptr;
+          const kvret_status st = tally(kFork, kvret_seq_fork(s.handle, &forked));
+          FUZZ_CHECK(st == KVRET_OK ? forked != nullptr : forked == nullptr);
+          if (st != KVRET_OK) break;
+          free_slot = s;
+          free_slot.handle = forked;
+          for (int32_t l = 0; l < L; ++l) {
+            int64_t a = -1, b = -2;
+            FUZZ_CHECK(kvret_seq_length(s.handle, l, &a) == KVRET_OK && kvret_seq_length(forked, l, &b) == KVRET_OK);
+            FUZZ_CHECK(a == b);
+          }
+          break;
+        }
         if (r.below(2) == 0) {  // truncate: mostly within the longest layer, now and then negative or far beyond
           int64_t longest = 0;
           for (const auto& k : s.k) longest = std::max(longest, static_cast<int64_t>(k.size()) / (H * D));

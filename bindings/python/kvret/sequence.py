@@ -23,10 +23,10 @@ class Sequence(Resource):
     distinct sequences run in parallel, with the GIL released inside the library.
     """
 
-    def __init__(self, context):
+    def __init__(self, context, _handle=None):
         self._context = context
         self._lock = threading.Lock()
-        self._handle = _c.kvret_seq_open(context._handle)
+        self._handle = _c.kvret_seq_open(context._handle) if _handle is None else _handle
         context._sequences.add(self)
 
     # ---- lifetime ----
@@ -64,6 +64,14 @@ class Sequence(Resource):
         """Waits until the index of `layer` (every layer when -1) is built."""
         with self._lock:
             _c.kvret_wait_index(self._handle, layer)
+
+    def fork(self):
+        """A new sequence holding what this one holds (every layer's tokens and index), for beam search, parallel
+        sampling or several continuations of one prompt. The two share their KV pages copy on write and are
+        independent from then on (see kvret_seq_fork)."""
+        with self._lock:
+            handle = _c.kvret_seq_fork(self._handle)
+        return Sequence(self._context, _handle=handle)
 
     def truncate(self, length):
         """Rolls the sequence back to its first `length` tokens in every layer (speculative decoding: drop the

@@ -188,3 +188,26 @@ def test_truncate_rolls_back_decode_steps(rng):
             a.truncate(3.5)  # not rounded to 3
         a.truncate(2**70)  # beyond every layer: nothing to drop
         assert a.length(0) == TOKENS
+
+
+def test_fork_branches_independently(rng):
+    with make_context() as ctx, ctx.open_sequence() as parent, ctx.open_sequence() as direct:
+        k, v = random_kv(rng)
+        parent.append_prefill(0, k, v)
+        direct.append_prefill(0, k, v)
+        with parent.fork() as child:
+            assert isinstance(child, kvret.Sequence) and child.context is ctx
+            assert child.length(0) == TOKENS
+            dk, dv = random_kv(rng, tokens=3)
+            for t in range(3):  # the child goes on; the parent stays as it was
+                child.append_decode(0, dk[t], dv[t])
+                direct.append_decode(0, dk[t], dv[t])
+            assert parent.length(0) == TOKENS and child.length(0) == TOKENS + 3
+            q = rng.standard_normal((N_Q, D), dtype=np.float32)
+            np.testing.assert_array_equal(child.select(0, q), direct.select(0, q))
+            positions = child.select(0, q)
+            np.testing.assert_array_equal(child.fetch(0, positions).k, direct.fetch(0, positions).k)
+        assert parent.length(0) == TOKENS  # closing the fork leaves its source
+        parent.close()
+        with pytest.raises(kvret.KvretError):
+            parent.fork()

@@ -236,6 +236,8 @@ extern "C" {
 
     pub fn kvret_seq_truncate(seq: *mut kvret_seq, length: i64) -> kvret_status;
 
+    pub fn kvret_seq_fork(seq: *mut kvret_seq, out: *mut *mut kvret_seq) -> kvret_status;
+
     pub fn kvret_select(
         seq: *mut kvret_seq,
         layer: i32,

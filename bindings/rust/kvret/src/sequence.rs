@@ -102,6 +102,15 @@ impl<'ctx> Sequence<'ctx> {
         check(unsafe { sys::kvret_wait_index(self.raw(), layer) })
     }
 
+    /// A new sequence of the same context holding what this one holds (every layer's tokens and index), for beam
+    /// search, parallel sampling or several continuations of one prompt. The two share their KV pages copy on
+    /// write and are independent from then on (see `kvret_seq_fork`).
+    pub fn fork(&mut self) -> Result<Sequence<'ctx>> {
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { sys::kvret_seq_fork(self.raw(), &mut raw) })?;
+        Ok(Sequence::from_raw(self.context, NonNull::new(raw).expect("kvret_seq_fork returned OK and a null sequence")))
+    }
+
     /// Rolls the sequence back to its first `length` tokens in every layer (speculative decoding: drop the
     /// rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been
     /// appended; on failure nothing changes (see `kvret_seq_truncate`).

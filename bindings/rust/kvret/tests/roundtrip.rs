@@ -254,3 +254,25 @@ fn truncate_rolls_back_decode_steps() -> kvret::Result<()> {
     assert_eq!(a.length(0)?, TOKENS);
     Ok(())
 }
+
+#[test]
+fn fork_branches_independently() -> kvret::Result<()> {
+    let mut rng = Rng(13);
+    let ctx = Context::new(&config())?;
+    let mut parent = ctx.open_sequence()?;
+    let mut direct = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    parent.append_prefill(0, &k, &v)?;
+    direct.append_prefill(0, &k, &v)?;
+    let mut child = parent.fork()?;
+    assert_eq!(child.length(0)?, TOKENS);
+    let step = rng.gaussian(KV_HEADS * HEAD_DIM);
+    child.append_decode(0, &step, &step)?;
+    direct.append_decode(0, &step, &step)?;
+    assert_eq!(parent.length(0)?, TOKENS);
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    assert_eq!(child.select(0, &q, None)?, direct.select(0, &q, None)?);
+    drop(child);
+    assert_eq!(parent.length(0)?, TOKENS);
+    Ok(())
+}

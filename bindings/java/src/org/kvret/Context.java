@@ -83,6 +83,22 @@ public final class Context implements AutoCloseable {
     }
   }
 
+  /** The fork of an open sequence of this context (Sequence.fork). */
+  Sequence forkSequence(long source) {
+    lifetime.readLock().lock();
+    try {
+      long[] out = new long[1];
+      KvretNative.kvret_seq_fork(source, out);
+      Sequence sequence = new Sequence(this, out[0]);
+      synchronized (sequences) {
+        sequences.add(sequence);
+      }
+      return sequence;
+    } finally {
+      lifetime.readLock().unlock();
+    }
+  }
+
   /**
    * Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first {@code rows} rows.
    * q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim]; out: F32 [n_q_heads, head_dim]. A scale

@@ -58,6 +58,15 @@ public final class Sequence implements AutoCloseable {
   }
 
   /**
+   * A new sequence of the same context holding what this one holds (every layer's tokens and index), for beam
+   * search, parallel sampling or several continuations of one prompt. The two share their KV pages copy on write
+   * and are independent from then on (see kvret_seq_fork). Close it like any sequence.
+   */
+  public synchronized Sequence fork() {
+    return context.forkSequence(handle);
+  }
+
+  /**
    * Rolls the sequence back to its first {@code length} tokens in every layer (speculative decoding: drop the
    * rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been appended;
    * on failure nothing changes (see kvret_seq_truncate).

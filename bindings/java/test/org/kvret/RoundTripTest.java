@@ -157,4 +157,31 @@ public class RoundTripTest {
       assertEquals(Fixtures.TOKENS, a.length(0));
     }
   }
+
+  @Test
+  public void forkBranchesIndependently() {
+    try (Context ctx = Context.create(Fixtures.config().build());
+        Sequence parent = ctx.openSequence();
+        Sequence direct = ctx.openSequence()) {
+      Tensor k = Fixtures.kv(random);
+      Tensor v = Fixtures.kv(random);
+      parent.appendPrefill(0, k, v);
+      direct.appendPrefill(0, k, v);
+      try (Sequence child = parent.fork()) {
+        assertEquals(Fixtures.TOKENS, child.length(0));
+        Tensor step = Tensor.ofFloats(Fixtures.gaussian(random, Fixtures.KV_HEADS * Fixtures.HEAD_DIM),
+            Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+        child.appendDecode(0, step, step);
+        direct.appendDecode(0, step, step);
+        assertEquals(Fixtures.TOKENS, parent.length(0));
+        Tensor q = Fixtures.query(random);
+        Selection got = child.select(0, q);
+        Selection want = direct.select(0, q);
+        for (int head = 0; head < Fixtures.KV_HEADS; ++head) {
+          assertArrayEquals(want.positions(head), got.positions(head));
+        }
+      }
+      assertEquals(Fixtures.TOKENS, parent.length(0));
+    }
+  }
 }
