@@ -10,9 +10,9 @@
 //
 // Exact outliers (ShadowKV's idea, Params::exact_fraction): the keys PQ reconstructs worst are kept exact. At each
 // training, per head, the ceil(fraction * n) tokens with the largest squared reconstruction error ||k - k_hat||^2
-// (ties: the earlier position) get an f32 copy of their key and are scored with the exact q.k; a token encoded
-// later with the same codebook joins them when its error is strictly above the smallest error of the set at
-// training (the head's threshold), so the share stays about constant. A rare, sharp key -- the one a retrieval head
+// (ties: the earlier position) get a copy of their key (in the store's dtype) and are scored with the exact q.k; a
+// token encoded later with the same codebook joins them when its error is strictly above the smallest error of the set
+// at training (the head's threshold), so the share stays about constant. A rare, sharp key -- the one a retrieval head
 // copies from -- is exactly the kind PQ reconstructs worst, and ranking it by its PQ score can drop it at every
 // budget. Exact tokens leave their cells (cell counts exclude them) and compete as single items of count 1 next
 // to the cells: each query head's softmax runs over cells and exact tokens together.
