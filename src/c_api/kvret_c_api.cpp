@@ -82,28 +82,14 @@ HandleRegistry<kvret::Sequence>& sequences() {
   return r;
 }
 
-kvret_status fail(kvret_status status, const char* what) noexcept {
-  try {
-    g_last_error = what;
-  } catch (...) {
-    g_last_error.clear();
-  }
-  return status;
-}
 
 template <class F>
 kvret_status guarded(F&& body) noexcept {
   try {
     body();
     return KVRET_OK;
-  } catch (const Error& e) {
-    return fail(e.status(), e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(KVRET_ERR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception& e) {
-    return fail(KVRET_ERR_INTERNAL, e.what());
   } catch (...) {
-    return fail(KVRET_ERR_INTERNAL, "unknown internal error");
+    return kvret::current_exception_status(g_last_error);  // the message goes straight to the last error
   }
 }
 

@@ -202,15 +202,8 @@ void Sequence::submit_build(int32_t layer, Layer& l, int64_t mid_end) {
     std::string message;
     try {
       index_range(layer, l, mid_end, true);
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    } catch (const std::bad_alloc&) {
-      status = KVRET_ERR_OUT_OF_MEMORY;
-      message = "out of host memory";
-    } catch (const std::exception& e) {
-      status = KVRET_ERR_INTERNAL;
-      message = e.what();
+    } catch (...) {
+      status = current_exception_status(message);
     }
     std::lock_guard<std::mutex> lock(l.mu);
     l.build_status = status;
