@@ -82,7 +82,6 @@ HandleRegistry<kvret::Sequence>& sequences() {
   return r;
 }
 
-
 template <class F>
 kvret_status guarded(F&& body) noexcept {
   try {
@@ -328,11 +327,21 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
       (void)s.check_select(layer, qv.slice(i), budget, ov.slice(i));
       batch.push_back(&s);
     }
-    std::vector<int32_t> counts(static_cast<size_t>(n));
+    // every sequence prepared, then one call into the index kind for the whole batch
+    std::vector<kvret::Sequence::PreparedSelect> prepared(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i)
-      counts[static_cast<size_t>(i)] =
-          static_cast<int32_t>(batch[static_cast<size_t>(i)]->select_checked(layer, qv.slice(i), budget, ov.slice(i)));
-    std::copy(counts.begin(), counts.end(), out_counts);
+      batch[static_cast<size_t>(i)]->prepare_select(layer, qv.slice(i), budget, ov.slice(i),
+                                                    prepared[static_cast<size_t>(i)]);
+    std::vector<kvret::SelectJob> jobs;
+    std::vector<size_t> owner;
+    for (size_t i = 0; i < prepared.size(); ++i)
+      if (prepared[i].job.retriever != nullptr) {
+        jobs.push_back(prepared[i].job);
+        owner.push_back(i);
+      }
+    if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) prepared[owner[j]].job.count = jobs[j].count;
+    for (int32_t i = 0; i < n; ++i) out_counts[i] = static_cast<int32_t>(prepared[static_cast<size_t>(i)].job.count);
   });
 }
 

@@ -9,7 +9,12 @@
 namespace kvret {
 
 Context::Context(const kvret_config& config, std::string disk_path)
-    : config_(config), disk_path_(std::move(disk_path)), threads_(resolve_threads(config.n_threads)) {
+    : config_(config),
+      kind_(find_retriever_kind(config.index_kind)),
+      disk_path_(std::move(disk_path)),
+      threads_(resolve_threads(config.n_threads)) {
+  require(kind_ != nullptr, KVRET_ERR_UNSUPPORTED,
+          "index kind " + std::to_string(config.index_kind) + " is not implemented");
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/build_queue.hpp"
 #include "core/stats.hpp"
+#include "index/retriever.hpp"
 #include "kvret.h"
 
 namespace kvret {
@@ -25,6 +26,8 @@ class Context {
   const std::string& disk_path() const noexcept { return disk_path_; }
   int threads() const noexcept { return threads_; }
   BuildQueue& builds() noexcept { return builds_; }
+  /// The index kind of config.index_kind, as registered when the context was created.
+  const RetrieverKind& kind() const noexcept { return *kind_; }
 
   /// Accounts `bytes` more host memory against host_bytes_limit; throws KVRET_ERR_CAPACITY past it.
   void reserve_host_bytes(int64_t bytes);
@@ -41,6 +44,7 @@ class Context {
 
  private:
   kvret_config config_;
+  std::shared_ptr<const RetrieverKind> kind_;
   std::string disk_path_;
   int threads_;
   std::atomic<int64_t> host_bytes_{0};

@@ -36,7 +36,7 @@ Sequence::Sequence(Context& ctx) : ctx_(ctx) {
   layers_.reserve(static_cast<size_t>(c.n_layers));
   for (int32_t l = 0; l < c.n_layers; ++l)
     layers_.push_back(
-        std::make_unique<Layer>(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), make_retriever(c, l)));
+        std::make_unique<Layer>(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.kind().make(c, l)));
 }
 
 Sequence::~Sequence() {
@@ -248,7 +248,7 @@ void Sequence::truncate(int64_t length) {
     Plan p{&l, groups_at(length), 0, nullptr};
     p.indexed_end = std::min(l.indexed_end, p.after.mid_end);
     if (!l.index->can_cut(p.indexed_end)) {
-      p.rebuilt = make_retriever(ctx_.config(), i);
+      p.rebuilt = ctx_.kind().make(ctx_.config(), i);
       p.rebuilt->extend(l.store, p.after.mid_begin, p.after.mid_end, true, ctx_.threads());
       p.indexed_end = p.after.mid_end;
       ++rebuilds;
@@ -326,23 +326,31 @@ int64_t Sequence::check_select(int32_t layer, const TensorView& q, int32_t budge
   out.expect_dim(0, c.n_kv_heads, "n_kv_heads");
   require(length(layer) > 0, KVRET_ERR_STATE, "select on " + layer_name(layer) + ", which holds no tokens");
   int64_t count = resolve_budget(layer, budget);
-  if (c.index_kind == KVRET_INDEX_STREAMING) count = 0;
+  if (!ctx_.kind().selects()) count = 0;
   out.expect_dim_at_least(1, count, "selected positions per head");
   return count;
 }
 
-int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) {
+void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                              PreparedSelect& p) {
   const kvret_config& c = ctx_.config();
   const int64_t count = check_select(layer, q, budget, out);
-  const std::vector<float> qf = load_query(q, c.check_finite != 0);
+  p.q = load_query(q, c.check_finite != 0);
   Layer& l = *layers_[static_cast<size_t>(layer)];
   wait_layer(layer, l);
   const TokenGroups g = groups(layer);
   index_range(layer, l, g.mid_end, true);  // no-op unless a failed build left a gap
+  p.rows.resize(static_cast<size_t>(c.n_kv_heads));
+  for (int h = 0; h < c.n_kv_heads; ++h) p.rows[static_cast<size_t>(h)] = reinterpret_cast<int32_t*>(out.at({h}));
   stats_.selections += 1;
-  if (count == 0) return 0;
-  SelectRequest r;
-  r.q = qf.data();
+  SelectJob& job = p.job;
+  job = SelectJob{};
+  if (count == 0) return;
+  job.retriever = l.index.get();
+  job.store = &l.store;
+  job.out_rows = p.rows.data();
+  SelectRequest& r = job.request;
+  r.q = p.q.data();
   r.n_q_heads = c.n_q_heads;
   r.group = c.n_q_heads / c.n_kv_heads;
   r.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -351,9 +359,13 @@ int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t bud
   r.budget = count;
   r.fold = static_cast<kvret_gqa_fold>(c.gqa_fold);
   r.n_threads = ctx_.threads();
-  std::vector<int32_t*> rows(static_cast<size_t>(c.n_kv_heads));
-  for (int h = 0; h < c.n_kv_heads; ++h) rows[static_cast<size_t>(h)] = reinterpret_cast<int32_t*>(out.at({h}));
-  return l.index->select(l.store, r, rows.data());
+}
+
+int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) {
+  PreparedSelect p;
+  prepare_select(layer, q, budget, out, p);
+  if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1);
+  return p.job.count;
 }
 
 int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out) {
@@ -365,7 +377,7 @@ int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, c
 int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
   const TokenGroups g = groups(layer);
   int64_t count = budget == 0 ? 0 : resolve_budget(layer, budget);  // 0: what kvret_seq_budget may answer
-  if (ctx_.config().index_kind == KVRET_INDEX_STREAMING) count = 0;
+  if (!ctx_.kind().selects()) count = 0;
   return g.mid_begin + count + (g.length - g.mid_end);
 }
 

@@ -61,6 +61,15 @@ class Sequence {
 
   /// Validates q ([Hq, D]) and out ([Hkv, >= count]) for `layer`; returns the count select will write.
   int64_t check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) const;
+  /// A select validated and ready to run: the job for the context's RetrieverKind::select_batch and the storage it
+  /// points into (job.retriever is null when there is nothing to select).
+  struct PreparedSelect {
+    std::vector<float> q;
+    std::vector<int32_t*> rows;
+    SelectJob job;
+  };
+  /// Validates (check_select), loads q, waits for the layer's build and fills p; the kind runs p.job.
+  void prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out, PreparedSelect& p);
   /// Selects (after check_select) and returns the count written.
   int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out);
   int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out);

@@ -1,5 +1,8 @@
 #include "index/retriever.hpp"
 
+#include <map>
+#include <mutex>
+
 #include "core/error.hpp"
 #include "core/vec_math.hpp"
 #include "index/exact_retriever.hpp"
@@ -12,29 +15,88 @@ std::unique_ptr<Retriever> Retriever::clone() const {
   throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be copied, so its sequences cannot be forked");
 }
 
-std::unique_ptr<Retriever> make_retriever(const kvret_config& c, int layer) {
-  switch (c.index_kind) {
-    case KVRET_INDEX_EXACT:
-      return std::make_unique<ExactRetriever>();
-    case KVRET_INDEX_STREAMING:
-      return std::make_unique<StreamingRetriever>();
-    case KVRET_INDEX_PQ: {
-      PqRetriever::Params p;
-      p.m = c.pq_m;
-      p.bits = c.pq_bits;
-      p.iters = c.pq_iters;
-      p.tol = c.pq_tol;
-      p.train_sample = c.pq_train_sample;
-      p.exact_fraction = c.pq_exact_fraction;
-      uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32);
-      p.seed = splitmix64(state);
-      return std::make_unique<PqRetriever>(c.n_kv_heads, c.head_dim, p);
-    }
-    case KVRET_INDEX_PAGE:
-      return std::make_unique<PageRetriever>(c.n_kv_heads, c.head_dim, c.page_size);
-    default:
-      throw Error(KVRET_ERR_UNSUPPORTED, "index kind " + std::to_string(c.index_kind) + " is not implemented");
+void RetrieverKind::select_batch(SelectJob* jobs, size_t n) const {
+  for (size_t i = 0; i < n; ++i)
+    jobs[i].count = jobs[i].retriever->select(*jobs[i].store, jobs[i].request, jobs[i].out_rows);
+}
+
+namespace {
+
+template <class R>
+class SimpleKind final : public RetrieverKind {
+ public:
+  SimpleKind(const char* name, bool selects) : name_(name), selects_(selects) {}
+  const char* name() const noexcept override { return name_; }
+  std::unique_ptr<Retriever> make(const kvret_config&, int) const override { return std::make_unique<R>(); }
+  bool selects() const noexcept override { return selects_; }
+
+ private:
+  const char* name_;
+  bool selects_;
+};
+
+class PqKind final : public RetrieverKind {
+ public:
+  const char* name() const noexcept override { return "pq"; }
+  std::unique_ptr<Retriever> make(const kvret_config& c, int layer) const override {
+    PqRetriever::Params p;
+    p.m = c.pq_m;
+    p.bits = c.pq_bits;
+    p.iters = c.pq_iters;
+    p.tol = c.pq_tol;
+    p.train_sample = c.pq_train_sample;
+    p.exact_fraction = c.pq_exact_fraction;
+    uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32);
+    p.seed = splitmix64(state);
+    return std::make_unique<PqRetriever>(c.n_kv_heads, c.head_dim, p);
   }
+};
+
+class PageKind final : public RetrieverKind {
+ public:
+  const char* name() const noexcept override { return "page"; }
+  std::unique_ptr<Retriever> make(const kvret_config& c, int) const override {
+    return std::make_unique<PageRetriever>(c.n_kv_heads, c.head_dim, c.page_size);
+  }
+};
+
+struct KindRegistry {
+  std::mutex mu;
+  std::map<int32_t, std::shared_ptr<const RetrieverKind>> kinds{
+      {KVRET_INDEX_EXACT, std::make_shared<SimpleKind<ExactRetriever>>("exact", true)},
+      {KVRET_INDEX_STREAMING, std::make_shared<SimpleKind<StreamingRetriever>>("streaming", false)},
+      {KVRET_INDEX_PQ, std::make_shared<PqKind>()},
+      {KVRET_INDEX_PAGE, std::make_shared<PageKind>()},
+  };
+};
+
+KindRegistry& registry() {
+  static KindRegistry r;
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<const RetrieverKind> find_retriever_kind(int32_t index_kind) {
+  KindRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const auto it = r.kinds.find(index_kind);
+  return it == r.kinds.end() ? nullptr : it->second;
+}
+
+void register_retriever_kind(int32_t index_kind, std::shared_ptr<const RetrieverKind> kind) {
+  KindRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (kind)
+    r.kinds[index_kind] = std::move(kind);
+  else
+    r.kinds.erase(index_kind);
+}
+
+std::unique_ptr<Retriever> make_retriever(const kvret_config& c, int layer) {
+  const auto kind = find_retriever_kind(c.index_kind);
+  require(kind != nullptr, KVRET_ERR_UNSUPPORTED, "index kind " + std::to_string(c.index_kind) + " is not implemented");
+  return kind->make(c, layer);
 }
 
 }  // namespace kvret

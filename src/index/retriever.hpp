@@ -51,7 +51,38 @@ class Retriever {
   virtual std::unique_ptr<Retriever> clone() const;
 };
 
-/// The retriever for config.index_kind; `layer` decorrelates per-layer seeds.
+/// One selection to run: one layer's retriever and store, its request, and where each KV head's positions go.
+struct SelectJob {
+  const Retriever* retriever = nullptr;
+  const HostKvStore* store = nullptr;
+  SelectRequest request;
+  int32_t* const* out_rows = nullptr;
+  int64_t count = 0;  ///< set by select_batch: the positions written per head
+};
+
+/// An index kind, the value of kvret_config.index_kind: it makes every layer's retriever and selects for many
+/// layers (of many sequences) in one call, which a GPU kind turns into one batched launch. The built-in kinds are
+/// EXACT, PQ, PAGE and STREAMING; another kind is added with register_retriever_kind, without touching the
+/// sequence or the C layer.
+class RetrieverKind {
+ public:
+  virtual ~RetrieverKind() = default;
+  virtual const char* name() const noexcept = 0;
+  /// A new, empty retriever for `layer` (the layer decorrelates per-layer seeds).
+  virtual std::unique_ptr<Retriever> make(const kvret_config& config, int layer) const = 0;
+  /// False for a kind that selects no middle token (streaming: the working set is sink + local).
+  virtual bool selects() const noexcept { return true; }
+  /// Runs the n jobs, setting each count (the CPU kinds: one retriever after another). Throws like select.
+  virtual void select_batch(SelectJob* jobs, size_t n) const;
+};
+
+/// The kind registered for `index_kind`, or nullptr.
+std::shared_ptr<const RetrieverKind> find_retriever_kind(int32_t index_kind);
+/// Registers (or replaces, or with nullptr removes) the kind of an index_kind value; contexts keep the kind they
+/// were created with. For extensions and tests: use values from 1000 up.
+void register_retriever_kind(int32_t index_kind, std::shared_ptr<const RetrieverKind> kind);
+
+/// The retriever of config.index_kind for `layer` (KVRET_ERR_UNSUPPORTED when no kind is registered for it).
 std::unique_ptr<Retriever> make_retriever(const kvret_config& config, int layer);
 
 }  // namespace kvret
