@@ -4,7 +4,6 @@
 #include <iterator>
 
 #include "core/error.hpp"
-#include "index/retriever.hpp"
 
 namespace kvret {
 
@@ -145,12 +144,7 @@ void validate_config(const kvret_config& c) {
         "must be in (0, 1] when budget is 0");
   check(c.gqa_fold == KVRET_FOLD_SUM_PROB || c.gqa_fold == KVRET_FOLD_MAX_LOGIT, "gqa_fold",
         "unknown value " + std::to_string(c.gqa_fold));
-  if (find_retriever_kind(c.index_kind) == nullptr) {  // the built-in kinds, and any registered one
-    check(c.index_kind >= KVRET_INDEX_EXACT && c.index_kind <= KVRET_INDEX_QUANT, "index_kind",
-          "unknown value " + std::to_string(c.index_kind));
-    unsupported(c.index_kind != KVRET_INDEX_CLUSTER, "the CLUSTER index");
-    unsupported(c.index_kind != KVRET_INDEX_QUANT, "the QUANT index");
-  }
+  // index_kind: checked against the registered index kinds when the context is made (Context::Context)
   check(c.pq_m >= 1 && c.head_dim % c.pq_m == 0, "pq_m",
         std::to_string(c.pq_m) + " does not divide head_dim " + std::to_string(c.head_dim));
   check(c.pq_bits >= 1 && c.pq_bits <= 8, "pq_bits", "must be in 1..8, got " + std::to_string(c.pq_bits));

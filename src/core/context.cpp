@@ -13,8 +13,13 @@ Context::Context(const kvret_config& config, std::string disk_path)
       kind_(find_retriever_kind(config.index_kind)),
       disk_path_(std::move(disk_path)),
       threads_(resolve_threads(config.n_threads)) {
-  require(kind_ != nullptr, KVRET_ERR_UNSUPPORTED,
-          "index kind " + std::to_string(config.index_kind) + " is not implemented");
+  if (kind_ == nullptr) {  // neither built in nor registered
+    const int32_t k = config.index_kind;
+    require(k != KVRET_INDEX_CLUSTER && k != KVRET_INDEX_QUANT, KVRET_ERR_UNSUPPORTED,
+            std::string("the ") + (k == KVRET_INDEX_CLUSTER ? "CLUSTER" : "QUANT") +
+                " index is not implemented in kvret " + KVRET_VERSION_STRING);
+    throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(k));
+  }
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
 }
 
