@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "core/pq4_avx2.hpp"
 #include "core/tensor_view.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -126,8 +127,6 @@ __attribute__((target("avx2"))) void pq4_pair_logits_avx2(const float* lut, int 
                                                           int64_t n, float* out) noexcept {
   alignas(32) float a[kPairTableMaxK * kPairTableMaxK];
   alignas(32) float b[kPairTableMaxK * kPairTableMaxK];
-  const __m256i low_byte = _mm256_set1_epi32(0xff);
-  const __m256i vk = _mm256_set1_epi32(k);
   for (int g = 0; g < nq; ++g) {
     const float* l = lut + static_cast<int64_t>(g) * 4 * k;
     for (int c1 = 0; c1 < k; ++c1)
@@ -138,13 +137,8 @@ __attribute__((target("avx2"))) void pq4_pair_logits_avx2(const float* lut, int 
     float* o = out + g * n;
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 4));
-      const __m256i c0 = _mm256_and_si256(w, low_byte);
-      const __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(w, 8), low_byte);
-      const __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(w, 16), low_byte);
-      const __m256i c3 = _mm256_srli_epi32(w, 24);
-      const __m256i ia = _mm256_add_epi32(c0, _mm256_mullo_epi32(c1, vk));
-      const __m256i ib = _mm256_add_epi32(c2, _mm256_mullo_epi32(c3, vk));
+      __m256i ia, ib;
+      pq4_pair_offsets_avx2(codes + t * 4, k, &ia, &ib);
       _mm256_storeu_ps(o + t, _mm256_add_ps(_mm256_i32gather_ps(a, ia, 4), _mm256_i32gather_ps(b, ib, 4)));
     }
     for (; t < n; ++t) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/pq4_avx2.hpp"
 #include "core/vec_math.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -187,17 +188,10 @@ __attribute__((target("avx512f"))) int64_t pq4_products_avx512(const float (*ej)
 /// pq4_products' whole blocks of eight tokens; returns the number of tokens done.
 __attribute__((target("avx2"))) int64_t pq4_products_avx2(const float* a, const float* b, int k, const uint8_t* codes,
                                                           int64_t n, float* e) noexcept {
-  const __m256i low_byte = _mm256_set1_epi32(0xff);
-  const __m256i vk = _mm256_set1_epi32(k);
   int64_t t = 0;
   for (; t + 8 <= n; t += 8) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 4));
-    const __m256i c0 = _mm256_and_si256(w, low_byte);
-    const __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(w, 8), low_byte);
-    const __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(w, 16), low_byte);
-    const __m256i c3 = _mm256_srli_epi32(w, 24);
-    const __m256i ia = _mm256_add_epi32(c0, _mm256_mullo_epi32(c1, vk));
-    const __m256i ib = _mm256_add_epi32(c2, _mm256_mullo_epi32(c3, vk));
+    __m256i ia, ib;
+    pq4_pair_offsets_avx2(codes + t * 4, k, &ia, &ib);
     _mm256_storeu_ps(e + t, _mm256_mul_ps(_mm256_i32gather_ps(a, ia, 4), _mm256_i32gather_ps(b, ib, 4)));
   }
   return t;

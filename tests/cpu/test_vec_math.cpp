@@ -22,6 +22,17 @@ using namespace kvret;
 
 namespace {
 
+/// The normalizer of the unweighted fold: eight double lanes (u mod 8 over whole blocks) added in order, then the tail.
+double lane_sum(const std::vector<float>& e, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z = 0;
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
+  for (const double x : lane) z += x;
+  for (; u < n; ++u) z += e[static_cast<size_t>(u)];
+  return z;
+}
+
 /// The sum-of-probabilities fold in its scalar form (the library's definition).
 std::vector<float> scalar_fold(const std::vector<float>& logits, const int32_t* weight, int group, int64_t n) {
   const float lowest = -std::numeric_limits<float>::infinity();
@@ -41,12 +52,7 @@ std::vector<float> scalar_fold(const std::vector<float>& logits, const int32_t* 
       for (float x : zf) z += x;
       for (; u < n; ++u) z += static_cast<double>(weight[u]) * e[static_cast<size_t>(u)];
     } else {
-      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t u = 0;
-      for (; u + 8 <= n; u += 8)
-        for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
-      for (const double x : lane) z += x;
-      for (; u < n; ++u) z += e[static_cast<size_t>(u)];
+      z = lane_sum(e, n);
     }
     if (z <= 0) continue;
     const float inv = static_cast<float>(1.0 / z);
@@ -115,12 +121,7 @@ std::vector<float> scalar_pq4_fold(const std::vector<float>& lut, int group, int
     for (int64_t i = 0; i < n_exact; ++i)
       e[static_cast<size_t>(exact[static_cast<size_t>(i)])] =
           exp_nonpositive(exact_logits[static_cast<size_t>(g * n_exact + i)] - ref);
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z = 0;
-    int64_t u = 0;
-    for (; u + 8 <= n; u += 8)
-      for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
-    for (const double x : lane) z += x;
-    for (; u < n; ++u) z += e[static_cast<size_t>(u)];
+    const double z = lane_sum(e, n);
     if (z <= 0) continue;
     const float inv = static_cast<float>(1.0 / z);
     for (int64_t t = 0; t < n; ++t) folded[static_cast<size_t>(t)] += e[static_cast<size_t>(t)] * inv;

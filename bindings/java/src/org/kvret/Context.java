@@ -73,11 +73,7 @@ public final class Context implements AutoCloseable {
     try {
       long[] out = new long[1];
       KvretNative.kvret_seq_open(handle, out);
-      Sequence sequence = new Sequence(this, out[0]);
-      synchronized (sequences) {
-        sequences.add(sequence);
-      }
-      return sequence;
+      return track(out[0]);
     } finally {
       lifetime.readLock().unlock();
     }
@@ -89,14 +85,19 @@ public final class Context implements AutoCloseable {
     try {
       long[] out = new long[1];
       KvretNative.kvret_seq_fork(source, out);
-      Sequence sequence = new Sequence(this, out[0]);
-      synchronized (sequences) {
-        sequences.add(sequence);
-      }
-      return sequence;
+      return track(out[0]);
     } finally {
       lifetime.readLock().unlock();
     }
+  }
+
+  /** A Sequence for a handle just opened, closed with this context. */
+  private Sequence track(long sequenceHandle) {
+    Sequence sequence = new Sequence(this, sequenceHandle);
+    synchronized (sequences) {
+      sequences.add(sequence);
+    }
+    return sequence;
   }
 
   /**
