@@ -363,7 +363,7 @@ typedef struct kvret_stats {
   int64_t selections;    /**< select calls (per sequence and layer) */
   int64_t fetches;       /**< fetch calls */
   int64_t fetched_rows;  /**< working-set rows written */
-  int64_t cache_hits;    /**< working-set rows served from the GPU block cache */
+  int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache) */
   int64_t cache_misses;  /**< rows read from host memory */
   int64_t prefetch_hits; /**< rows served from blocks a prefetch loaded */
   int64_t bytes_h2d;     /**< bytes moved host to device */

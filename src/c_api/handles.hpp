@@ -5,9 +5,12 @@
 
 namespace kvret {
 
+class Context;
 class Sequence;
 
 /// The sequence of a live handle, else nullptr.
 Sequence* sequence_from_handle(const kvret_seq* seq);
+/// The context of a live handle, else nullptr (for tests and extensions that add row sources).
+Context* context_from_handle(const kvret_context* ctx);
 
 }  // namespace kvret

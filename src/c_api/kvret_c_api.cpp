@@ -120,6 +120,7 @@ void require_cpu_stream(kvret_stream stream) {
 
 namespace kvret {
 Sequence* sequence_from_handle(const kvret_seq* seq) { return sequences().find(seq); }
+Context* context_from_handle(const kvret_context* ctx) { return contexts().find(ctx); }
 }  // namespace kvret
 
 extern "C" {

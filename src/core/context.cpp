@@ -46,6 +46,19 @@ void Context::reserve_host_bytes(int64_t bytes) {
 
 void Context::release_host_bytes(int64_t bytes) noexcept { host_bytes_ -= bytes; }
 
+void Context::add_row_source(std::shared_ptr<const RowSource> source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = row_sources_ ? std::make_shared<std::vector<std::shared_ptr<const RowSource>>>(*row_sources_)
+                           : std::make_shared<std::vector<std::shared_ptr<const RowSource>>>();
+  next->push_back(std::move(source));
+  row_sources_ = std::move(next);
+}
+
+std::shared_ptr<const std::vector<std::shared_ptr<const RowSource>>> Context::row_sources() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return row_sources_;
+}
+
 Sequence* Context::open_sequence() {
   auto seq = std::make_unique<Sequence>(*this);
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,7 @@
 
 #include "core/build_queue.hpp"
 #include "core/stats.hpp"
+#include "fetch/working_set.hpp"
 #include "index/retriever.hpp"
 #include "kvret.h"
 
@@ -26,6 +27,10 @@ class Context {
   const std::string& disk_path() const noexcept { return disk_path_; }
   int threads() const noexcept { return threads_; }
   BuildQueue& builds() noexcept { return builds_; }
+  /// Adds a row source that fetch asks before the host store (after those added before it).
+  void add_row_source(std::shared_ptr<const RowSource> source);
+  /// The row sources, in order (a snapshot: sources added later are not in it).
+  std::shared_ptr<const std::vector<std::shared_ptr<const RowSource>>> row_sources() const;
   /// The index kind of config.index_kind, as registered when the context was created.
   const RetrieverKind& kind() const noexcept { return *kind_; }
 
@@ -48,6 +53,7 @@ class Context {
   std::string disk_path_;
   int threads_;
   std::atomic<int64_t> host_bytes_{0};
+  std::shared_ptr<const std::vector<std::shared_ptr<const RowSource>>> row_sources_;  // guarded by mu_
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Sequence>> sequences_;
   StatCounters closed_;

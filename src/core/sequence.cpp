@@ -428,10 +428,14 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
       rows_ptr[static_cast<size_t>(h)] = s.data();
     }
   }
-  gather_working_set(l.store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads());
+  const auto sources = ctx_.row_sources();
+  int64_t from_sources = 0;
+  gather_working_set(l.store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
+                     sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer, &from_sources);
   stats_.fetches += 1;
   stats_.fetched_rows += rows * c.n_kv_heads;
-  stats_.cache_misses += rows * c.n_kv_heads;  // the CPU backend has no cache: every row comes from the store
+  stats_.cache_hits += from_sources;  // rows a source before the host store served
+  stats_.cache_misses += rows * c.n_kv_heads - from_sources;
   return rows;
 }
 

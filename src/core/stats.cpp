@@ -14,6 +14,7 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   s.selections = selections.load();
   s.fetches = fetches.load();
   s.fetched_rows = fetched_rows.load();
+  s.cache_hits = cache_hits.load();
   s.cache_misses = cache_misses.load();
   // Only the fields the caller's struct has.
 #define KVRET_ADD(field) \
@@ -26,6 +27,7 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   KVRET_ADD(selections);
   KVRET_ADD(fetches);
   KVRET_ADD(fetched_rows);
+  KVRET_ADD(cache_hits);
   KVRET_ADD(cache_misses);
 #undef KVRET_ADD
 }
@@ -37,6 +39,7 @@ void StatCounters::add_into(StatCounters& o) const noexcept {
   o.selections += selections.load();
   o.fetches += fetches.load();
   o.fetched_rows += fetched_rows.load();
+  o.cache_hits += cache_hits.load();
   o.cache_misses += cache_misses.load();
 }
 

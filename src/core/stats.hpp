@@ -16,6 +16,7 @@ struct StatCounters {
   std::atomic<int64_t> selections{0};
   std::atomic<int64_t> fetches{0};
   std::atomic<int64_t> fetched_rows{0};
+  std::atomic<int64_t> cache_hits{0};
   std::atomic<int64_t> cache_misses{0};
 
   /// Adds these counters to *out (fields beyond out->struct_size are left alone).

@@ -1,6 +1,7 @@
 #include "fetch/working_set.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -20,14 +21,22 @@ inline void prefetch_row(const std::byte* row, size_t bytes) noexcept {
 
 }  // namespace
 
+void write_row(const RowRequest& request, int kv, int64_t i, const std::byte* row, DType type) {
+  const TensorView& view = kv == 0 ? request.out->k : request.out->v;
+  convert_row(row, type, view.at({request.head, i}), view.dtype(), static_cast<size_t>(request.store->head_dim()));
+}
+
 int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
-                           int64_t count, const WorkingSetViews& out, int n_threads) {
+                           int64_t count, const WorkingSetViews& out, int n_threads,
+                           const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence,
+                           int32_t layer, int64_t* served_by_sources) {
   const int64_t length = store.size();
   const int64_t rows = mid_begin + count + (length - mid_end);
   const int n_kv = store.n_kv_heads();
   const size_t d = static_cast<size_t>(store.head_dim());
   const size_t row_bytes = store.row_bytes();
   const bool same_type = out.k.dtype() == store.dtype() && out.v.dtype() == store.dtype();
+  std::atomic<int64_t> from_sources{0};
   parallel_for(n_kv, n_threads, rows * n_kv >= 4096, Schedule::kStatic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     std::vector<int32_t> positions(static_cast<size_t>(rows));
@@ -35,6 +44,15 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
     for (int64_t p = 0; p < mid_begin; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
     for (int64_t i = 0; i < count; ++i) positions[static_cast<size_t>(r++)] = selected[h][i];
     for (int64_t p = mid_end; p < length; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
+    std::vector<uint8_t> served;
+    if (!sources.empty()) {
+      served.assign(static_cast<size_t>(rows), 0);
+      const RowRequest request{sequence, layer, h, &store, positions.data(), rows, &out, served.data()};
+      int64_t wrote = 0;
+      for (const auto& source : sources) wrote += source->serve(request);
+      from_sources += wrote;
+    }
+    const uint8_t* skip = served.empty() ? nullptr : served.data();
 
     for (int64_t i = 0; i < std::min(rows, kPrefetchDistance); ++i) {
       prefetch_row(store.key_row(h, positions[static_cast<size_t>(i)]), row_bytes);
@@ -49,6 +67,8 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
         prefetch_row(store.value_row(h, ahead), row_bytes);
       }
       const int64_t pos = positions[static_cast<size_t>(i)];
+      out_pos[i * pos_stride] = static_cast<int32_t>(pos);
+      if (skip != nullptr && skip[i] != 0) continue;  // a source wrote it
       if (same_type) {
         std::memcpy(out.k.at({h, i}), store.key_row(h, pos), row_bytes);
         std::memcpy(out.v.at({h, i}), store.value_row(h, pos), row_bytes);
@@ -56,9 +76,9 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
         convert_row(store.key_row(h, pos), store.dtype(), out.k.at({h, i}), out.k.dtype(), d);
         convert_row(store.value_row(h, pos), store.dtype(), out.v.at({h, i}), out.v.dtype(), d);
       }
-      out_pos[i * pos_stride] = static_cast<int32_t>(pos);
     }
   });
+  if (served_by_sources != nullptr) *served_by_sources = from_sources.load();
   return rows;
 }
 
