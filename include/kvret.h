@@ -331,8 +331,9 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  kvret_select) into *out and its row count into *out_rows. Each head's positions must be distinct middle positions
  *  at the time of this call (else KVRET_ERR_OUT_OF_RANGE / KVRET_ERR_INVALID_ARGUMENT). A selection made at an
  *  earlier length stays valid, since the middle only grows, and fetches exactly the tokens it names: it does not
- *  see the tokens that entered the middle since (select again at each decode step for those). Stream-ordered: on the CUDA backend it only
- *  enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the call returns. */
+ *  see the tokens that entered the middle since (select again at each decode step for those). Stream-ordered: on
+ *  the CUDA backend it only enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the
+ *  call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 
@@ -342,6 +343,14 @@ KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kv
 KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret_tensor* k,
                                     const kvret_tensor* v, int64_t rows, float scale, const kvret_tensor* out,
                                     kvret_stream stream);
+/** Attention of q over the sequence's working set for `layer`, in one call: select (budget as in kvret_select),
+ *  fetch (as kvret_fetch_async, into buffers of kvret's own) and attention (as kvret_attend, scale <= 0 meaning
+ *  1/sqrt(head_dim)), for engines without a sparse attention of their own. The output is what those three calls
+ *  give with the same budget and scale, bit for bit; the stats count one selection and one fetch. A later backend
+ *  may answer it from state the separate calls cannot use (cached blocks, a low-bit copy). q: [n_q_heads,
+ *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. */
+KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
+                                        float scale, const kvret_tensor* out, kvret_stream stream);
 
 /** Waits for the work the library enqueued on `stream` (no-op on the CPU backend). Errors of earlier
  *  asynchronous work surface here. */

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "c_api/handles.hpp"
+#include "core/attention.hpp"
 #include "core/config.hpp"
 #include "core/context.hpp"
 #include "core/error.hpp"
@@ -369,56 +370,20 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
   return guarded([&] {
     const kvret::Context& c = context_of(ctx);
     require_cpu_stream(stream);
-    const kvret_config& cfg = c.config();
     const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {2});
     const auto kv = kvret::TensorView::from(k, "k", kvret::kFloatTypes, {3});
     const auto vv = kvret::TensorView::from(v, "v", kvret::kFloatTypes, {3});
     const auto ov = kvret::TensorView::from(out, "out", {kvret::DType::F32}, {2});
-    require(rows >= 1, KVRET_ERR_INVALID_ARGUMENT, "rows must be >= 1, got " + std::to_string(rows));
-    qv.expect_dim(0, cfg.n_q_heads, "n_q_heads");
-    qv.expect_dim(1, cfg.head_dim, "head_dim");
-    for (const auto* t : {&kv, &vv}) {
-      t->expect_dim(0, cfg.n_kv_heads, "n_kv_heads");
-      t->expect_dim_at_least(1, rows, "rows");
-      t->expect_dim(2, cfg.head_dim, "head_dim");
-    }
-    ov.expect_dim(0, cfg.n_q_heads, "n_q_heads");
-    ov.expect_dim(1, cfg.head_dim, "head_dim");
-    require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
-    const int d = cfg.head_dim;
-    const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
-    const int group = cfg.n_q_heads / cfg.n_kv_heads;
-    // One KV head per task: its rows are converted to f32 once and shared by the group's query heads.
-    kvret::parallel_for(
-        cfg.n_kv_heads, c.threads(), rows * cfg.n_q_heads >= 8192, kvret::Schedule::kStatic, [&](int64_t g_i) {
-          const auto g = static_cast<int>(g_i);
-          std::vector<float> keys(static_cast<size_t>(rows * d)), values(static_cast<size_t>(rows * d));
-          for (int64_t r = 0; r < rows; ++r) {
-            kv.load_f32(kv.at({g, r}), static_cast<size_t>(d), keys.data() + r * d);
-            vv.load_f32(vv.at({g, r}), static_cast<size_t>(d), values.data() + r * d);
-          }
-          std::vector<float> qf(static_cast<size_t>(d)), acc(static_cast<size_t>(d)), p(static_cast<size_t>(rows));
-          for (int h = g * group; h < (g + 1) * group; ++h) {
-            qv.load_f32(qv.at({h}), static_cast<size_t>(d), qf.data());
-            float mx = -INFINITY;
-            for (int64_t r = 0; r < rows; ++r) {
-              p[static_cast<size_t>(r)] = s * kvret::dot(qf.data(), keys.data() + r * d, d);
-              mx = std::max(mx, p[static_cast<size_t>(r)]);
-            }
-            double z = 0;
-            for (int64_t r = 0; r < rows; ++r)
-              z += (p[static_cast<size_t>(r)] = kvret::exp_nonpositive(p[static_cast<size_t>(r)] - mx));
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t r = 0; r < rows; ++r) {
-              const float w = p[static_cast<size_t>(r)];
-              const float* vr = values.data() + r * d;
-              for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += w * vr[t];
-            }
-            auto* o = reinterpret_cast<float*>(ov.at({h}));
-            const float inv = static_cast<float>(1.0 / z);
-            for (int t = 0; t < d; ++t) o[t] = acc[static_cast<size_t>(t)] * inv;
-          }
-        });
+    kvret::attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads());
+  });
+}
+
+kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget, float scale,
+                              const kvret_tensor* out, kvret_stream stream) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_cpu_stream(stream);
+    s.attend(layer, q, budget, scale, out);
   });
 }
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/attention.hpp"
 #include "core/context.hpp"
 #include "core/error.hpp"
 #include "fetch/working_set.hpp"
@@ -437,6 +439,50 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   stats_.cache_hits += from_sources;  // rows a source before the host store served
   stats_.cache_misses += rows * c.n_kv_heads - from_sources;
   return rows;
+}
+
+namespace {
+
+/// A CPU tensor descriptor over `data` with `shape` (row-major); `shape` must outlive it.
+template <class T>
+kvret_tensor host_tensor(T* data, const std::vector<int64_t>& shape) {
+  kvret_tensor t{};
+  t.data = data;
+  t.device = {KVRET_DEVICE_CPU, 0};
+  t.ndim = static_cast<int32_t>(shape.size());
+  t.dtype = std::is_same_v<T, float> ? kvret_dtype{KVRET_DTYPE_FLOAT, 32, 1} : kvret_dtype{KVRET_DTYPE_INT, 32, 1};
+  t.shape = const_cast<int64_t*>(shape.data());
+  return t;
+}
+
+}  // namespace
+
+void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out) {
+  const kvret_config& c = ctx_.config();
+  const TensorView qv = TensorView::from(q, "q", kFloatTypes, {2});
+  const TensorView ov = TensorView::from(out, "out", {DType::F32}, {2});
+  ov.expect_dim(0, c.n_q_heads, "n_q_heads");
+  ov.expect_dim(1, c.head_dim, "head_dim");
+  require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
+  // select into a buffer of our own
+  check_layer(layer);
+  require(length(layer) > 0, KVRET_ERR_STATE, "attend on " + layer_name(layer) + ", which holds no tokens");
+  const int64_t width = std::max<int64_t>(resolve_budget(layer, budget), 1);
+  std::vector<int32_t> selected(static_cast<size_t>(c.n_kv_heads * width));
+  const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
+  const kvret_tensor st = host_tensor(selected.data(), selected_shape);
+  const int64_t count = select_checked(layer, qv, budget, TensorView::from(&st, "positions", {DType::I32}, {2}));
+  // fetch into f32 buffers of our own, then attend over them
+  const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
+  const size_t rows_f = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim);
+  std::vector<float> k(rows_f), v(rows_f);
+  std::vector<int32_t> positions(static_cast<size_t>(c.n_kv_heads * capacity));
+  const std::vector<int64_t> kv_shape{c.n_kv_heads, capacity, c.head_dim}, pos_shape{c.n_kv_heads, capacity};
+  const kvret_working_set ws{host_tensor(k.data(), kv_shape), host_tensor(v.data(), kv_shape),
+                             host_tensor(positions.data(), pos_shape)};
+  const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws);
+  kvret::attend(c, qv, TensorView::from(&ws.k, "k", {DType::F32}, {3}), TensorView::from(&ws.v, "v", {DType::F32}, {3}),
+                rows, scale, ov, ctx_.threads());
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {

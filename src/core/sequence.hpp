@@ -75,6 +75,8 @@ class Sequence {
   int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out);
 
   int64_t working_set_capacity(int32_t layer, int32_t budget) const;
+  /// select + fetch + attention in one call (kvret_seq_attend).
+  void attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out);
   int64_t fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out);
   void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
 

@@ -85,9 +85,9 @@ struct Seq {
 };
 
 /// Calls made and calls that returned KVRET_OK, per kind; printed at exit when KVRET_FUZZ_STATS is set.
-enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kFork, kCalls };
+enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kFork, kSeqAttend, kCalls };
 const char* const kCallNames[kCalls] = {"create",       "prefill", "decode",   "select", "fetch",
-                                        "select_batch", "attend",  "truncate", "fork"};
+                                        "select_batch", "attend",  "truncate", "fork",   "seq_attend"};
 uint64_t g_made[kCalls], g_ok[kCalls];
 
 kvret_status tally(Call call, kvret_status status) {
@@ -287,6 +287,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // values all 1: every output is a convex combination of ones
         if (tally(kAttend, kvret_attend(ctx, &qt.t, &kt.t, &vt.t, rows, 0.0f, &ot.t, nullptr)) == KVRET_OK && rows > 0)
           for (float x : o) FUZZ_CHECK(x > 0.9999f && x < 1.0001f);
+        // and over a sequence's working set: every output is a convex combination of stored values (|v| <= 4)
+        if (s.handle && !s.k[static_cast<size_t>(layer)].empty()) {
+          const int32_t budget = r.below(2) ? KVRET_BUDGET_DEFAULT : static_cast<int32_t>(r.below(64));
+          if (tally(kSeqAttend, kvret_seq_attend(s.handle, layer, &qt.t, budget, 0.0f, &ot.t, nullptr)) == KVRET_OK)
+            for (float x : o) FUZZ_CHECK(!(x > 4.001f) && !(x < -4.001f));
+        }
         break;
       }
       default: {  // wait and stats, truncate, or fork

@@ -125,6 +125,26 @@ class Sequence(Resource):
             )
         return out[:, :count]
 
+    def attend(self, layer, q, budget=None, scale=None, out=None, stream=None):
+        """Attention of q ([n_q_heads, head_dim]) over this step's working set of `layer`, in one call: select,
+        fetch and attention inside kvret (see kvret_seq_attend). Returns out, float32 [n_q_heads, head_dim] (written
+        in place when given). budget None: the default budget; scale None: 1/sqrt(head_dim)."""
+        ctx = self._context
+        if out is None:
+            out = _t.empty((ctx._n_q_heads, ctx._head_dim), np.float32, ctx._device_type, ctx._device_id, like=q)
+        stream = _t.stream_handle(stream)
+        with self._lock:
+            _c.kvret_seq_attend(
+                self._handle,
+                layer,
+                _t.as_input(q, stream=stream, device_id=ctx._device_id),
+                _budget_arg(budget),
+                0.0 if scale is None else float(scale),
+                _t.as_output(out, stream, ctx._device_id),
+                stream,
+            )
+        return out
+
     def fetch(self, layer, positions, count=None, out=None, stream=None, dtype=None):
         """Writes the working set of `layer` for a selection (positions [n_kv_heads, >= count] as returned by
         :meth:`select`; count defaults to positions.shape[1]).

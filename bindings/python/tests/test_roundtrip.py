@@ -211,3 +211,18 @@ def test_fork_branches_independently(rng):
         parent.close()
         with pytest.raises(kvret.KvretError):
             parent.fork()
+
+
+def test_sequence_attend_equals_select_fetch_attend(sequence, rng):
+    ctx = sequence.context
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    got = sequence.attend(0, q)
+    assert got.dtype == np.float32 and got.shape == (N_Q, D)
+    ws = sequence.fetch(0, sequence.select(0, q))
+    np.testing.assert_array_equal(got, ctx.attend(q, ws.k, ws.v))
+    out = np.empty((N_Q, D), dtype=np.float32)
+    assert sequence.attend(0, q, budget=8, scale=0.2, out=out) is out
+    ws8 = sequence.fetch(0, sequence.select(0, q, budget=8))
+    np.testing.assert_array_equal(out, ctx.attend(q, ws8.k, ws8.v, scale=0.2))

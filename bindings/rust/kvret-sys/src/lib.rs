@@ -281,6 +281,15 @@ extern "C" {
         out: *const kvret_tensor,
         stream: kvret_stream,
     ) -> kvret_status;
+    pub fn kvret_seq_attend(
+        seq: *mut kvret_seq,
+        layer: i32,
+        q: *const kvret_tensor,
+        budget: i32,
+        scale: f32,
+        out: *const kvret_tensor,
+        stream: kvret_stream,
+    ) -> kvret_status;
     pub fn kvret_synchronize(ctx: *mut kvret_context, stream: kvret_stream) -> kvret_status;
 
     pub fn kvret_stats_init(stats: *mut kvret_stats) -> kvret_status;

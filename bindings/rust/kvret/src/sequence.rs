@@ -167,6 +167,22 @@ impl<'ctx> Sequence<'ctx> {
         Ok(Selection::new(positions, n_kv, width, count))
     }
 
+    /// Attention of q (`[n_q_heads, head_dim]`) over this step's working set of `layer`, in one call: select,
+    /// fetch and attention inside kvret (see `kvret_seq_attend`). `None` budget: the default one. Returns
+    /// `[n_q_heads, head_dim]` floats.
+    pub fn attend<Q: Element>(&mut self, layer: usize, q: &[Q], budget: Option<usize>) -> Result<Vec<f32>> {
+        let (n_q, _, d) = self.context.geometry();
+        let q = TensorRef::new(q, &[n_q, d])?;
+        let mut out = vec![0f32; n_q * d];
+        let mut out_tensor = TensorMut::new(&mut out, &[n_q, d])?;
+        let (q, out_raw) = (q.raw(), out_tensor.raw());
+        let (layer, budget) = (layer_arg(layer)?, budget_arg(budget)?);
+        check(unsafe {
+            sys::kvret_seq_attend(self.raw(), layer, q.ptr(), budget, 0.0, out_raw.ptr(), std::ptr::null_mut())
+        })?;
+        Ok(out)
+    }
+
     /// Selects into `positions` (`[n_kv_heads, width]` with width >= budget); returns the count per head.
     pub fn select_into<Q: Element>(
         &mut self,

@@ -276,3 +276,18 @@ fn fork_branches_independently() -> kvret::Result<()> {
     assert_eq!(parent.length(0)?, TOKENS);
     Ok(())
 }
+
+#[test]
+fn sequence_attend_equals_select_fetch_attend() -> kvret::Result<()> {
+    let mut rng = Rng(17);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    let got = seq.attend(0, &q, None)?;
+    let selection = seq.select(0, &q, None)?;
+    let ws = seq.fetch::<f32>(0, &selection)?;
+    assert_eq!(got, ctx.attend(&q, &ws)?);
+    Ok(())
+}

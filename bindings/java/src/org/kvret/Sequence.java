@@ -130,6 +130,17 @@ public final class Sequence implements AutoCloseable {
     return count[0];
   }
 
+  /**
+   * Attention of q ([n_q_heads, head_dim]) over this step's working set of {@code layer}, in one call: select,
+   * fetch and attention inside kvret (see kvret_seq_attend), into a new F32 [n_q_heads, head_dim] tensor. Pass
+   * {@link Kvret#BUDGET_DEFAULT} for the default budget.
+   */
+  public synchronized Tensor attend(int layer, Tensor q, int budget) {
+    Tensor out = Tensor.allocate(DType.F32, context.config().nQHeads(), context.config().headDim());
+    KvretNative.kvret_seq_attend(handle, layer, q, budget, 0f, out, 0);
+    return out;
+  }
+
   /** Fetches the working set of a selection into new buffers of the KV dtype (F32 for BF16). */
   public WorkingSet fetch(int layer, Selection selection) {
     KvDtype kv = context.config().kvDtype();

@@ -184,4 +184,19 @@ public class RoundTripTest {
       assertEquals(Fixtures.TOKENS, parent.length(0));
     }
   }
+
+  @Test
+  public void sequenceAttendEqualsSelectFetchAttend() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor q = Fixtures.query(random);
+      Tensor got = seq.attend(0, q, Kvret.BUDGET_DEFAULT);
+      Tensor want = ctx.attend(q, seq.fetch(0, seq.select(0, q)));
+      for (int h = 0; h < Fixtures.Q_HEADS; ++h) {
+        for (int d = 0; d < Fixtures.HEAD_DIM; ++d) {
+          assertEquals(want.getFloat(h, d), got.getFloat(h, d), 0f);
+        }
+      }
+    }
+  }
 }
