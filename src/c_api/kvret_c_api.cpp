@@ -12,12 +12,12 @@
 #include "c_api/handles.hpp"
 #include "core/attention.hpp"
 #include "core/config.hpp"
-#include "core/context.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
-#include "core/sequence.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "engine/context.hpp"
+#include "engine/sequence.hpp"
 #include "kvret.h"
 
 // The opaque C handles are the C++ objects themselves.

@@ -7,7 +7,7 @@
 #include <new>
 
 #include "c_api/handles.hpp"
-#include "core/sequence.hpp"
+#include "engine/sequence.hpp"
 #include "index/page_retriever.hpp"
 #include "test_util.hpp"
 

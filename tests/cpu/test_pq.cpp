@@ -9,8 +9,8 @@
 
 #include "c_api/handles.hpp"
 #include "core/half.hpp"
-#include "core/sequence.hpp"
 #include "core/vec_math.hpp"
+#include "engine/sequence.hpp"
 #include "index/pq_retriever.hpp"
 #include "select/gqa_fold.hpp"
 #include "test_util.hpp"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "c_api/handles.hpp"
-#include "core/context.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 #include "kvret.h"
 #include "test_util.hpp"

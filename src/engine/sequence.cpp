@@ -1,4 +1,4 @@
-#include "core/sequence.hpp"
+#include "engine/sequence.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/attention.hpp"
-#include "core/context.hpp"
 #include "core/error.hpp"
+#include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 
 namespace kvret {

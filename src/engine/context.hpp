@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/build_queue.hpp"
-#include "core/stats.hpp"
+#include "engine/build_queue.hpp"
+#include "engine/stats.hpp"
 #include "fetch/working_set.hpp"
 #include "index/retriever.hpp"
 #include "kvret.h"

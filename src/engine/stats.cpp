@@ -1,4 +1,4 @@
-#include "core/stats.hpp"
+#include "engine/stats.hpp"
 
 #include <cstddef>
 

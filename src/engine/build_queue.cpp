@@ -1,4 +1,4 @@
-#include "core/build_queue.hpp"
+#include "engine/build_queue.hpp"
 
 namespace kvret {
 

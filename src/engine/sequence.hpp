@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/stats.hpp"
 #include "core/tensor_view.hpp"
+#include "engine/stats.hpp"
 #include "index/retriever.hpp"
 #include "kvret.h"
 #include "store/host_kv_store.hpp"

@@ -1,10 +1,10 @@
-#include "core/context.hpp"
+#include "engine/context.hpp"
 
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "core/sequence.hpp"
 #include "core/vec_math.hpp"
+#include "engine/sequence.hpp"
 
 namespace kvret {
 
