@@ -83,6 +83,8 @@ class Sequence {
   const StatCounters& stats() const noexcept { return stats_; }
   /// The index of a layer (waits for its build first). For tests and tooling.
   const Retriever& index(int32_t layer);
+  /// The host store of a layer. For tests and tooling.
+  const HostKvStore& store(int32_t layer) const { return layer_at(layer).store; }
 
  private:
   struct Layer {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/topk.hpp"
@@ -31,6 +32,31 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
     topk_positions(folded.data(), n, r.budget, r.mid_begin, out_rows[h]);
   });
   return r.budget;
+}
+
+namespace {
+constexpr uint32_t kExactTag = 0x45584354u, kStreamingTag = 0x5354524du;  // "EXCT", "STRM"
+
+std::vector<std::byte> header_only(uint32_t tag) {
+  ByteWriter w;
+  write_header(w, tag, 1);
+  return std::move(w.bytes());
+}
+
+void read_header_only(uint32_t tag, const std::byte* data, size_t size) {
+  ByteReader r(data, size);
+  read_header(r, tag, 1);
+  require_intact(r.left() == 0, "trailing bytes");
+}
+}  // namespace
+
+std::vector<std::byte> ExactRetriever::save() const { return header_only(kExactTag); }
+void ExactRetriever::restore(const HostKvStore&, const std::byte* data, size_t size) {
+  read_header_only(kExactTag, data, size);
+}
+std::vector<std::byte> StreamingRetriever::save() const { return header_only(kStreamingTag); }
+void StreamingRetriever::restore(const HostKvStore&, const std::byte* data, size_t size) {
+  read_header_only(kStreamingTag, data, size);
 }
 
 }  // namespace kvret

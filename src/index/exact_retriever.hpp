@@ -11,6 +11,8 @@ class ExactRetriever final : public Retriever {
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<ExactRetriever>(*this); }
+  std::vector<std::byte> save() const override;  ///< a header: there is no index
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 };
 
 /// The streaming baseline: selects nothing, so the working set is sink + local.
@@ -21,6 +23,8 @@ class StreamingRetriever final : public Retriever {
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<StreamingRetriever>(*this); }
+  std::vector<std::byte> save() const override;
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 };
 
 }  // namespace kvret

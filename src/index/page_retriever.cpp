@@ -6,6 +6,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
@@ -183,6 +184,39 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
     }
   });
   return r.budget;
+}
+
+namespace {
+constexpr uint32_t kPageTag = 0x50414745u;  // "PAGE"
+}
+
+std::vector<std::byte> PageRetriever::save() const {
+  ByteWriter w;
+  write_header(w, kPageTag, 1);
+  w.value<int32_t>(n_kv_);
+  w.value<int32_t>(d_);
+  w.value<int32_t>(page_size_);
+  w.value<int64_t>(base_);
+  w.value<int64_t>(end_);
+  for (const auto& b : bounds_) w.array(b);
+  return std::move(w.bytes());
+}
+
+void PageRetriever::restore(const HostKvStore& store, const std::byte* data, size_t size) {
+  ByteReader r(data, size);
+  read_header(r, kPageTag, 1);
+  require_intact(r.value<int32_t>() == n_kv_ && r.value<int32_t>() == d_ && r.value<int32_t>() == page_size_,
+                 "another geometry or page size than this context's");
+  const auto base = r.value<int64_t>(), end = r.value<int64_t>();
+  const bool empty = base == -1 && end == -1;
+  require_intact(empty || (base >= 0 && base < end && end <= store.size()), "an indexed range outside the store");
+  const int64_t pages = empty ? 0 : (end - base + page_size_ - 1) / page_size_;
+  std::vector<std::vector<float>> bounds(static_cast<size_t>(n_kv_));
+  for (auto& b : bounds) b = r.array<float>(pages * 2 * d_);
+  require_intact(r.left() == 0, "trailing bytes");
+  bounds_.swap(bounds);  // commit
+  base_ = base;
+  end_ = end;
 }
 
 }  // namespace kvret

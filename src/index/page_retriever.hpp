@@ -26,6 +26,8 @@ class PageRetriever final : public Retriever {
   bool can_cut(int64_t) const noexcept override { return true; }
   void cut(const HostKvStore& store, int64_t end) noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PageRetriever>(*this); }
+  std::vector<std::byte> save() const override;
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
   // Introspection (tests, benchmarks).
   int page_size() const noexcept { return page_size_; }

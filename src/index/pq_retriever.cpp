@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
 #include "select/gqa_fold.hpp"
@@ -356,6 +357,88 @@ std::vector<float> PqRetriever::exact_keys_f32(int head) const {
   std::vector<float> out(n);
   convert_row(rows.data(), key_dtype_, reinterpret_cast<std::byte*>(out.data()), DType::F32, n);
   return out;
+}
+
+namespace {
+constexpr uint32_t kPqTag = 0x50514958u;  // "PQIX"
+}
+
+std::vector<std::byte> PqRetriever::save() const {
+  ByteWriter w;
+  write_header(w, kPqTag, 1);
+  for (const int32_t x : {n_kv_, d_, m_, k_}) w.value(x);
+  w.value<int64_t>(base_);
+  w.value<int64_t>(end_);
+  w.value<int64_t>(trained_on_);
+  w.value<uint8_t>(static_cast<uint8_t>(key_dtype_));
+  w.array(exact_threshold_);
+  w.array(codebook_);
+  for (int h = 0; h < n_kv_; ++h) {
+    w.array(codes_[static_cast<size_t>(h)]);
+    w.array(exact_pos_[static_cast<size_t>(h)]);
+    w.array(exact_keys_[static_cast<size_t>(h)]);
+  }
+  return std::move(w.bytes());
+}
+
+void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_t size) {
+  ByteReader r(data, size);
+  read_header(r, kPqTag, 1);
+  for (const int32_t x : {n_kv_, d_, m_, k_})
+    require_intact(r.value<int32_t>() == x, "another geometry, m or bits than this context's");
+  const auto base = r.value<int64_t>(), end = r.value<int64_t>(), trained_on = r.value<int64_t>();
+  const auto key_dtype = static_cast<DType>(r.value<uint8_t>());
+  const bool empty = base == -1 && end == -1 && trained_on == 0;
+  require_intact(empty || (base >= 0 && base < end && end <= store.size() && trained_on > 0 &&
+                           trained_on <= end - base && key_dtype == store.dtype()),
+                 "an indexed range, training size or key dtype that does not fit the store");
+  const int64_t n = empty ? 0 : end - base;
+  std::vector<float> threshold = r.array<float>(n_kv_);
+  std::vector<float> codebook = r.array<float>(empty ? 0 : static_cast<int64_t>(n_kv_) * m_ * k_ * dsub_);
+  std::vector<std::vector<uint8_t>> codes(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
+  const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(store.dtype());
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& c = codes[static_cast<size_t>(h)];
+    c = r.array<uint8_t>(n * m_);
+    for (const uint8_t code : c) require_intact(code < k_, "a code past the codebook");
+    auto& pos = exact_pos[static_cast<size_t>(h)];
+    pos = r.array<int64_t>();
+    for (size_t e = 0; e < pos.size(); ++e)
+      require_intact(pos[e] >= base && pos[e] < end && (e == 0 || pos[e] > pos[e - 1]),
+                     "exact positions outside the index or out of order");
+    exact_keys[static_cast<size_t>(h)] = r.array<std::byte>(static_cast<int64_t>(pos.size() * row_bytes));
+  }
+  require_intact(r.left() == 0, "trailing bytes");
+  // the cells of every token, and their counts without the exact tokens
+  std::vector<std::vector<int32_t>> counts(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<uint16_t>> cells(static_cast<size_t>(n_kv_));
+  if (uses_cells() && !empty) {
+    for (int h = 0; h < n_kv_; ++h) {
+      auto& count = counts[static_cast<size_t>(h)];
+      auto& cell = cells[static_cast<size_t>(h)];
+      count.assign(static_cast<size_t>(cells_), 0);
+      cell.resize(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) {
+        cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(codes[static_cast<size_t>(h)].data() + t * m_));
+        ++count[cell[static_cast<size_t>(t)]];
+      }
+      for (const int64_t p : exact_pos[static_cast<size_t>(h)]) --count[cell[static_cast<size_t>(p - base)]];
+    }
+  }
+  // commit (no throw below)
+  codebook_.swap(codebook);
+  codes_.swap(codes);
+  cell_counts_.swap(counts);
+  cells_of_.swap(cells);
+  exact_pos_.swap(exact_pos);
+  exact_keys_.swap(exact_keys);
+  exact_threshold_.swap(threshold);
+  key_dtype_ = empty ? key_dtype_ : key_dtype;
+  base_ = base;
+  end_ = end;
+  trained_on_ = trained_on;
 }
 
 void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut) const {

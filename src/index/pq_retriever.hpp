@@ -50,6 +50,9 @@ class PqRetriever final : public Retriever {
   bool can_cut(int64_t end) const noexcept override;
   void cut(const HostKvStore& store, int64_t end) noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PqRetriever>(*this); }
+  /// The codebook, codes, exact tokens (positions and keys) and thresholds; cells are derived again on restore.
+  std::vector<std::byte> save() const override;
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
   // Introspection (tests, benchmarks).
   bool trained() const noexcept { return trained_on_ > 0; }

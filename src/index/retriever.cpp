@@ -11,6 +11,14 @@
 
 namespace kvret {
 
+std::vector<std::byte> Retriever::save() const {
+  throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be saved");
+}
+
+void Retriever::restore(const HostKvStore&, const std::byte*, size_t) {
+  throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be restored");
+}
+
 std::unique_ptr<Retriever> Retriever::clone() const {
   throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be copied, so its sequences cannot be forked");
 }

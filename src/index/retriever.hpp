@@ -2,8 +2,10 @@
 // A retriever indexes the middle tokens of one (sequence, layer) and selects, per KV head, the `budget` middle
 // positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), page (Quest),
 // streaming (none).
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kvret.h"
 #include "store/host_kv_store.hpp"
@@ -49,6 +51,14 @@ class Retriever {
 
   /// An independent copy (for a forked sequence). The default: KVRET_ERR_UNSUPPORTED.
   virtual std::unique_ptr<Retriever> clone() const;
+
+  /// The index's state as a byte string (what a saved session keeps: no rebuild on restore). The default:
+  /// KVRET_ERR_UNSUPPORTED.
+  virtual std::vector<std::byte> save() const;
+  /// Restores what save() wrote, into a retriever made by the same kind and config. Checks everything it reads
+  /// (malformed, truncated or foreign input: KVRET_ERR_CORRUPT) and changes nothing on failure. `store` must hold
+  /// the indexed tokens. The default: KVRET_ERR_UNSUPPORTED.
+  virtual void restore(const HostKvStore& store, const std::byte* data, size_t size);
 };
 
 /// One selection to run: one layer's retriever and store, its request, and where each KV head's positions go.
