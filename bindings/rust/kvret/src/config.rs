@@ -65,18 +65,6 @@ impl Default for Config {
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $field:ident: $ty:ty),* $(,)?) => {
-        $(
-            $(#[$doc])*
-            pub fn $field(mut self, value: $ty) -> Self {
-                self.raw.$field = value;
-                self
-            }
-        )*
-    };
-}
-
 impl Config {
     /// The library's defaults (`kvret_config_init`).
     pub fn new() -> Self {
@@ -112,76 +100,219 @@ impl Config {
         f(&raw)
     }
 
-    setters! {
-        n_layers: i32,
-        n_q_heads: i32,
-        n_kv_heads: i32,
-        /// 64, 128 or 256.
-        head_dim: i32,
-        n_sink: i32,
-        n_local: i32,
-        /// Middle tokens selected per KV head; 0 = use the budget ratio.
-        budget: i32,
-        budget_ratio: f32,
-        pq_m: i32,
-        pq_bits: i32,
-        pq_iters: i32,
-        pq_tol: f32,
-        pq_train_sample: i32,
-        /// Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst that it keeps exact
-        /// (scored with the exact q.k); 0 = off, at most 0.5.
-        pq_exact_fraction: f32,
-        cluster_tokens: i32,
-        cluster_decode_interval: i32,
-        cluster_decode_k: i32,
-        page_size: i32,
-        quant_bits: i32,
-        hamming_fraction: f32,
-        hamming_buckets: i32,
-        max_seq_tokens: i64,
-        host_bytes_limit: i64,
-        block_tokens: i32,
-        cache_capacity_tokens: i64,
-        /// CPU threads for scoring and builds; 0 = all cores.
-        n_threads: i32,
-        seed: u64,
+    // The setters of every field but the device and the disk path, from include/kvret.h (bindings/gen_config.py;
+    // do not edit by hand).
+    // <generated setters>
+    /// `kvret_config.n_layers`: default 32
+    pub fn n_layers(mut self, value: i32) -> Self {
+        self.raw.n_layers = value;
+        self
     }
 
+    /// `kvret_config.n_q_heads`: default 32
+    pub fn n_q_heads(mut self, value: i32) -> Self {
+        self.raw.n_q_heads = value;
+        self
+    }
+
+    /// `kvret_config.n_kv_heads`: default 8; n_q_heads % n_kv_heads == 0
+    pub fn n_kv_heads(mut self, value: i32) -> Self {
+        self.raw.n_kv_heads = value;
+        self
+    }
+
+    /// `kvret_config.head_dim`: 64, 128 or 256; default 128
+    pub fn head_dim(mut self, value: i32) -> Self {
+        self.raw.head_dim = value;
+        self
+    }
+
+    /// `kvret_config.kv_dtype`: a kvret_kv_dtype; default KVRET_KV_F16
     pub fn kv_dtype(mut self, value: KvDtype) -> Self {
         self.raw.kv_dtype = value as i32;
         self
     }
 
-    pub fn index_kind(mut self, value: IndexKind) -> Self {
-        self.raw.index_kind = value as i32;
+    /// `kvret_config.n_sink`: first tokens always attended; default 16
+    pub fn n_sink(mut self, value: i32) -> Self {
+        self.raw.n_sink = value;
         self
     }
 
+    /// `kvret_config.n_local`: most recent tokens always attended; default 64
+    pub fn n_local(mut self, value: i32) -> Self {
+        self.raw.n_local = value;
+        self
+    }
+
+    /// `kvret_config.budget`: middle tokens selected per KV head; 0 = use budget_ratio (default 0)
+    pub fn budget(mut self, value: i32) -> Self {
+        self.raw.budget = value;
+        self
+    }
+
+    /// `kvret_config.budget_ratio`: budget as a fraction of the context length when budget == 0; default 0.1
+    pub fn budget_ratio(mut self, value: f32) -> Self {
+        self.raw.budget_ratio = value;
+        self
+    }
+
+    /// `kvret_config.gqa_fold`: a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB
     pub fn gqa_fold(mut self, value: GqaFold) -> Self {
         self.raw.gqa_fold = value as i32;
         self
     }
 
+    /// `kvret_config.index_kind`: a kvret_index_kind; default KVRET_INDEX_PQ
+    pub fn index_kind(mut self, value: IndexKind) -> Self {
+        self.raw.index_kind = value as i32;
+        self
+    }
+
+    /// `kvret_config.pq_m`: sub-spaces; head_dim % pq_m == 0; default 4
+    pub fn pq_m(mut self, value: i32) -> Self {
+        self.raw.pq_m = value;
+        self
+    }
+
+    /// `kvret_config.pq_bits`: bits per code (2^bits centroids), 1..8; default 6
+    pub fn pq_bits(mut self, value: i32) -> Self {
+        self.raw.pq_bits = value;
+        self
+    }
+
+    /// `kvret_config.pq_iters`: k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol, at most 25); default 0
+    pub fn pq_iters(mut self, value: i32) -> Self {
+        self.raw.pq_iters = value;
+        self
+    }
+
+    /// `kvret_config.pq_tol`: relative objective improvement that ends adaptive k-means; default 1e-3
+    pub fn pq_tol(mut self, value: f32) -> Self {
+        self.raw.pq_tol = value;
+        self
+    }
+
+    /// `kvret_config.pq_train_sample`: max tokens sampled per (layer, KV head) for training; 0 = all; default 8192
+    pub fn pq_train_sample(mut self, value: i32) -> Self {
+        self.raw.pq_train_sample = value;
+        self
+    }
+
+    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill; default 80
+    pub fn cluster_tokens(mut self, value: i32) -> Self {
+        self.raw.cluster_tokens = value;
+        self
+    }
+
+    /// `kvret_config.cluster_decode_interval`: re-cluster decoded tokens every this many; default 320
+    pub fn cluster_decode_interval(mut self, value: i32) -> Self {
+        self.raw.cluster_decode_interval = value;
+        self
+    }
+
+    /// `kvret_config.cluster_decode_k`: clusters made from each decoded interval; default 4
+    pub fn cluster_decode_k(mut self, value: i32) -> Self {
+        self.raw.cluster_decode_k = value;
+        self
+    }
+
+    /// `kvret_config.page_size`: tokens per page; default 16
+    pub fn page_size(mut self, value: i32) -> Self {
+        self.raw.page_size = value;
+        self
+    }
+
+    /// `kvret_config.quant_bits`: 1 or 2; default 2
+    pub fn quant_bits(mut self, value: i32) -> Self {
+        self.raw.quant_bits = value;
+        self
+    }
+
+    /// `kvret_config.hamming_fraction`: part of the budget spent on bucket representatives; default 0 (off)
+    pub fn hamming_fraction(mut self, value: f32) -> Self {
+        self.raw.hamming_fraction = value;
+        self
+    }
+
+    /// `kvret_config.hamming_buckets`: default 0 = automatic
+    pub fn hamming_buckets(mut self, value: i32) -> Self {
+        self.raw.hamming_buckets = value;
+        self
+    }
+
+    /// `kvret_config.max_seq_tokens`: token capacity of one sequence (per layer); 0 = unlimited; default 0
+    pub fn max_seq_tokens(mut self, value: i64) -> Self {
+        self.raw.max_seq_tokens = value;
+        self
+    }
+
+    /// `kvret_config.host_bytes_limit`: capacity of the host KV store over all sequences; 0 = unlimited; default 0
+    pub fn host_bytes_limit(mut self, value: i64) -> Self {
+        self.raw.host_bytes_limit = value;
+        self
+    }
+
+    /// `kvret_config.block_tokens`: tokens per cache block; default 128
+    pub fn block_tokens(mut self, value: i32) -> Self {
+        self.raw.block_tokens = value;
+        self
+    }
+
+    /// `kvret_config.cache_policy`: a kvret_cache_policy; default KVRET_CACHE_LRU
     pub fn cache_policy(mut self, value: CachePolicy) -> Self {
         self.raw.cache_policy = value as i32;
         self
     }
+
+    /// `kvret_config.cache_capacity_tokens`: block cache capacity per (sequence, layer, KV head); default 4096
+    pub fn cache_capacity_tokens(mut self, value: i64) -> Self {
+        self.raw.cache_capacity_tokens = value;
+        self
+    }
+
+    /// `kvret_config.n_threads`: CPU threads for scoring and builds; 0 = all cores; default 0
+    pub fn n_threads(mut self, value: i32) -> Self {
+        self.raw.n_threads = value;
+        self
+    }
+
+    /// `kvret_config.background_build`: 1: index builds run in the background after append_prefill (default)
+    pub fn background_build(mut self, value: bool) -> Self {
+        self.raw.background_build = value.into();
+        self
+    }
+
+    /// `kvret_config.check_finite`: 1: reject NaN/Inf in appended keys/values and queries; default 0
+    pub fn check_finite(mut self, value: bool) -> Self {
+        self.raw.check_finite = value.into();
+        self
+    }
+
+    /// `kvret_config.seed`: seed of every randomized step (k-means init, sampling); default 42
+    pub fn seed(mut self, value: u64) -> Self {
+        self.raw.seed = value;
+        self
+    }
+
+    /// `kvret_config.pq_exact_fraction`: share of each (layer, KV head)'s indexed tokens whose keys quantize worst (largest squared
+    /// reconstruction error ||k - k_hat||^2) that PQ keeps exact: a copy of the key in the index (in
+    /// kv_dtype), scored with the exact q.k instead of the codes. A rare, sharp key (the one a retrieval
+    /// head copies from) is the one PQ reconstructs worst. ceil(fraction * n) tokens per head at each
+    /// training, ties to the earlier position; a token encoded later with the same codebook becomes exact
+    /// when its error exceeds the smallest error in the exact set. Costs fraction * n * head_dim * (2 or 4)
+    /// bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
+    pub fn pq_exact_fraction(mut self, value: f32) -> Self {
+        self.raw.pq_exact_fraction = value;
+        self
+    }
+    // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {
         (self.raw.device_type, self.raw.device_id) = match value {
             Device::Cpu => (sys::KVRET_DEVICE_CPU, 0),
             Device::Cuda(id) => (sys::KVRET_DEVICE_CUDA, id),
         };
-        self
-    }
-
-    pub fn background_build(mut self, value: bool) -> Self {
-        self.raw.background_build = value.into();
-        self
-    }
-
-    pub fn check_finite(mut self, value: bool) -> Self {
-        self.raw.check_finite = value.into();
         self
     }
 

@@ -49,123 +49,14 @@ public final class Config {
     return fields;
   }
 
-  // ---- model geometry ----
-  public int nLayers() {
-    return fields.getN_layers();
-  }
-
-  public int nQHeads() {
-    return fields.getN_q_heads();
-  }
-
-  public int nKvHeads() {
-    return fields.getN_kv_heads();
-  }
-
-  public int headDim() {
-    return fields.getHead_dim();
-  }
-
-  public KvDtype kvDtype() {
-    return KvDtype.fromCode(fields.getKv_dtype());
-  }
-
-  // ---- device ----
+  /** Where the index and working set live (kvret_config.device_type). */
   public DeviceType deviceType() {
     return DeviceType.fromCode(fields.getDevice_type());
   }
 
+  /** The CUDA device ordinal (kvret_config.device_id). */
   public int deviceId() {
     return fields.getDevice_id();
-  }
-
-  // ---- token groups and budget ----
-  public int nSink() {
-    return fields.getN_sink();
-  }
-
-  public int nLocal() {
-    return fields.getN_local();
-  }
-
-  public int budget() {
-    return fields.getBudget();
-  }
-
-  public float budgetRatio() {
-    return fields.getBudget_ratio();
-  }
-
-  public GqaFold gqaFold() {
-    return GqaFold.fromCode(fields.getGqa_fold());
-  }
-
-  public IndexKind indexKind() {
-    return IndexKind.fromCode(fields.getIndex_kind());
-  }
-
-  // ---- PQ ----
-  public int pqM() {
-    return fields.getPq_m();
-  }
-
-  public int pqBits() {
-    return fields.getPq_bits();
-  }
-
-  public int pqIters() {
-    return fields.getPq_iters();
-  }
-
-  public float pqTol() {
-    return fields.getPq_tol();
-  }
-
-  public int pqTrainSample() {
-    return fields.getPq_train_sample();
-  }
-
-  /** Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst that it keeps exact. */
-  public float pqExactFraction() {
-    return fields.getPq_exact_fraction();
-  }
-
-  // ---- ClusterKV, Quest pages, SpeCache, KVCrush ----
-  public int clusterTokens() {
-    return fields.getCluster_tokens();
-  }
-
-  public int clusterDecodeInterval() {
-    return fields.getCluster_decode_interval();
-  }
-
-  public int clusterDecodeK() {
-    return fields.getCluster_decode_k();
-  }
-
-  public int pageSize() {
-    return fields.getPage_size();
-  }
-
-  public int quantBits() {
-    return fields.getQuant_bits();
-  }
-
-  public float hammingFraction() {
-    return fields.getHamming_fraction();
-  }
-
-  public int hammingBuckets() {
-    return fields.getHamming_buckets();
-  }
-
-  // ---- storage and capacity ----
-  public long maxSeqTokens() {
-    return fields.getMax_seq_tokens();
-  }
-
-  public long hostBytesLimit() {
-    return fields.getHost_bytes_limit();
   }
 
   /** The disk tier's directory, or null for none. */
@@ -173,35 +64,206 @@ public final class Config {
     return diskPath;
   }
 
-  // ---- GPU block cache ----
+  // The accessors of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
+  // <generated getters>
+  /** kvret_config.n_layers: default 32 */
+  public int nLayers() {
+    return fields.getN_layers();
+  }
+
+  /** kvret_config.n_q_heads: default 32 */
+  public int nQHeads() {
+    return fields.getN_q_heads();
+  }
+
+  /** kvret_config.n_kv_heads: default 8; n_q_heads % n_kv_heads == 0 */
+  public int nKvHeads() {
+    return fields.getN_kv_heads();
+  }
+
+  /** kvret_config.head_dim: 64, 128 or 256; default 128 */
+  public int headDim() {
+    return fields.getHead_dim();
+  }
+
+  /** kvret_config.kv_dtype: a kvret_kv_dtype; default KVRET_KV_F16 */
+  public KvDtype kvDtype() {
+    return KvDtype.fromCode(fields.getKv_dtype());
+  }
+
+  /** kvret_config.n_sink: first tokens always attended; default 16 */
+  public int nSink() {
+    return fields.getN_sink();
+  }
+
+  /** kvret_config.n_local: most recent tokens always attended; default 64 */
+  public int nLocal() {
+    return fields.getN_local();
+  }
+
+  /** kvret_config.budget: middle tokens selected per KV head; 0 = use budget_ratio (default 0) */
+  public int budget() {
+    return fields.getBudget();
+  }
+
+  /**
+   * kvret_config.budget_ratio: budget as a fraction of the context length when budget == 0; default
+   * 0.1
+   */
+  public float budgetRatio() {
+    return fields.getBudget_ratio();
+  }
+
+  /** kvret_config.gqa_fold: a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB */
+  public GqaFold gqaFold() {
+    return GqaFold.fromCode(fields.getGqa_fold());
+  }
+
+  /** kvret_config.index_kind: a kvret_index_kind; default KVRET_INDEX_PQ */
+  public IndexKind indexKind() {
+    return IndexKind.fromCode(fields.getIndex_kind());
+  }
+
+  /** kvret_config.pq_m: sub-spaces; head_dim % pq_m == 0; default 4 */
+  public int pqM() {
+    return fields.getPq_m();
+  }
+
+  /** kvret_config.pq_bits: bits per code (2^bits centroids), 1..8; default 6 */
+  public int pqBits() {
+    return fields.getPq_bits();
+  }
+
+  /**
+   * kvret_config.pq_iters: k-means iterations; 0 = adaptive (stop when the objective improves <
+   * pq_tol, at most 25); default 0
+   */
+  public int pqIters() {
+    return fields.getPq_iters();
+  }
+
+  /** kvret_config.pq_tol: relative objective improvement that ends adaptive k-means; default 1e-3 */
+  public float pqTol() {
+    return fields.getPq_tol();
+  }
+
+  /**
+   * kvret_config.pq_train_sample: max tokens sampled per (layer, KV head) for training; 0 = all;
+   * default 8192
+   */
+  public int pqTrainSample() {
+    return fields.getPq_train_sample();
+  }
+
+  /** kvret_config.cluster_tokens: tokens per cluster at prefill; default 80 */
+  public int clusterTokens() {
+    return fields.getCluster_tokens();
+  }
+
+  /** kvret_config.cluster_decode_interval: re-cluster decoded tokens every this many; default 320 */
+  public int clusterDecodeInterval() {
+    return fields.getCluster_decode_interval();
+  }
+
+  /** kvret_config.cluster_decode_k: clusters made from each decoded interval; default 4 */
+  public int clusterDecodeK() {
+    return fields.getCluster_decode_k();
+  }
+
+  /** kvret_config.page_size: tokens per page; default 16 */
+  public int pageSize() {
+    return fields.getPage_size();
+  }
+
+  /** kvret_config.quant_bits: 1 or 2; default 2 */
+  public int quantBits() {
+    return fields.getQuant_bits();
+  }
+
+  /**
+   * kvret_config.hamming_fraction: part of the budget spent on bucket representatives; default 0
+   * (off)
+   */
+  public float hammingFraction() {
+    return fields.getHamming_fraction();
+  }
+
+  /** kvret_config.hamming_buckets: default 0 = automatic */
+  public int hammingBuckets() {
+    return fields.getHamming_buckets();
+  }
+
+  /**
+   * kvret_config.max_seq_tokens: token capacity of one sequence (per layer); 0 = unlimited; default
+   * 0
+   */
+  public long maxSeqTokens() {
+    return fields.getMax_seq_tokens();
+  }
+
+  /**
+   * kvret_config.host_bytes_limit: capacity of the host KV store over all sequences; 0 = unlimited;
+   * default 0
+   */
+  public long hostBytesLimit() {
+    return fields.getHost_bytes_limit();
+  }
+
+  /** kvret_config.block_tokens: tokens per cache block; default 128 */
   public int blockTokens() {
     return fields.getBlock_tokens();
   }
 
+  /** kvret_config.cache_policy: a kvret_cache_policy; default KVRET_CACHE_LRU */
   public CachePolicy cachePolicy() {
     return CachePolicy.fromCode(fields.getCache_policy());
   }
 
+  /**
+   * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head);
+   * default 4096
+   */
   public long cacheCapacityTokens() {
     return fields.getCache_capacity_tokens();
   }
 
-  // ---- runtime ----
+  /** kvret_config.n_threads: CPU threads for scoring and builds; 0 = all cores; default 0 */
   public int nThreads() {
     return fields.getN_threads();
   }
 
+  /**
+   * kvret_config.background_build: 1: index builds run in the background after append_prefill
+   * (default)
+   */
   public boolean backgroundBuild() {
     return fields.getBackground_build() != 0;
   }
 
+  /** kvret_config.check_finite: 1: reject NaN/Inf in appended keys/values and queries; default 0 */
   public boolean checkFinite() {
     return fields.getCheck_finite() != 0;
   }
 
+  /** kvret_config.seed: seed of every randomized step (k-means init, sampling); default 42 */
   public long seed() {
     return fields.getSeed();
   }
+
+  /**
+   * kvret_config.pq_exact_fraction: share of each (layer, KV head)'s indexed tokens whose keys
+   * quantize worst (largest squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a
+   * copy of the key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
+   * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
+   * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
+   * encoded later with the same codebook becomes exact when its error exceeds the smallest error in
+   * the exact set. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range
+   * [0, 0.5]; default 0.05
+   */
+  public float pqExactFraction() {
+    return fields.getPq_exact_fraction();
+  }
+  // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
   public static final class Builder {
@@ -219,31 +281,6 @@ public final class Config {
       return new Config(copy, diskPath);
     }
 
-    public Builder nLayers(int value) {
-      fields.setN_layers(value);
-      return this;
-    }
-
-    public Builder nQHeads(int value) {
-      fields.setN_q_heads(value);
-      return this;
-    }
-
-    public Builder nKvHeads(int value) {
-      fields.setN_kv_heads(value);
-      return this;
-    }
-
-    public Builder headDim(int value) {
-      fields.setHead_dim(value);
-      return this;
-    }
-
-    public Builder kvDtype(KvDtype value) {
-      fields.setKv_dtype(value.code);
-      return this;
-    }
-
     /** Where the index and working set live: CPU (default) or CUDA with a device ordinal. */
     public Builder device(DeviceType type, int deviceId) {
       fields.setDevice_type(type.code);
@@ -251,156 +288,244 @@ public final class Config {
       return this;
     }
 
-    public Builder nSink(int value) {
-      fields.setN_sink(value);
-      return this;
-    }
-
-    public Builder nLocal(int value) {
-      fields.setN_local(value);
-      return this;
-    }
-
-    /** Middle tokens selected per KV head; 0 = use the budget ratio. */
-    public Builder budget(int value) {
-      fields.setBudget(value);
-      return this;
-    }
-
-    public Builder budgetRatio(float value) {
-      fields.setBudget_ratio(value);
-      return this;
-    }
-
-    public Builder gqaFold(GqaFold value) {
-      fields.setGqa_fold(value.code);
-      return this;
-    }
-
-    public Builder indexKind(IndexKind value) {
-      fields.setIndex_kind(value.code);
-      return this;
-    }
-
-    public Builder pqM(int value) {
-      fields.setPq_m(value);
-      return this;
-    }
-
-    public Builder pqBits(int value) {
-      fields.setPq_bits(value);
-      return this;
-    }
-
-    public Builder pqIters(int value) {
-      fields.setPq_iters(value);
-      return this;
-    }
-
-    public Builder pqTol(float value) {
-      fields.setPq_tol(value);
-      return this;
-    }
-
-    public Builder pqTrainSample(int value) {
-      fields.setPq_train_sample(value);
-      return this;
-    }
-
-    /**
-     * Share of each (layer, KV head)'s indexed tokens whose keys PQ quantizes worst (largest reconstruction error)
-     * that it keeps exact and scores exactly; 0 = off, valid range [0, 0.5].
-     */
-    public Builder pqExactFraction(float value) {
-      fields.setPq_exact_fraction(value);
-      return this;
-    }
-
-    public Builder clusterTokens(int value) {
-      fields.setCluster_tokens(value);
-      return this;
-    }
-
-    public Builder clusterDecodeInterval(int value) {
-      fields.setCluster_decode_interval(value);
-      return this;
-    }
-
-    public Builder clusterDecodeK(int value) {
-      fields.setCluster_decode_k(value);
-      return this;
-    }
-
-    public Builder pageSize(int value) {
-      fields.setPage_size(value);
-      return this;
-    }
-
-    public Builder quantBits(int value) {
-      fields.setQuant_bits(value);
-      return this;
-    }
-
-    public Builder hammingFraction(float value) {
-      fields.setHamming_fraction(value);
-      return this;
-    }
-
-    public Builder hammingBuckets(int value) {
-      fields.setHamming_buckets(value);
-      return this;
-    }
-
-    public Builder maxSeqTokens(long value) {
-      fields.setMax_seq_tokens(value);
-      return this;
-    }
-
-    public Builder hostBytesLimit(long value) {
-      fields.setHost_bytes_limit(value);
-      return this;
-    }
-
-    /** The disk tier's directory (null: none). */
+    /** The disk tier's directory (reserved by the library); null for none. */
     public Builder diskPath(String value) {
       diskPath = value;
       return this;
     }
 
+    // The setters of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
+    // <generated setters>
+    /** kvret_config.n_layers: default 32 */
+    public Builder nLayers(int value) {
+      fields.setN_layers(value);
+      return this;
+    }
+
+    /** kvret_config.n_q_heads: default 32 */
+    public Builder nQHeads(int value) {
+      fields.setN_q_heads(value);
+      return this;
+    }
+
+    /** kvret_config.n_kv_heads: default 8; n_q_heads % n_kv_heads == 0 */
+    public Builder nKvHeads(int value) {
+      fields.setN_kv_heads(value);
+      return this;
+    }
+
+    /** kvret_config.head_dim: 64, 128 or 256; default 128 */
+    public Builder headDim(int value) {
+      fields.setHead_dim(value);
+      return this;
+    }
+
+    /** kvret_config.kv_dtype: a kvret_kv_dtype; default KVRET_KV_F16 */
+    public Builder kvDtype(KvDtype value) {
+      fields.setKv_dtype(value.code);
+      return this;
+    }
+
+    /** kvret_config.n_sink: first tokens always attended; default 16 */
+    public Builder nSink(int value) {
+      fields.setN_sink(value);
+      return this;
+    }
+
+    /** kvret_config.n_local: most recent tokens always attended; default 64 */
+    public Builder nLocal(int value) {
+      fields.setN_local(value);
+      return this;
+    }
+
+    /** kvret_config.budget: middle tokens selected per KV head; 0 = use budget_ratio (default 0) */
+    public Builder budget(int value) {
+      fields.setBudget(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.budget_ratio: budget as a fraction of the context length when budget == 0;
+     * default 0.1
+     */
+    public Builder budgetRatio(float value) {
+      fields.setBudget_ratio(value);
+      return this;
+    }
+
+    /** kvret_config.gqa_fold: a kvret_gqa_fold; default KVRET_FOLD_SUM_PROB */
+    public Builder gqaFold(GqaFold value) {
+      fields.setGqa_fold(value.code);
+      return this;
+    }
+
+    /** kvret_config.index_kind: a kvret_index_kind; default KVRET_INDEX_PQ */
+    public Builder indexKind(IndexKind value) {
+      fields.setIndex_kind(value.code);
+      return this;
+    }
+
+    /** kvret_config.pq_m: sub-spaces; head_dim % pq_m == 0; default 4 */
+    public Builder pqM(int value) {
+      fields.setPq_m(value);
+      return this;
+    }
+
+    /** kvret_config.pq_bits: bits per code (2^bits centroids), 1..8; default 6 */
+    public Builder pqBits(int value) {
+      fields.setPq_bits(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.pq_iters: k-means iterations; 0 = adaptive (stop when the objective improves <
+     * pq_tol, at most 25); default 0
+     */
+    public Builder pqIters(int value) {
+      fields.setPq_iters(value);
+      return this;
+    }
+
+    /** kvret_config.pq_tol: relative objective improvement that ends adaptive k-means; default 1e-3 */
+    public Builder pqTol(float value) {
+      fields.setPq_tol(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.pq_train_sample: max tokens sampled per (layer, KV head) for training; 0 = all;
+     * default 8192
+     */
+    public Builder pqTrainSample(int value) {
+      fields.setPq_train_sample(value);
+      return this;
+    }
+
+    /** kvret_config.cluster_tokens: tokens per cluster at prefill; default 80 */
+    public Builder clusterTokens(int value) {
+      fields.setCluster_tokens(value);
+      return this;
+    }
+
+    /** kvret_config.cluster_decode_interval: re-cluster decoded tokens every this many; default 320 */
+    public Builder clusterDecodeInterval(int value) {
+      fields.setCluster_decode_interval(value);
+      return this;
+    }
+
+    /** kvret_config.cluster_decode_k: clusters made from each decoded interval; default 4 */
+    public Builder clusterDecodeK(int value) {
+      fields.setCluster_decode_k(value);
+      return this;
+    }
+
+    /** kvret_config.page_size: tokens per page; default 16 */
+    public Builder pageSize(int value) {
+      fields.setPage_size(value);
+      return this;
+    }
+
+    /** kvret_config.quant_bits: 1 or 2; default 2 */
+    public Builder quantBits(int value) {
+      fields.setQuant_bits(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.hamming_fraction: part of the budget spent on bucket representatives; default 0
+     * (off)
+     */
+    public Builder hammingFraction(float value) {
+      fields.setHamming_fraction(value);
+      return this;
+    }
+
+    /** kvret_config.hamming_buckets: default 0 = automatic */
+    public Builder hammingBuckets(int value) {
+      fields.setHamming_buckets(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.max_seq_tokens: token capacity of one sequence (per layer); 0 = unlimited;
+     * default 0
+     */
+    public Builder maxSeqTokens(long value) {
+      fields.setMax_seq_tokens(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.host_bytes_limit: capacity of the host KV store over all sequences; 0 =
+     * unlimited; default 0
+     */
+    public Builder hostBytesLimit(long value) {
+      fields.setHost_bytes_limit(value);
+      return this;
+    }
+
+    /** kvret_config.block_tokens: tokens per cache block; default 128 */
     public Builder blockTokens(int value) {
       fields.setBlock_tokens(value);
       return this;
     }
 
+    /** kvret_config.cache_policy: a kvret_cache_policy; default KVRET_CACHE_LRU */
     public Builder cachePolicy(CachePolicy value) {
       fields.setCache_policy(value.code);
       return this;
     }
 
+    /**
+     * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head);
+     * default 4096
+     */
     public Builder cacheCapacityTokens(long value) {
       fields.setCache_capacity_tokens(value);
       return this;
     }
 
-    /** CPU threads for scoring and builds; 0 = all cores. */
+    /** kvret_config.n_threads: CPU threads for scoring and builds; 0 = all cores; default 0 */
     public Builder nThreads(int value) {
       fields.setN_threads(value);
       return this;
     }
 
+    /**
+     * kvret_config.background_build: 1: index builds run in the background after append_prefill
+     * (default)
+     */
     public Builder backgroundBuild(boolean value) {
       fields.setBackground_build(value ? 1 : 0);
       return this;
     }
 
+    /** kvret_config.check_finite: 1: reject NaN/Inf in appended keys/values and queries; default 0 */
     public Builder checkFinite(boolean value) {
       fields.setCheck_finite(value ? 1 : 0);
       return this;
     }
 
+    /** kvret_config.seed: seed of every randomized step (k-means init, sampling); default 42 */
     public Builder seed(long value) {
       fields.setSeed(value);
       return this;
     }
+
+    /**
+     * kvret_config.pq_exact_fraction: share of each (layer, KV head)'s indexed tokens whose keys
+     * quantize worst (largest squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a
+     * copy of the key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
+     * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
+     * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
+     * encoded later with the same codebook becomes exact when its error exceeds the smallest error
+     * in the exact set. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid
+     * range [0, 0.5]; default 0.05
+     */
+    public Builder pqExactFraction(float value) {
+      fields.setPq_exact_fraction(value);
+      return this;
+    }
+    // </generated setters>
   }
 }
