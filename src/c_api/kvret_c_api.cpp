@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "c_api/handles.hpp"
-#include "core/attention.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
@@ -110,11 +109,6 @@ kvret::Sequence& sequence_of(const kvret_seq* seq) {
 template <class T>
 void require_out(T* p, const char* name) {
   require(p != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
-}
-
-void require_cpu_stream(kvret_stream stream) {
-  // The CPU backend completes every call before returning; a stream is accepted and has nothing to order.
-  (void)stream;
 }
 
 }  // namespace
@@ -360,7 +354,7 @@ kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
     require_out(out_rows, "out_rows");
-    require_cpu_stream(stream);
+    s.context().backend().check_stream(stream);
     *out_rows = s.fetch(layer, positions, count, out);
   });
 }
@@ -369,12 +363,12 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
                           int64_t rows, float scale, const kvret_tensor* out, kvret_stream stream) {
   return guarded([&] {
     const kvret::Context& c = context_of(ctx);
-    require_cpu_stream(stream);
+    c.backend().check_stream(stream);
     const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {2});
     const auto kv = kvret::TensorView::from(k, "k", kvret::kFloatTypes, {3});
     const auto vv = kvret::TensorView::from(v, "v", kvret::kFloatTypes, {3});
     const auto ov = kvret::TensorView::from(out, "out", {kvret::DType::F32}, {2});
-    kvret::attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads());
+    c.backend().attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads());
   });
 }
 
@@ -382,15 +376,16 @@ kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor*
                               const kvret_tensor* out, kvret_stream stream) {
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
-    require_cpu_stream(stream);
+    s.context().backend().check_stream(stream);
     s.attend(layer, q, budget, scale, out);
   });
 }
 
 kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream) {
   return guarded([&] {
-    (void)context_of(ctx);
-    require_cpu_stream(stream);
+    const kvret::Context& c = context_of(ctx);
+    c.backend().check_stream(stream);
+    c.backend().synchronize(stream);
   });
 }
 
@@ -434,7 +429,7 @@ kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_ten
                                   kvret_stream stream) {
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
-    require_cpu_stream(stream);
+    s.context().backend().check_stream(stream);
     const auto qv = kvret::TensorView::from(q_guess, "q_guess", kvret::kFloatTypes, {2});
     const kvret_config& c = s.context().config();
     qv.expect_dim(0, c.n_q_heads, "n_q_heads");

@@ -8,9 +8,10 @@
 
 namespace kvret {
 
-Context::Context(const kvret_config& config, std::string disk_path)
+Context::Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend)
     : config_(config),
       kind_(find_retriever_kind(config.index_kind)),
+      backend_(backend ? std::move(backend) : make_backend(config)),
       disk_path_(std::move(disk_path)),
       threads_(resolve_threads(config.n_threads)) {
   if (kind_ == nullptr) {  // neither built in nor registered

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "engine/build_queue.hpp"
 #include "engine/stats.hpp"
 #include "fetch/working_set.hpp"
@@ -18,7 +19,8 @@ class Sequence;
 class Context {
  public:
   /// `config` must have passed read_config.
-  Context(const kvret_config& config, std::string disk_path);
+  /// `backend` null: make_backend(config).
+  Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend = nullptr);
   ~Context();  ///< closes every open sequence (waiting for their builds)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -34,6 +36,8 @@ class Context {
   /// The index kind of config.index_kind, as registered when the context was created.
   const RetrieverKind& kind() const noexcept { return *kind_; }
 
+  /// The backend (config.device_type, or the one given at construction).
+  Backend& backend() const noexcept { return *backend_; }
   /// Accounts `bytes` more host memory against host_bytes_limit; throws KVRET_ERR_CAPACITY past it.
   void reserve_host_bytes(int64_t bytes);
   void release_host_bytes(int64_t bytes) noexcept;
@@ -50,6 +54,7 @@ class Context {
  private:
   kvret_config config_;
   std::shared_ptr<const RetrieverKind> kind_;
+  std::unique_ptr<Backend> backend_;  // outlives the sequences: ~Context closes them in its body
   std::string disk_path_;
   int threads_;
   std::atomic<int64_t> host_bytes_{0};

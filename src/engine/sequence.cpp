@@ -6,7 +6,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/attention.hpp"
 #include "core/error.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
@@ -37,8 +36,8 @@ Sequence::Sequence(Context& ctx) : ctx_(ctx) {
   const kvret_config& c = ctx.config();
   layers_.reserve(static_cast<size_t>(c.n_layers));
   for (int32_t l = 0; l < c.n_layers; ++l)
-    layers_.push_back(
-        std::make_unique<Layer>(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.kind().make(c, l)));
+    layers_.push_back(std::make_unique<Layer>(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype),
+                                              ctx.backend().pages(), ctx.kind().make(c, l)));
 }
 
 Sequence::~Sequence() {
@@ -432,8 +431,9 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   }
   const auto sources = ctx_.row_sources();
   int64_t from_sources = 0;
-  gather_working_set(l.store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
-                     sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer, &from_sources);
+  ctx_.backend().gather(l.store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
+                        sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
+                        &from_sources);
   stats_.fetches += 1;
   stats_.fetched_rows += rows * c.n_kv_heads;
   stats_.cache_hits += from_sources;  // rows a source before the host store served
@@ -481,8 +481,8 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const kvret_working_set ws{host_tensor(k.data(), kv_shape), host_tensor(v.data(), kv_shape),
                              host_tensor(positions.data(), pos_shape)};
   const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws);
-  kvret::attend(c, qv, TensorView::from(&ws.k, "k", {DType::F32}, {3}), TensorView::from(&ws.v, "v", {DType::F32}, {3}),
-                rows, scale, ov, ctx_.threads());
+  ctx_.backend().attend(c, qv, TensorView::from(&ws.k, "k", {DType::F32}, {3}),
+                        TensorView::from(&ws.v, "v", {DType::F32}, {3}), rows, scale, ov, ctx_.threads());
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {

@@ -88,8 +88,8 @@ class Sequence {
 
  private:
   struct Layer {
-    Layer(int n_kv_heads, int head_dim, DType dtype, std::unique_ptr<Retriever> r)
-        : store(n_kv_heads, head_dim, dtype), index(std::move(r)) {}
+    Layer(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages, std::unique_ptr<Retriever> r)
+        : store(n_kv_heads, head_dim, dtype, pages), index(std::move(r)) {}
     Layer(HostKvStore s, std::unique_ptr<Retriever> r) : store(std::move(s)), index(std::move(r)) {}
     HostKvStore store;
     std::unique_ptr<Retriever> index;

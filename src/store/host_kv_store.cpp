@@ -13,12 +13,24 @@ namespace kvret {
 
 namespace {
 constexpr std::align_val_t kPageAlignment{64};
+
+class HostPages final : public PageAllocator {
+ public:
+  std::byte* allocate(size_t bytes) noexcept override {
+    return static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow));
+  }
+  void deallocate(std::byte* p, size_t) noexcept override { ::operator delete[](p, kPageAlignment); }
+};
+}  // namespace
+
+PageAllocator& host_page_allocator() noexcept {
+  static HostPages pages;
+  return pages;
 }
 
-void HostKvStore::PageDeleter::operator()(std::byte* p) const noexcept { ::operator delete[](p, kPageAlignment); }
-
-HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype)
-    : n_kv_heads_(n_kv_heads),
+HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages)
+    : allocator_(&pages),
+      n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       dtype_(dtype),
       row_bytes_(static_cast<size_t>(head_dim) * dtype_size(dtype)),
@@ -35,15 +47,18 @@ int64_t HostKvStore::bytes_to_grow(int64_t tokens) const noexcept {
 }
 
 HostKvStore::Page HostKvStore::new_page() const {
-  auto* raw = static_cast<std::byte*>(::operator new[](static_cast<size_t>(page_bytes_), kPageAlignment, std::nothrow));
+  const auto bytes = static_cast<size_t>(page_bytes_);
+  std::byte* raw = allocator_->allocate(bytes);
   if (raw == nullptr)
     throw Error(KVRET_ERR_OUT_OF_MEMORY,
                 "could not allocate a " + std::to_string(page_bytes_) + "-byte KV page in host memory");
-  return Page(raw, PageDeleter{});  // frees raw if the control block cannot be allocated
+  PageAllocator* allocator = allocator_;
+  // the deleter frees raw also when the control block cannot be allocated
+  return Page(raw, [allocator, bytes](std::byte* p) noexcept { allocator->deallocate(p, bytes); });
 }
 
 HostKvStore HostKvStore::fork() const {
-  HostKvStore copy(n_kv_heads_, head_dim_, dtype_);
+  HostKvStore copy(n_kv_heads_, head_dim_, dtype_, *allocator_);
   const auto used = static_cast<size_t>(size_ / kPageTokens + (size_ % kPageTokens != 0 ? 1 : 0));
   copy.pages_.assign(pages_.begin(), pages_.begin() + static_cast<std::ptrdiff_t>(used));
   copy.size_ = size_;

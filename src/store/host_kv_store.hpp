@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor_view.hpp"
+#include "store/page_allocator.hpp"
 
 namespace kvret {
 
@@ -15,7 +16,8 @@ class HostKvStore {
  public:
   static constexpr int64_t kPageTokens = 256;
 
-  HostKvStore(int n_kv_heads, int head_dim, DType dtype);
+  /// Pages come from `pages` (which must outlive every page: the backend's allocator outlives the sequences).
+  HostKvStore(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages = host_page_allocator());
 
   int64_t size() const noexcept { return size_; }
   DType dtype() const noexcept { return dtype_; }
@@ -58,14 +60,12 @@ class HostKvStore {
     return const_cast<std::byte*>(static_cast<const HostKvStore*>(this)->row(kv, head, pos));
   }
 
-  struct PageDeleter {
-    void operator()(std::byte* p) const noexcept;
-  };
   /// A page, shared by the stores of forked sequences until one of them writes into it.
   using Page = std::shared_ptr<std::byte>;
   /// A new page (Error OUT_OF_MEMORY when it cannot be allocated).
   Page new_page() const;
 
+  PageAllocator* allocator_;
   int n_kv_heads_;
   int head_dim_;
   DType dtype_;

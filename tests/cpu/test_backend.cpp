@@ -1,0 +1,112 @@
+// The backend seam: a context made with a backend of a test's own puts every KV page, gather and attention of its
+// sequences through it (allocation balanced by frees when they close), with no other change; the CPU backend is
+// the default and a device this build lacks is refused.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "engine/context.hpp"
+#include "engine/sequence.hpp"
+#include "kvret.h"
+#include "test_util.hpp"
+
+using namespace kvret;
+using test::F32;
+using test::I32;
+
+namespace {
+
+/// Host pages, counted.
+class CountedPages final : public PageAllocator {
+ public:
+  std::byte* allocate(size_t bytes) noexcept override {
+    ++allocations;
+    live += static_cast<int64_t>(bytes);
+    return host_page_allocator().allocate(bytes);
+  }
+  void deallocate(std::byte* p, size_t bytes) noexcept override {
+    ++frees;
+    live -= static_cast<int64_t>(bytes);
+    host_page_allocator().deallocate(p, bytes);
+  }
+  std::atomic<int64_t> allocations{0}, frees{0}, live{0};
+};
+
+/// The CPU backend, counting what goes through it.
+class CountingBackend final : public CpuBackend {
+ public:
+  const char* name() const noexcept override { return "counting"; }
+  PageAllocator& pages() noexcept override { return *counted; }
+  int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
+                 int64_t count, const WorkingSetViews& out, int n_threads,
+                 const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence, int32_t layer,
+                 int64_t* served) override {
+    ++gathers;
+    return CpuBackend::gather(store, mid_begin, mid_end, selected, count, out, n_threads, sources, sequence, layer,
+                              served);
+  }
+  void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
+              float scale, const TensorView& out, int n_threads) override {
+    ++attends;
+    CpuBackend::attend(config, q, k, v, rows, scale, out, n_threads);
+  }
+  std::shared_ptr<CountedPages> counted = std::make_shared<CountedPages>();
+  std::atomic<int64_t> gathers{0}, attends{0};
+};
+
+TEST(Backend, EverythingGoesThroughTheContextsBackend) {
+  kvret_config c = test::small_config(KVRET_INDEX_PQ);
+  std::string disk;
+  const kvret_config config = read_config(&c, &disk);
+  auto backend = std::make_unique<CountingBackend>();
+  CountingBackend& b = *backend;
+  const std::shared_ptr<CountedPages> pages = b.counted;  // outlives the context
+  {
+    Context ctx(config, disk, std::move(backend));
+    EXPECT_STREQ(ctx.backend().name(), "counting");
+    Sequence* seq = ctx.open_sequence();
+    F32 k({700, 2, 64}), v({700, 2, 64});
+    test::clustered_kv(700, 2, 64, 2, k, v);
+    seq->append_prefill(0, &k.t, &v.t);
+    seq->append_prefill(1, &k.t, &v.t);
+    kvret_stats st;
+    kvret_stats_init(&st);
+    seq->stats().add_to(&st);
+    EXPECT_EQ(pages->live.load(), st.host_bytes) << "every byte of the store is the backend's";
+    EXPECT_GT(pages->allocations.load(), 0);
+    F32 q({8, 64}, 0.3f), out({8, 64});
+    I32 selected({2, 20});
+    const int64_t count = seq->select(0, &q.t, 20, &selected.t);
+    F32 wk({2, 4 + 20 + 16, 64}), wv({2, 4 + 20 + 16, 64});
+    I32 wp({2, 4 + 20 + 16});
+    const kvret_working_set set{wk.t, wv.t, wp.t};
+    seq->fetch(0, &selected.t, static_cast<int32_t>(count), &set);
+    EXPECT_EQ(b.gathers.load(), 1);
+    seq->attend(0, &q.t, 20, 0.0f, &out.t);
+    EXPECT_EQ(b.gathers.load(), 2);
+    EXPECT_EQ(b.attends.load(), 1);
+    ctx.close_sequence(seq);
+    EXPECT_EQ(pages->live.load(), 0) << "closing the sequence gave its pages back";
+    EXPECT_EQ(pages->frees.load(), pages->allocations.load());
+  }
+}
+
+TEST(Backend, TheCpuIsTheDefaultAndCudaIsRefusedHere) {
+  kvret_config c = test::small_config(KVRET_INDEX_EXACT);
+  EXPECT_STREQ(make_backend(c)->name(), "cpu");
+  c.device_type = KVRET_DEVICE_CUDA;
+  try {
+    (void)make_backend(c);
+    ADD_FAILURE() << "a CUDA backend was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), KVRET_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos);
+  }
+}
+
+}  // namespace
