@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "half.hpp"
+#include "quality.hpp"
 #include "workload.hpp"
 
 #if defined(KVRET_DEMO_CUDA)
@@ -636,211 +637,50 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
 // ------------------------------------------------------------------------------------------------------------------
 // quality: exact attention over every token, one layer at a time, for all index kinds at once
 // ------------------------------------------------------------------------------------------------------------------
-inline float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // independent partial sums: vectorizes without fast-math
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float s = 0.f;
-  for (; i < n; ++i) s += a[i] * b[i];
-  for (float x : acc) s += x;
-  return s;
-}
-
-// The two hot loops of the quality pass, compiled for AVX2/FMA too where GCC can dispatch at run time.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define KVRET_DEMO_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define KVRET_DEMO_CLONES
-#endif
-
-/// P[r * ldp + j] = scale * q[r] . K[j * stride .. + D] for r < R, j < n. Rows go four at a time so that each key
-/// chunk is loaded once for four independent accumulators.
-KVRET_DEMO_CLONES void logits_rows(const float* const* q, int R, const float* K, int64_t stride, int64_t n, int D,
-                                   float scale, float* P, int64_t ldp) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float* k = K + j * stride;
-    int r = 0;
-    for (; r + 4 <= R; r += 4) {
-      const float *q0 = q[r], *q1 = q[r + 1], *q2 = q[r + 2], *q3 = q[r + 3];
-      float a0[8] = {}, a1[8] = {}, a2[8] = {}, a3[8] = {};
-      int d = 0;
-      for (; d + 8 <= D; d += 8) {
-        for (int t = 0; t < 8; ++t) {
-          const float kv = k[d + t];
-          a0[t] += q0[d + t] * kv;
-          a1[t] += q1[d + t] * kv;
-          a2[t] += q2[d + t] * kv;
-          a3[t] += q3[d + t] * kv;
-        }
-      }
-      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-      for (; d < D; ++d) s0 += q0[d] * k[d], s1 += q1[d] * k[d], s2 += q2[d] * k[d], s3 += q3[d] * k[d];
-      for (int t = 0; t < 8; ++t) s0 += a0[t], s1 += a1[t], s2 += a2[t], s3 += a3[t];
-      P[r * ldp + j] = s0 * scale;
-      P[(r + 1) * ldp + j] = s1 * scale;
-      P[(r + 2) * ldp + j] = s2 * scale;
-      P[(r + 3) * ldp + j] = s3 * scale;
-    }
-    for (; r < R; ++r) P[r * ldp + j] = dot(q[r], k, D) * scale;
-  }
-}
-
-/// O[r * D .. + D] += P[r * ldp + j] * V[j * stride .. + D] for r < R, j < n. Blocks of 64 values rows (they stay in
-/// cache across the R rows) and 32-wide output chunks (their accumulators stay in registers).
-KVRET_DEMO_CLONES void weighted_values(const float* P, int64_t ldp, int R, const float* V, int64_t stride, int64_t n,
-                                       int D, float* O) {
-  constexpr int64_t kRows = 64;
-  constexpr int kC = 32;
-  for (int64_t jb = 0; jb < n; jb += kRows) {
-    const int64_t je = std::min(n, jb + kRows);
-    for (int r = 0; r < R; ++r) {
-      const float* p = P + r * ldp;
-      float* o = O + static_cast<int64_t>(r) * D;
-      int c = 0;
-      for (; c + kC <= D; c += kC) {
-        float acc[kC];
-        for (int t = 0; t < kC; ++t) acc[t] = o[c + t];
-        for (int64_t j = jb; j < je; ++j) {
-          const float pj = p[j];
-          const float* v = V + j * stride + c;
-          for (int t = 0; t < kC; ++t) acc[t] += pj * v[t];
-        }
-        for (int t = 0; t < kC; ++t) o[c + t] = acc[t];
-      }
-      for (; c < D; ++c) {
-        for (int64_t j = jb; j < je; ++j) o[c] += p[j] * V[j * stride + c];
-      }
-    }
-  }
-}
-
-// Per KV group and layer, all decode steps at once: the group's G query heads x S steps form R = S*G query rows;
-// logits [R, tokens] come from one pass over the group's keys (each key row is used R times while in L1), then
-// softmax per row over that step's context, then the outputs from one pass over the values.
+// Per layer, all decode steps at once (kvret_quality's exact_attention_steps reads each key and value row once for
+// every step and query head of a KV group), then every index kind's selections scored against them.
 void quality(const Options& o, const kvret::workload::Workload& w, const std::vector<float>& queries,
              std::vector<Record>& recs) {
   if (recs.empty()) return;
   const KvFormat fmt = kv_format(o.kv_dtype);
-  const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim, G = HQ / HK, S = o.decode;
-  const int R = S * G;
+  const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim, S = o.decode;
   const int64_t total = o.prefill + S;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t n = static_cast<size_t>(total) * HK * D;
-  const size_t NR = recs.size();
   std::vector<float> K(n), V(n);
-  struct Sums {
-    double tok = 0, mass = 0, err = 0;
-    int64_t tok_n = 0, head_n = 0;
-  };
-  std::vector<Sums> sums(NR);
+  std::vector<kvret::quality::Totals> totals(recs.size());
+  kvret::quality::StepsInput in;
+  in.k = K.data();
+  in.v = V.data();
+  in.n_q_heads = HQ;
+  in.n_kv_heads = HK;
+  in.head_dim = D;
   // the sink/local split is the same for every kind (one config); take it from the first record
-  const int n_sink_cfg = recs.front().n_sink, n_local_cfg = recs.front().n_local;
+  in.n_sink = recs.front().n_sink;
+  in.n_local = recs.front().n_local;
+  for (int s = 0; s < S; ++s) in.lengths.push_back(o.prefill + s + 1);
   Progress bar(o.progress, "quality (exact attention)", L);
+  std::vector<const int32_t*> selected(static_cast<size_t>(HK));
   for (int l = 0; l < L; ++l) {
     w.keys_values(l, 0, total, K.data(), V.data());
     round_kv(K.data(), n, fmt.type);
     round_kv(V.data(), n, fmt.type);
-    std::vector<Sums> part(static_cast<size_t>(HK) * NR);
-#pragma omp parallel
-    {
-      std::vector<float> P(static_cast<size_t>(R) * total);  // logits, then probabilities
-      std::vector<float> O(static_cast<size_t>(R) * D);      // exact outputs
-      std::vector<float> fold, sorted;
-#pragma omp for schedule(dynamic, 1)
-      for (int g = 0; g < HK; ++g) {
-        // query rows r = s * G + (h - g * G)
-        std::vector<const float*> q(static_cast<size_t>(R));
-        for (int s = 0; s < S; ++s) {
-          for (int i = 0; i < G; ++i) {
-            q[static_cast<size_t>(s * G + i)] =
-                &queries[((static_cast<size_t>(l) * S + s) * HQ + static_cast<size_t>(g * G + i)) * D];
-          }
-        }
-        logits_rows(q.data(), R, &K[static_cast<size_t>(g) * D], static_cast<int64_t>(HK) * D, total, D, scale,
-                    P.data(), total);
-        for (int r = 0; r < R; ++r) {  // softmax over the step's context [0, prefill + s + 1)
-          float* p = &P[static_cast<size_t>(r) * total];
-          const int64_t len = o.prefill + r / G + 1;
-          const float mx = *std::max_element(p, p + len);
-          double z = 0;
-          for (int64_t j = 0; j < len; ++j) z += (p[j] = std::exp(p[j] - mx));
-          const auto inv = static_cast<float>(1.0 / z);
-          for (int64_t j = 0; j < len; ++j) p[j] *= inv;
-          std::fill(p + len, p + total, 0.0f);
-        }
-        std::fill(O.begin(), O.end(), 0.0f);
-        weighted_values(P.data(), total, R, &V[static_cast<size_t>(g) * D], static_cast<int64_t>(HK) * D, total, D,
-                        O.data());
-        for (int s = 0; s < S; ++s) {
-          const size_t sl = static_cast<size_t>(s) * L + l;
-          const int64_t len = o.prefill + s + 1;
-          const int64_t mid_lo = std::min<int64_t>(n_sink_cfg, len);
-          const int64_t mid_hi = std::max(mid_lo, len - std::min<int64_t>(n_local_cfg, len - mid_lo));
-          const int64_t n_mid = mid_hi - mid_lo;
-          // the fold kvret uses by default: the sum over the group of each head's softmax over the middle tokens
-          fold.assign(static_cast<size_t>(n_mid), 0.0f);
-          for (int i = 0; i < G; ++i) {
-            const float* p = &P[static_cast<size_t>(s * G + i) * total];
-            double mid_z = 0;
-            for (int64_t j = mid_lo; j < mid_hi; ++j) mid_z += p[j];
-            if (mid_z <= 0) continue;
-            const auto mi = static_cast<float>(1.0 / mid_z);
-            for (int64_t j = 0; j < n_mid; ++j) fold[static_cast<size_t>(j)] += p[mid_lo + j] * mi;
-          }
-          for (size_t x = 0; x < NR; ++x) {
-            const Record& rec = recs[x];
-            Sums& acc = part[static_cast<size_t>(g) * NR + x];
-            const int32_t count = rec.count[sl];
-            const int32_t* sel = &rec.selected[(sl * HK + g) * rec.max_count];
-            // token recall: selected tokens whose exact folded score reaches the B-th best (ties within 1e-4)
-            if (rec.kind != KVRET_INDEX_STREAMING && count > 0) {
-              sorted = fold;
-              std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(), std::greater<float>());
-              const float kth = sorted[static_cast<size_t>(count - 1)];
-              const float thr = kth - 1e-4f * std::abs(kth);
-              int64_t hit = 0;
-              for (int32_t c = 0; c < count; ++c) hit += fold[static_cast<size_t>(sel[c] - mid_lo)] >= thr ? 1 : 0;
-              acc.tok += static_cast<double>(std::min<int64_t>(hit, count)) / count;
-            }
-            ++acc.tok_n;
-            // mass recall and output error of the group's query heads
-            for (int i = 0; i < G; ++i) {
-              const float* p = &P[static_cast<size_t>(s * G + i) * total];
-              double mass = 0;
-              for (int64_t j = 0; j < mid_lo; ++j) mass += p[j];
-              for (int64_t j = mid_hi; j < len; ++j) mass += p[j];
-              for (int32_t c = 0; c < count; ++c) mass += p[sel[c]];
-              const float* ow = &rec.o_ws[(sl * HQ + static_cast<size_t>(g * G + i)) * D];
-              const float* of = &O[static_cast<size_t>(s * G + i) * D];
-              double e2 = 0, f2 = 0;
-              for (int d = 0; d < D; ++d) {
-                e2 += static_cast<double>(ow[d] - of[d]) * (ow[d] - of[d]);
-                f2 += static_cast<double>(of[d]) * of[d];
-              }
-              acc.mass += mass;
-              acc.err += f2 > 0 ? std::sqrt(e2 / f2) : 0.0;
-              ++acc.head_n;
-            }
-          }
-        }
-      }
-    }
-    for (int g = 0; g < HK; ++g) {
-      for (size_t x = 0; x < NR; ++x) {
-        const Sums& a = part[static_cast<size_t>(g) * NR + x];
-        sums[x].tok += a.tok, sums[x].mass += a.mass, sums[x].err += a.err;
-        sums[x].tok_n += a.tok_n, sums[x].head_n += a.head_n;
+    in.q = &queries[static_cast<size_t>(l) * S * HQ * D];
+    const std::vector<kvret::quality::ExactAttention> exact = kvret::quality::exact_attention_steps(in);
+    for (size_t x = 0; x < recs.size(); ++x) {
+      const Record& rec = recs[x];
+      for (int s = 0; s < S; ++s) {
+        const size_t sl = static_cast<size_t>(s) * L + l;
+        for (int g = 0; g < HK; ++g) selected[static_cast<size_t>(g)] = &rec.selected[(sl * HK + g) * rec.max_count];
+        kvret::quality::score_selection(exact[static_cast<size_t>(s)], selected.data(), rec.count[sl], totals[x],
+                                        &rec.o_ws[sl * HQ * D]);
       }
     }
     bar.update(l + 1);
   }
-  for (size_t x = 0; x < NR; ++x) {
-    const Sums& a = sums[x];
-    recs[x].token_recall = a.tok_n ? a.tok / static_cast<double>(a.tok_n) : 0.0;
-    recs[x].mass_recall = a.head_n ? a.mass / static_cast<double>(a.head_n) : 0.0;
-    recs[x].output_error = a.head_n ? a.err / static_cast<double>(a.head_n) : 0.0;
+  for (size_t x = 0; x < recs.size(); ++x) {
+    recs[x].token_recall = totals[x].token_recall();
+    recs[x].mass_recall = totals[x].mass_recall();
+    recs[x].output_error = totals[x].output_error();
   }
 }
 

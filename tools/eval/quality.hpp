@@ -40,6 +40,8 @@ struct StepInput {
   Fold fold = Fold::kSumProb;
 };
 
+struct StepsInput;
+
 class ExactAttention {
  public:
   /// Computes every query head's softmax over all tokens, its output, and each group's folded middle score.
@@ -72,6 +74,11 @@ class ExactAttention {
   const double* output(int q_head) const noexcept { return &out_[static_cast<size_t>(q_head) * head_dim_]; }
 
  private:
+  friend std::vector<ExactAttention> exact_attention_steps(const StepsInput& in, int n_threads);
+  /// Sized for one step of exact_attention_steps, which fills it.
+  ExactAttention(const float* v, int64_t length, int64_t mid_begin, int64_t mid_end, int n_q, int n_kv, int head_dim,
+                 Fold fold);
+
   const float* v_;
   int64_t length_, mid_begin_, mid_end_;
   int n_q_, n_kv_, head_dim_, group_;
@@ -79,6 +86,27 @@ class ExactAttention {
   std::vector<double> out_;  ///< [n_q, head_dim]
   std::vector<float> fold_;  ///< [n_kv, middle]
 };
+
+/// Several decode steps of one layer over the same keys and values: step s attends with its own query to the first
+/// lengths[s] tokens, its middle being [min(n_sink, len), max(that, len - n_local)). Computed together: every key
+/// and value row is read once for all steps and query heads of a KV group (kvret-demo scores 16 steps of a 32k
+/// context this way). Each step's ExactAttention is what StepInput would give, up to f32 rounding of the outputs.
+struct StepsInput {
+  const float* q = nullptr;  ///< [steps, n_q_heads, head_dim]
+  const float* k = nullptr;  ///< [max length, n_kv_heads, head_dim]
+  const float* v = nullptr;  ///< [max length, n_kv_heads, head_dim]
+  std::vector<int64_t> lengths;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int64_t n_sink = 0;
+  int64_t n_local = 0;
+  float scale = 0.0f;  ///< logit scale; <= 0 means 1/sqrt(head_dim)
+  Fold fold = Fold::kSumProb;
+};
+
+/// One ExactAttention per step of `in`. n_threads <= 0: OpenMP's default.
+std::vector<ExactAttention> exact_attention_steps(const StepsInput& in, int n_threads = 0);
 
 /// Running means of the three metrics.
 struct Totals {
