@@ -26,6 +26,7 @@ class ByteWriter {
   void array(const std::vector<T>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     value<uint64_t>(v.size());
+    if (v.empty()) return;  // data() may be null
     const auto* p = reinterpret_cast<const std::byte*>(v.data());
     bytes_.insert(bytes_.end(), p, p + v.size() * sizeof(T));
   }
@@ -56,7 +57,7 @@ class ByteReader {
         expected < 0 || n == static_cast<uint64_t>(expected), KVRET_ERR_CORRUPT,
         "saved state: an array of " + std::to_string(n) + " elements where " + std::to_string(expected) + " belong");
     std::vector<T> v(static_cast<size_t>(n));
-    std::memcpy(v.data(), data_, static_cast<size_t>(n) * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), data_, static_cast<size_t>(n) * sizeof(T));  // an empty vector's data() is null
     advance(static_cast<size_t>(n) * sizeof(T));
     return v;
   }
