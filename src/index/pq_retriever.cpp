@@ -21,6 +21,8 @@ namespace kvret {
 namespace {
 constexpr int64_t kEncodeBlock = 256;
 constexpr int kAdaptiveMaxIters = 25;
+/// An exact set grows past its share of the tokens by at most this factor between trainings.
+constexpr int64_t kMaxExactShare = 2;
 
 /// Grows v's capacity geometrically so that it holds `needed` elements (reserve(size() + n) at every decode step
 /// would reallocate, and copy, at every step).
@@ -269,7 +271,10 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
   if (keeps_exact()) errors.assign(static_cast<size_t>(n_kv_), std::vector<float>(static_cast<size_t>(n)));
   encode(store, codebook_, begin, end, fresh, keeps_exact() ? &errors : nullptr, n_threads);
   // New tokens whose error is strictly above the head's threshold become exact (strictly: when the threshold is
-  // 0 because the bulk quantizes without error, equal tokens do not pile into the exact set).
+  // 0 because the bulk quantizes without error, equal tokens do not pile into the exact set), while the head's
+  // exact set holds fewer than kMaxExactShare times its share of the tokens: when the new tokens quantize worse
+  // than the training ones (a short prefill, then a long decode), most would pass the threshold.
+  const int64_t cap = kMaxExactShare * exact_count(params_.exact_fraction, end - base_);
   std::vector<std::vector<int64_t>> new_exact(static_cast<size_t>(n_kv_));  // offsets in [0, n)
   std::vector<std::vector<std::byte>> new_keys(static_cast<size_t>(n_kv_));
   const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype_);
@@ -277,7 +282,8 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     for (int h = 0; h < n_kv_; ++h) {
       const float threshold = exact_threshold_[static_cast<size_t>(h)];
       auto& picked = new_exact[static_cast<size_t>(h)];
-      for (int64_t t = 0; t < n; ++t)
+      const auto held = static_cast<int64_t>(exact_pos_[static_cast<size_t>(h)].size());
+      for (int64_t t = 0; t < n && held + static_cast<int64_t>(picked.size()) < cap; ++t)
         if (errors[static_cast<size_t>(h)][static_cast<size_t>(t)] > threshold) picked.push_back(t);
       auto& keys = new_keys[static_cast<size_t>(h)];
       keys.resize(picked.size() * row_bytes);

@@ -536,6 +536,35 @@ struct DirectPqIndex {
   }
 };
 
+// Decode tokens that all quantize worse than the training ones (a shift after a short prefill) do not all become
+// exact: a head's exact set stops at twice its share of the tokens (first come, first kept).
+TEST(PqExact, DecodeExactSetStopsAtTwiceItsShare) {
+  DirectPqIndex f;
+  f.index.extend(f.store, 4, 1000, true, 2);
+  const auto thresholds = std::vector<float>{f.index.exact_threshold(0), f.index.exact_threshold(1)};
+  F32 far_k({200, 2, 64}), far_v({200, 2, 64});
+  far_k.data = test::random_vector(200 * 2 * 64, 77, 8.0f);  // every key far from every centroid
+  far_k.refresh();
+  for (int chunk = 0; chunk < 10; ++chunk) {
+    const int64_t begin = f.store.size();
+    f.store.append(TensorView::from(&far_k, "k", kFloatTypes, {3}), TensorView::from(&far_v, "v", kFloatTypes, {3}),
+                   200, true);
+    for (int64_t t = begin; t < begin + 200; ++t) f.index.extend(f.store, t, t + 1, false, 1);  // decode steps
+  }
+  const int64_t n = f.index.size();
+  const int64_t cap = 2 * PqRetriever::exact_count(0.05f, n);
+  for (int h = 0; h < 2; ++h) {
+    const auto& exact = f.index.exact_positions(h);
+    EXPECT_LE(static_cast<int64_t>(exact.size()), cap) << "head " << h;
+    EXPECT_GE(static_cast<int64_t>(exact.size()), cap - 2) << "head " << h << ": the far tokens filled it";
+    EXPECT_EQ(f.index.exact_threshold(h), thresholds[static_cast<size_t>(h)]);
+    // the first decode tokens (all above the threshold) filled the room there was: up to twice the trained share
+    const int64_t room = 2 * PqRetriever::exact_count(0.05f, 997) - PqRetriever::exact_count(0.05f, 996);
+    for (int64_t t = 1000; t < 1000 + room; ++t)
+      EXPECT_TRUE(std::binary_search(exact.begin(), exact.end(), t)) << "head " << h << " token " << t;
+  }
+}
+
 TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
   DirectPqIndex f;
   f.index.extend(f.store, 4, 1000, true, 2);  // trains on 996 tokens
