@@ -212,12 +212,13 @@ typedef struct kvret_config {
   /* PQ exact outliers (appended: older, smaller structs get the default) */
   float pq_exact_fraction; /**< share of each (layer, KV head)'s indexed tokens whose keys quantize worst (largest
                                 squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a copy of the
-                                key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A rare, sharp
-                                key (the one a retrieval head copies from) is the one PQ reconstructs worst.
-                                ceil(fraction * n) tokens per head at each training, ties to the earlier position;
-                                a token encoded later with the same codebook becomes exact when its error exceeds
-                                the smallest error in the exact set. Costs fraction * n * head_dim * (2 or 4) bytes
-                                per head. 0 = off; valid range [0, 0.5]; default 0.05 */
+                                key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
+                                rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs
+                                worst. ceil(fraction * n) tokens per head at each training, ties to the earlier
+                                position; a token encoded later with the same codebook becomes exact when its error
+                                exceeds the smallest error in the exact set, while the set holds less than twice its
+                                share. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range
+                                [0, 0.5]; default 0.05 */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

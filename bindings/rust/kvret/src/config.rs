@@ -300,8 +300,9 @@ impl Config {
     /// kv_dtype), scored with the exact q.k instead of the codes. A rare, sharp key (the one a retrieval
     /// head copies from) is the one PQ reconstructs worst. ceil(fraction * n) tokens per head at each
     /// training, ties to the earlier position; a token encoded later with the same codebook becomes exact
-    /// when its error exceeds the smallest error in the exact set. Costs fraction * n * head_dim * (2 or 4)
-    /// bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
+    /// when its error exceeds the smallest error in the exact set, while the set holds less than twice its
+    /// share. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5];
+    /// default 0.05
     pub fn pq_exact_fraction(mut self, value: f32) -> Self {
         self.raw.pq_exact_fraction = value;
         self

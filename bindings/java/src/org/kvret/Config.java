@@ -257,8 +257,8 @@ public final class Config {
    * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
    * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
    * encoded later with the same codebook becomes exact when its error exceeds the smallest error in
-   * the exact set. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range
-   * [0, 0.5]; default 0.05
+   * the exact set, while the set holds less than twice its share. Costs fraction * n * head_dim *
+   * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
    */
   public float pqExactFraction() {
     return fields.getPq_exact_fraction();
@@ -519,8 +519,8 @@ public final class Config {
      * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
      * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
      * encoded later with the same codebook becomes exact when its error exceeds the smallest error
-     * in the exact set. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid
-     * range [0, 0.5]; default 0.05
+     * in the exact set, while the set holds less than twice its share. Costs fraction * n *
+     * head_dim * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
      */
     public Builder pqExactFraction(float value) {
       fields.setPq_exact_fraction(value);
