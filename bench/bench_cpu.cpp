@@ -47,7 +47,9 @@ struct Fixture {
   double build_ms = 0;
 
   /// exact_fraction < 0: the library's default pq_exact_fraction; pq_m 0: the library's default pq_m.
-  Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f, int pq_m = 0) : tokens(n) {
+  Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f, int pq_m = 0,
+          int threads = 0)
+      : tokens(n) {
     kvret::workload::Config wc;
     wc.n_layers = 1;
     wc.n_prefill = n;
@@ -69,6 +71,7 @@ struct Fixture {
     c.pq_train_sample = train_sample;
     if (exact_fraction >= 0.0f) c.pq_exact_fraction = exact_fraction;
     if (pq_m > 0) c.pq_m = pq_m;
+    c.n_threads = threads;
     kvret_create(&c, &ctx);
     kvret_seq_open(ctx, &seq);
     Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
@@ -81,17 +84,18 @@ struct Fixture {
   }
   ~Fixture() { kvret_destroy(ctx); }
 
-  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f, int pq_m = 0) {
-    static std::map<std::tuple<int, int64_t, float, int>, std::unique_ptr<Fixture>> cache;
-    auto& f = cache[{index_kind, n, exact_fraction, pq_m}];
-    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction, pq_m);
+  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f, int pq_m = 0, int threads = 0) {
+    static std::map<std::tuple<int, int64_t, float, int, int>, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[{index_kind, n, exact_fraction, pq_m, threads}];
+    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction, pq_m, threads);
     return *f;
   }
 };
 
-void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f, int pq_m = 0) {
+void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f, int pq_m = 0,
+                  int threads = 0) {
   const int64_t n = state.range(0);
-  Fixture& f = Fixture::get(index_kind, n, exact_fraction, pq_m);
+  Fixture& f = Fixture::get(index_kind, n, exact_fraction, pq_m, threads);
   int32_t budget = 0;
   kvret_seq_budget(f.seq, 0, &budget);
   std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
@@ -126,6 +130,9 @@ void BM_SelectPqExact5(benchmark::State& state) { select_bench(state, KVRET_INDE
 void BM_SelectPqM2(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 2); }
 void BM_SelectPqM2ExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f, 2); }
 void BM_SelectExact(benchmark::State& state) { select_bench(state, KVRET_INDEX_EXACT); }
+// A short context: the default thread count (all cores) against n_threads = 1 (a small select must not pay for
+// waking a thread team).
+void BM_SelectPqOneThread(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 0, 1); }
 
 void BM_BuildPq(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -178,7 +185,8 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_SelectPq)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPq)->Arg(200)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqOneThread)->Arg(200)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExact5)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqM2)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);

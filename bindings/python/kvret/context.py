@@ -9,7 +9,7 @@ from . import config as _config
 from . import kvret_swig as _c
 from . import tensors as _t
 from ._resource import Resource
-from .sequence import Sequence
+from .sequence import Sequence, _budget_arg, _width
 
 _KV_NUMPY_DTYPES = {_c.KVRET_KV_F16: np.float16, _c.KVRET_KV_BF16: np.float32, _c.KVRET_KV_F32: np.float32}
 
@@ -113,12 +113,8 @@ class Context(Resource):
         with contextlib.ExitStack() as locks:
             for sequence in sorted(set(sequences), key=id):
                 locks.enter_context(sequence._lock)
-            if budget is None:
-                width = max([_c.kvret_seq_budget(s._handle, layer) for s in sequences] + [1])
-                budget_arg = _c.KVRET_BUDGET_DEFAULT
-            else:
-                width = max(int(budget), 1)
-                budget_arg = int(budget)
+            width = max([_width(s._handle, layer, budget) for s in sequences] + [1])
+            budget_arg = _budget_arg(budget)
             out = np.empty((len(sequences), self._n_kv_heads, width), dtype=np.int32)
             counts = np.zeros(len(sequences), dtype=np.int32)
             _c.kvret_select_batch(

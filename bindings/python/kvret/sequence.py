@@ -8,6 +8,7 @@ import numpy as np
 
 from . import kvret_swig as _c
 from . import tensors as _t
+from .errors import KvretError, Status
 from ._resource import Resource
 
 WorkingSet = collections.namedtuple("WorkingSet", ["k", "v", "positions"])
@@ -118,8 +119,7 @@ class Sequence(Resource):
         ctx = self._context
         with self._lock:
             if out is None:
-                width = _c.kvret_seq_budget(self._handle, layer) if budget is None else budget
-                out = np.empty((ctx._n_kv_heads, max(int(width), 1)), dtype=np.int32)
+                out = np.empty((ctx._n_kv_heads, _width(self._handle, layer, budget)), dtype=np.int32)
             count = _c.kvret_select(
                 self._handle, layer, _t.as_input(q, device_id=ctx._device_id), _budget_arg(budget), _t.as_output(out)
             )
@@ -200,4 +200,18 @@ class Sequence(Resource):
 
 
 def _budget_arg(budget):
-    return _c.KVRET_BUDGET_DEFAULT if budget is None else int(budget)
+    """The budget for the C call: an integer (a float is refused, never rounded) that fits an int32."""
+    if budget is None:
+        return _c.KVRET_BUDGET_DEFAULT
+    budget = operator.index(budget)
+    if not -(2**31) <= budget < 2**31:
+        raise KvretError(Status.BUDGET, f"budget {budget} does not fit an int32")
+    return budget
+
+
+def _width(handle, layer, budget):
+    """Columns of the positions buffer select needs: the budget, but never more than the layer holds (so that an
+    absurd budget is refused by the library, with its message, before anything large is allocated)."""
+    if budget is None:
+        return max(_c.kvret_seq_budget(handle, layer), 1)
+    return max(min(_budget_arg(budget), _c.kvret_seq_length(handle, layer)), 1)

@@ -70,3 +70,17 @@ def test_error_is_a_runtime_error_and_pickles():
     assert isinstance(error, RuntimeError)
     again = pickle.loads(pickle.dumps(error))
     assert again.status == kvret.Status.BUDGET and again.message == error.message
+
+
+def test_absurd_budgets_are_refused_before_any_allocation(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    for budget in (2**40, 10**9, TOKENS + 1):  # past int32; within it but past the layer's tokens
+        with pytest.raises(kvret.KvretError) as info:
+            sequence.select(0, q, budget=budget)
+        assert info.value.status == kvret.Status.BUDGET, info.value
+        with pytest.raises(kvret.KvretError) as info:
+            sequence.context.select_batch([sequence], 0, q[None], budget=budget)
+        assert info.value.status == kvret.Status.BUDGET
+    with pytest.raises(TypeError):
+        sequence.select(0, q, budget=3.5)  # not rounded to 3

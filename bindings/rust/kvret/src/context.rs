@@ -102,21 +102,23 @@ impl Context {
         let (n_q, n_kv, d) = self.geometry();
         let n = sequences.len();
         let q = TensorRef::new(q, &[n, n_q, d])?;
-        let width = match budget {
-            Some(b) => b.max(1),
-            None => sequences
-                .iter()
-                .map(|s| s.budget(layer))
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .max()
-                .unwrap_or(1)
-                .max(1),
-        };
+        let budget_c = crate::sequence::budget_arg(budget)?; // refused before anything is allocated
+        // never wider than the longest layer: an absurd budget is refused by the library, not by an allocation
+        let width = sequences
+            .iter()
+            .map(|s| match budget {
+                Some(b) => s.length(layer).map(|len| b.min(len)),
+                None => s.budget(layer),
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let mut positions = vec![0i32; n * n_kv * width];
         let mut counts = vec![0i32; n];
         let handles: Vec<*mut sys::kvret_seq> = sequences.iter().map(|s| s.raw()).collect();
-        let budget = crate::sequence::budget_arg(budget)?;
+        let budget = budget_c;
         let layer = layer_arg(layer)?;
         let mut out = TensorMut::new(&mut positions, &[n, n_kv, width])?;
         let (q, out) = (q.raw(), out.raw());

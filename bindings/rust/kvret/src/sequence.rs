@@ -157,8 +157,10 @@ impl<'ctx> Sequence<'ctx> {
     /// (`[n_q_heads, head_dim]`).
     pub fn select<Q: Element>(&mut self, layer: usize, q: &[Q], budget: Option<usize>) -> Result<Selection> {
         let (_, n_kv, _) = self.context.geometry();
+        budget_arg(budget)?; // a budget past i32 is refused before anything is allocated
+        // never wider than the layer: an absurd budget is refused by the library, not by a failed allocation
         let width = match budget {
-            Some(b) => b,
+            Some(b) => b.min(self.length(layer)?),
             None => self.budget(layer)?,
         }
         .max(1);

@@ -291,3 +291,20 @@ fn sequence_attend_equals_select_fetch_attend() -> kvret::Result<()> {
     assert_eq!(got, ctx.attend(&q, &ws)?);
     Ok(())
 }
+
+#[test]
+fn absurd_budgets_are_refused_before_any_allocation() -> kvret::Result<()> {
+    let mut rng = Rng(19);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    for budget in [1usize << 40, usize::MAX, 1_000_000_000, TOKENS + 1] {
+        let err = seq.select(0, &q, Some(budget)).expect_err("an absurd budget was accepted");
+        assert_eq!(err.status(), kvret::Status::Budget, "{budget}: {err}");
+        let err = ctx.select_batch(&mut [&mut seq], 0, &q, Some(budget)).expect_err("accepted in a batch");
+        assert_eq!(err.status(), kvret::Status::Budget, "{budget}: {err}");
+    }
+    Ok(())
+}

@@ -149,7 +149,7 @@ public final class Context implements AutoCloseable {
     long[] handles = new long[batch.size()];
     for (int i = 0; i < handles.length; ++i) {
       handles[i] = batch.get(i).handle();
-      width = Math.max(width, budget == Kvret.BUDGET_DEFAULT ? batch.get(i).budget(layer) : budget);
+      width = Math.max(width, batch.get(i).width(layer, budget));
     }
     Tensor positions = Tensor.allocate(DType.I32, handles.length, config.nKvHeads(), width);
     int[] counts = new int[handles.length];

@@ -117,9 +117,18 @@ public final class Sequence implements AutoCloseable {
    * per KV head (ascending positions).
    */
   public synchronized Selection select(int layer, Tensor q, int budget) {
-    int width = budget == Kvret.BUDGET_DEFAULT ? budget(layer) : budget;
+    int width = width(layer, budget);
     Tensor positions = Tensor.allocate(DType.I32, context.config().nKvHeads(), Math.max(width, 1));
     return new Selection(positions, selectInto(layer, q, budget, positions));
+  }
+
+  /**
+   * Columns of the positions buffer a select of {@code budget} needs: never more than the layer holds, so that an
+   * absurd budget is refused by the library (KvretException, status BUDGET) before anything large is allocated.
+   */
+  synchronized int width(int layer, int budget) {
+    if (budget == Kvret.BUDGET_DEFAULT) return budget(layer);
+    return (int) Math.min(budget, Math.max(length(layer), 1));
   }
 
   /** Selects into {@code positions} (I32 [n_kv_heads, >= budget]); returns the count per head. */

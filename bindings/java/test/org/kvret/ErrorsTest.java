@@ -92,4 +92,27 @@ public class ErrorsTest {
       assertEquals(expected, status.libraryName());
     }
   }
+
+  @Test
+  public void absurdBudgetsAreRefusedBeforeAnyAllocation() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor q = Fixtures.query(random);
+      for (int budget : new int[] {Integer.MAX_VALUE, 1_000_000_000, Fixtures.TOKENS + 1}) {
+        try {
+          seq.select(0, q, budget);
+          org.junit.Assert.fail("budget " + budget + " was accepted");
+        } catch (KvretException e) {
+          assertEquals(Status.BUDGET, e.status());
+        }
+        try {
+          ctx.selectBatch(java.util.List.of(seq), 0, Tensor.ofFloats(Fixtures.gaussian(random,
+              Fixtures.Q_HEADS * Fixtures.HEAD_DIM), 1, Fixtures.Q_HEADS, Fixtures.HEAD_DIM), budget);
+          org.junit.Assert.fail("budget " + budget + " was accepted in a batch");
+        } catch (KvretException e) {
+          assertEquals(Status.BUDGET, e.status());
+        }
+      }
+    }
+  }
 }
