@@ -184,6 +184,27 @@ void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& cod
   parallel_for(tasks, n_threads, blocks > 1, Schedule::kDynamic, run);
 }
 
+void PqRetriever::derive_cells(const std::vector<std::vector<uint8_t>>& codes,
+                               const std::vector<std::vector<int64_t>>& exact_pos, int64_t base, int64_t n,
+                               std::vector<std::vector<int32_t>>& counts,
+                               std::vector<std::vector<uint16_t>>& cells) const {
+  counts.assign(static_cast<size_t>(n_kv_), {});
+  cells.assign(static_cast<size_t>(n_kv_), {});
+  if (!uses_cells() || n <= 0) return;
+  for (int h = 0; h < n_kv_; ++h) {
+    auto& count = counts[static_cast<size_t>(h)];
+    auto& cell = cells[static_cast<size_t>(h)];
+    count.assign(static_cast<size_t>(cells_), 0);
+    cell.resize(static_cast<size_t>(n));
+    const uint8_t* c = codes[static_cast<size_t>(h)].data();
+    for (int64_t t = 0; t < n; ++t) {
+      cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(c + t * m_));
+      ++count[cell[static_cast<size_t>(t)]];
+    }
+    for (const int64_t pos : exact_pos[static_cast<size_t>(h)]) --count[cell[static_cast<size_t>(pos - base)]];
+  }
+}
+
 void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
   if (end <= begin) return;
   const int64_t base = base_ < 0 ? begin : base_;
@@ -233,22 +254,9 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
         exact_pos[static_cast<size_t>(h)] = std::move(order);
       }
     }
-    std::vector<std::vector<int32_t>> counts(static_cast<size_t>(n_kv_));
-    std::vector<std::vector<uint16_t>> cells(static_cast<size_t>(n_kv_));
-    if (uses_cells()) {
-      for (int h = 0; h < n_kv_; ++h) {
-        auto& count = counts[static_cast<size_t>(h)];
-        auto& cell = cells[static_cast<size_t>(h)];
-        count.assign(static_cast<size_t>(cells_), 0);
-        cell.resize(static_cast<size_t>(total));
-        const uint8_t* c = codes[static_cast<size_t>(h)].data();
-        for (int64_t t = 0; t < total; ++t) {
-          cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(c + t * m_));
-          ++count[cell[static_cast<size_t>(t)]];
-        }
-        for (const int64_t pos : exact_pos[static_cast<size_t>(h)]) --count[cell[static_cast<size_t>(pos - base)]];
-      }
-    }
+    std::vector<std::vector<int32_t>> counts;
+    std::vector<std::vector<uint16_t>> cells;
+    derive_cells(codes, exact_pos, base, total, counts, cells);
     // commit (no throw below)
     codebook_.swap(codebook);
     codes_.swap(codes);
@@ -417,22 +425,9 @@ void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_
     exact_keys[static_cast<size_t>(h)] = r.array<std::byte>(static_cast<int64_t>(pos.size() * row_bytes));
   }
   require_intact(r.left() == 0, "trailing bytes");
-  // the cells of every token, and their counts without the exact tokens
-  std::vector<std::vector<int32_t>> counts(static_cast<size_t>(n_kv_));
-  std::vector<std::vector<uint16_t>> cells(static_cast<size_t>(n_kv_));
-  if (uses_cells() && !empty) {
-    for (int h = 0; h < n_kv_; ++h) {
-      auto& count = counts[static_cast<size_t>(h)];
-      auto& cell = cells[static_cast<size_t>(h)];
-      count.assign(static_cast<size_t>(cells_), 0);
-      cell.resize(static_cast<size_t>(n));
-      for (int64_t t = 0; t < n; ++t) {
-        cell[static_cast<size_t>(t)] = static_cast<uint16_t>(cell_of(codes[static_cast<size_t>(h)].data() + t * m_));
-        ++count[cell[static_cast<size_t>(t)]];
-      }
-      for (const int64_t p : exact_pos[static_cast<size_t>(h)]) --count[cell[static_cast<size_t>(p - base)]];
-    }
-  }
+  std::vector<std::vector<int32_t>> counts;
+  std::vector<std::vector<uint16_t>> cells;
+  derive_cells(codes, exact_pos, base, n, counts, cells);
   // commit (no throw below)
   codebook_.swap(codebook);
   codes_.swap(codes);

@@ -80,6 +80,11 @@ class PqRetriever final : public Retriever {
   float exact_threshold(int head) const noexcept { return exact_threshold_[static_cast<size_t>(head)]; }
 
  private:
+  /// The cell of every token of each head ([n]) and the cells' counts without the exact tokens ([cells]), from
+  /// the codes of positions [base, base + n); empty where cells are not used.
+  void derive_cells(const std::vector<std::vector<uint8_t>>& codes, const std::vector<std::vector<int64_t>>& exact_pos,
+                    int64_t base, int64_t n, std::vector<std::vector<int32_t>>& counts,
+                    std::vector<std::vector<uint16_t>>& cells) const;
   std::vector<float> train(const HostKvStore& store, int64_t begin, int64_t end, int n_threads) const;
   /// Codes of [begin, end) into out (per head [n, m]); when errors is not null, also each token's squared
   /// reconstruction error sum_j ||k_j - C_j[code_j]||^2 (per head [n]).
