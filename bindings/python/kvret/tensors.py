@@ -14,6 +14,7 @@ import collections
 import numpy as np
 
 from . import kvret_swig as _c
+from .errors import KvretError, Status
 
 DEVICE_CPU = _c.KVRET_DEVICE_CPU
 DEVICE_CUDA = _c.KVRET_DEVICE_CUDA
@@ -41,8 +42,18 @@ def stream_handle(stream):
 
 def _numpy_input(array, kind):
     if kind == "float" and array.dtype.name not in _FLOAT_INPUTS:
+        if array.dtype.kind != "f":  # integers, booleans, complex: refused, never converted
+            raise TypeError(
+                f"kvret: keys, values and queries must be floating point (float16, bfloat16 or float32; other float "
+                f"dtypes are converted to float32), got {array.dtype}"
+            )
         array = array.astype(np.float32)
     elif kind == "int32" and array.dtype != np.int32:
+        if array.dtype.kind not in "iu":  # floats are not rounded to positions, booleans are not positions
+            raise TypeError(f"kvret: positions must be integers, got {array.dtype}")
+        if array.size and (int(array.min()) < -(2**31) or int(array.max()) >= 2**31):
+            bad = int(array.max()) if int(array.max()) >= 2**31 else int(array.min())
+            raise KvretError(Status.OUT_OF_RANGE, f"positions: {bad} does not fit an int32 position")
         array = array.astype(np.int32)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))

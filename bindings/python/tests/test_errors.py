@@ -84,3 +84,20 @@ def test_absurd_budgets_are_refused_before_any_allocation(sequence, rng):
         assert info.value.status == kvret.Status.BUDGET
     with pytest.raises(TypeError):
         sequence.select(0, q, budget=3.5)  # not rounded to 3
+
+
+def test_positions_and_arrays_are_never_silently_converted(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    positions = sequence.select(0, q, budget=4)
+    wrapped = positions.astype(np.int64) + 2**32  # would wrap to the same positions as int32
+    with pytest.raises(kvret.KvretError) as info:
+        sequence.fetch(0, wrapped)
+    assert info.value.status == kvret.Status.OUT_OF_RANGE and "int32" in str(info.value)
+    with pytest.raises(TypeError, match="positions must be integers"):
+        sequence.fetch(0, positions + 0.9)  # not rounded down to the selected positions
+    np.testing.assert_array_equal(sequence.fetch(0, positions.astype(np.int64)).positions,
+                                  sequence.fetch(0, positions).positions)  # in-range int64 is fine
+    for bad in (q.astype(np.int8), q > 0, q.astype(np.complex64)):
+        with pytest.raises(TypeError, match="floating point"):
+            sequence.select(0, bad)
