@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/half.hpp"
+#include "host_tensor.hpp"
 #include "kvret.h"
 #include "workload.hpp"
 
@@ -23,20 +24,10 @@ namespace {
 
 constexpr int kQHeads = 32, kKvHeads = 8, kDim = 128;
 
-struct Tensor {
-  std::vector<int64_t> shape;
-  kvret_tensor t{};
-  Tensor(void* data, std::vector<int64_t> s, kvret_dtype dt) : shape(std::move(s)) {
-    t.data = data;
-    t.device = {KVRET_DEVICE_CPU, 0};
-    t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = dt;
-    t.shape = shape.data();
-  }
-};
-constexpr kvret_dtype kF32{KVRET_DTYPE_FLOAT, 32, 1};
-constexpr kvret_dtype kF16{KVRET_DTYPE_FLOAT, 16, 1};
-constexpr kvret_dtype kI32{KVRET_DTYPE_INT, 32, 1};
+using Tensor = kvret::tools::HostTensor;
+using kvret::tools::kF16;
+using kvret::tools::kF32;
+using kvret::tools::kI32;
 
 /// One prefilled single-layer sequence per (index kind, context length), built once and shared by benchmarks.
 struct Fixture {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "host_tensor.hpp"
 #include "kvret.h"
 
 namespace {
@@ -39,17 +40,7 @@ double rss_mib() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
-struct Tensor {
-  std::vector<int64_t> shape;
-  kvret_tensor t{};
-  Tensor(void* data, std::vector<int64_t> s, kvret_dtype dtype) : shape(std::move(s)) {
-    t.data = data;
-    t.device = {KVRET_DEVICE_CPU, 0};
-    t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = dtype;
-    t.shape = shape.data();
-  }
-};
+using Tensor = kvret::tools::HostTensor;
 
 }  // namespace
 
@@ -77,7 +68,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const kvret_dtype f32{KVRET_DTYPE_FLOAT, 32, 1}, i32{KVRET_DTYPE_INT, 32, 1};
+  constexpr kvret_dtype f32 = kvret::tools::kF32, i32 = kvret::tools::kI32;
   kvret_config c;
   SOAK_CHECK(kvret_config_init(&c));
   c.n_layers = layers;

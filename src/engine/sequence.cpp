@@ -468,18 +468,22 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   check_layer(layer);
   require(length(layer) > 0, KVRET_ERR_STATE, "attend on " + layer_name(layer) + ", which holds no tokens");
   const int64_t width = std::max<int64_t>(resolve_budget(layer, budget), 1);
-  std::vector<int32_t> selected(static_cast<size_t>(c.n_kv_heads * width));
+  // buffers of this sequence kept between calls (calls on one sequence do not overlap): a decode step allocates
+  // nothing once they have grown
+  AttendScratch& a = attend_scratch_;
+  a.selected.resize(std::max(a.selected.size(), static_cast<size_t>(c.n_kv_heads * width)));
   const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
-  const kvret_tensor st = host_tensor(selected.data(), selected_shape);
+  const kvret_tensor st = host_tensor(a.selected.data(), selected_shape);
   const int64_t count = select_checked(layer, qv, budget, TensorView::from(&st, "positions", {DType::I32}, {2}));
   // fetch into f32 buffers of our own, then attend over them
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
   const size_t rows_f = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim);
-  std::vector<float> k(rows_f), v(rows_f);
-  std::vector<int32_t> positions(static_cast<size_t>(c.n_kv_heads * capacity));
+  a.k.resize(std::max(a.k.size(), rows_f));
+  a.v.resize(std::max(a.v.size(), rows_f));
+  a.positions.resize(std::max(a.positions.size(), static_cast<size_t>(c.n_kv_heads * capacity)));
   const std::vector<int64_t> kv_shape{c.n_kv_heads, capacity, c.head_dim}, pos_shape{c.n_kv_heads, capacity};
-  const kvret_working_set ws{host_tensor(k.data(), kv_shape), host_tensor(v.data(), kv_shape),
-                             host_tensor(positions.data(), pos_shape)};
+  const kvret_working_set ws{host_tensor(a.k.data(), kv_shape), host_tensor(a.v.data(), kv_shape),
+                             host_tensor(a.positions.data(), pos_shape)};
   const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws);
   ctx_.backend().attend(c, qv, TensorView::from(&ws.k, "k", {DType::F32}, {3}),
                         TensorView::from(&ws.v, "v", {DType::F32}, {3}), rows, scale, ov, ctx_.threads());

@@ -113,8 +113,15 @@ class Sequence {
   void schedule_build(int32_t layer, Layer& l, int64_t mid_end);
   void submit_build(int32_t layer, Layer& l, int64_t mid_end);
 
+  /// attend's own selection and f32 working set, reused by every call.
+  struct AttendScratch {
+    std::vector<int32_t> selected, positions;
+    std::vector<float> k, v;
+  };
+
   Context& ctx_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  AttendScratch attend_scratch_;
   StatCounters stats_;
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/half.hpp"
+#include "host_tensor.hpp"
 #include "kvret.h"
 
 namespace {
@@ -49,19 +50,9 @@ uint64_t splitmix(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
-struct Tensor {
-  std::vector<int64_t> shape;
-  kvret_tensor t{};
-  Tensor(void* data, std::vector<int64_t> s, kvret_dtype dt) : shape(std::move(s)) {
-    t.data = data;
-    t.device = {KVRET_DEVICE_CPU, 0};
-    t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = dt;
-    t.shape = shape.data();
-  }
-};
-constexpr kvret_dtype kF32{KVRET_DTYPE_FLOAT, 32, 1};
-constexpr kvret_dtype kI32{KVRET_DTYPE_INT, 32, 1};
+using Tensor = kvret::tools::HostTensor;
+using kvret::tools::kF32;
+using kvret::tools::kI32;
 
 /// The stored value of x in the context's KV dtype, as f32.
 float stored(float x, int kv_dtype) {
