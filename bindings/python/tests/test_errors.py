@@ -101,3 +101,17 @@ def test_positions_and_arrays_are_never_silently_converted(sequence, rng):
     for bad in (q.astype(np.int8), q > 0, q.astype(np.complex64)):
         with pytest.raises(TypeError, match="floating point"):
             sequence.select(0, bad)
+
+
+def test_sequence_edits_and_attend_refuse_bad_values(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    raised(lambda: sequence.attend(0, q[:, : D // 2]), kvret.Status.SHAPE)
+    raised(lambda: sequence.attend(5, q), kvret.Status.OUT_OF_RANGE)
+    raised(lambda: sequence.attend(0, q, budget=TOKENS + 1), kvret.Status.BUDGET)
+    with pytest.raises(ValueError, match="length"):
+        sequence.truncate(-3)
+    assert sequence.length(0) == TOKENS  # nothing changed
+    sequence.close()
+    raised(lambda: sequence.fork(), kvret.Status.INVALID_HANDLE)
+    raised(lambda: sequence.attend(0, q), kvret.Status.INVALID_HANDLE)

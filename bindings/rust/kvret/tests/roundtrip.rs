@@ -308,3 +308,18 @@ fn absurd_budgets_are_refused_before_any_allocation() -> kvret::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn sequence_attend_refuses_bad_values() -> kvret::Result<()> {
+    let mut rng = Rng(23);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    assert_eq!(seq.attend(0, &q[..Q_HEADS * HEAD_DIM / 2], None).unwrap_err().status(), kvret::Status::Shape);
+    assert_eq!(seq.attend(7, &q, None).unwrap_err().status(), kvret::Status::OutOfRange);
+    assert_eq!(seq.attend(0, &q, Some(TOKENS + 1)).unwrap_err().status(), kvret::Status::Budget);
+    assert_eq!(seq.length(0)?, TOKENS);
+    Ok(())
+}

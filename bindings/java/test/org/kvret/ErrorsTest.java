@@ -115,4 +115,22 @@ public class ErrorsTest {
       }
     }
   }
+
+  @Test
+  public void sequenceEditsAndAttendRefuseBadValues() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor narrow = Tensor.ofFloats(new float[Fixtures.Q_HEADS * 8], Fixtures.Q_HEADS, 8);
+      KvretException e = assertThrows(KvretException.class, () -> seq.attend(0, narrow, Kvret.BUDGET_DEFAULT));
+      assertEquals(Status.SHAPE, e.status());
+      e = assertThrows(KvretException.class, () -> seq.attend(0, Fixtures.query(random), Fixtures.TOKENS + 1));
+      assertEquals(Status.BUDGET, e.status());
+      assertThrows(IllegalArgumentException.class, () -> seq.truncate(-1));
+      assertEquals(Fixtures.TOKENS, seq.length(0));
+      Sequence closed = ctx.openSequence();
+      closed.close();
+      e = assertThrows(KvretException.class, closed::fork);
+      assertEquals(Status.INVALID_HANDLE, e.status());
+    }
+  }
 }
