@@ -481,7 +481,7 @@ struct Search {
     r.n_threads = n_threads;
     std::vector<int32_t*> out(static_cast<size_t>(H));
     for (int h = 0; h < H; ++h) out[static_cast<size_t>(h)] = kvret_out.data() + (c * H + h) * budget;
-    pq.select(store, r, out.data());
+    pq.select(store, r, out.data(), nullptr);
   }
   void kvret_run(const kvret::PqRetriever& pq, bool calls_in_parallel) {
     const int T = data.o.threads;

@@ -309,6 +309,15 @@ KVRET_API kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer);
 KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                     const kvret_tensor* out_positions, int32_t* out_count);
 
+/** kvret_select that also writes the score of each selected position into out_scores (f32, [n_kv_heads,
+ *  >= count], CPU), aligned with out_positions: the folded score the index ranked it by, higher first (for
+ *  KVRET_FOLD_SUM_PROB the group's summed softmax probability, estimated by the index: a PQ cell's or a page's
+ *  tokens share their cell's or page's score; for KVRET_FOLD_MAX_LOGIT the largest scaled logit). Scores compare
+ *  within one call; a caller may weight, merge or threshold a selection with them. */
+KVRET_API kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
+                                           const kvret_tensor* out_positions, const kvret_tensor* out_scores,
+                                           int32_t* out_count);
+
 /** kvret_select for n sequences at once (q is [n, n_q_heads, head_dim]; out_positions [n, n_kv_heads, >= budget];
  *  out_counts has n entries). The sequences must belong to ctx and be distinct. All are validated before any is
  *  touched. */

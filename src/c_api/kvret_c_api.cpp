@@ -300,6 +300,18 @@ kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, 
   });
 }
 
+kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
+                                 const kvret_tensor* out_positions, const kvret_tensor* out_scores,
+                                 int32_t* out_count) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_out(out_count, "out_count");
+    require(out_scores != nullptr, KVRET_ERR_INVALID_ARGUMENT,
+            "out_scores is NULL (kvret_select selects without scores)");
+    *out_count = static_cast<int32_t>(s.select(layer, q, budget, out_positions, out_scores));
+  });
+}
+
 kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
                                 const kvret_tensor* q, int32_t budget, const kvret_tensor* out_positions,
                                 int32_t* out_counts) {
@@ -326,7 +338,7 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
     // every sequence prepared, then one call into the index kind for the whole batch
     std::vector<kvret::Sequence::PreparedSelect> prepared(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i)
-      batch[static_cast<size_t>(i)]->prepare_select(layer, qv.slice(i), budget, ov.slice(i),
+      batch[static_cast<size_t>(i)]->prepare_select(layer, qv.slice(i), budget, ov.slice(i), nullptr,
                                                     prepared[static_cast<size_t>(i)]);
     std::vector<kvret::SelectJob> jobs;
     std::vector<size_t> owner;

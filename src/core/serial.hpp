@@ -15,6 +15,7 @@ namespace kvret {
 
 class ByteWriter {
  public:
+  ByteWriter() { bytes_.reserve(64); }  // also keeps GCC 12 from misreading the first insert as an overflow
   template <class T>
   void value(const T& x) {
     static_assert(std::is_trivially_copyable_v<T>);

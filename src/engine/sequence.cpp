@@ -36,8 +36,9 @@ Sequence::Sequence(Context& ctx) : ctx_(ctx) {
   const kvret_config& c = ctx.config();
   layers_.reserve(static_cast<size_t>(c.n_layers));
   for (int32_t l = 0; l < c.n_layers; ++l)
-    layers_.push_back(std::make_unique<Layer>(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype),
-                                              ctx.backend().pages(), ctx.kind().make(c, l)));
+    layers_.push_back(std::make_unique<LayerState>(
+        l, HostKvStore(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.backend().pages()),
+        ctx.kind().make(c, l)));
 }
 
 Sequence::~Sequence() {
@@ -46,10 +47,7 @@ Sequence::~Sequence() {
 }
 
 void Sequence::drain() noexcept {
-  for (auto& l : layers_) {
-    std::unique_lock<std::mutex> lock(l->mu);
-    l->cv.wait(lock, [&] { return !l->build_pending; });
-  }
+  for (auto& l : layers_) l->drain();
 }
 
 void Sequence::check_layer(int32_t layer) const {
@@ -57,25 +55,12 @@ void Sequence::check_layer(int32_t layer) const {
           layer_name(layer) + " is out of range: the model has " + std::to_string(ctx_.config().n_layers) + " layers");
 }
 
-Sequence::Layer& Sequence::layer_at(int32_t layer) const {
+LayerState& Sequence::layer_at(int32_t layer) const {
   check_layer(layer);
   return *layers_[static_cast<size_t>(layer)];
 }
 
-void Sequence::wait_layer(int32_t layer, Layer& l) {
-  std::unique_lock<std::mutex> lock(l.mu);
-  l.cv.wait(lock, [&] { return !l.build_pending; });
-  if (l.build_status != KVRET_OK) {
-    const kvret_status status = l.build_status;
-    const std::string message = l.build_message;
-    l.build_status = KVRET_OK;
-    l.build_message.clear();
-    throw Error(status, "the background index build of " + layer_name(layer) + " failed: " + message +
-                            " (the next select of this layer rebuilds it)");
-  }
-}
-
-int64_t Sequence::length(int32_t layer) const { return layer_at(layer).store.size(); }
+int64_t Sequence::length(int32_t layer) const { return layer_at(layer).store().size(); }
 
 TokenGroups Sequence::groups(int32_t layer) const { return groups_at(length(layer)); }
 
@@ -88,130 +73,93 @@ TokenGroups Sequence::groups_at(int64_t length) const noexcept {
   return g;
 }
 
-void Sequence::index_range(int32_t layer, Layer& l, int64_t end, bool may_retrain) {
-  if (end <= l.indexed_end) return;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t begin = std::max<int64_t>(l.indexed_end, groups(layer).mid_begin);
-  l.index->extend(l.store, begin, end, may_retrain, ctx_.threads());
-  l.indexed_end = end;
-  const int64_t bytes = l.index->bytes();
-  stats_.index_bytes += bytes - l.index_bytes;
-  l.index_bytes = bytes;
-  if (may_retrain) {  // a layer build (prefill), not a decode token's code
-    stats_.index_builds += 1;
-    stats_.index_build_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-  }
-}
-
-void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill) {
+Sequence::AppendRows Sequence::check_append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v,
+                                            bool prefill) const {
   const kvret_config& c = ctx_.config();
-  Layer& l = layer_at(layer);
+  check_layer(layer);
   const char* kname = prefill ? "k" : "k (decode)";
   const char* vname = prefill ? "v" : "v (decode)";
-  const TensorView kv = TensorView::from(k, kname, kFloatTypes,
-                                         prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3});
-  const TensorView vv = TensorView::from(v, vname, kFloatTypes,
-                                         prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3});
-  require(kv.ndim() == vv.ndim(), KVRET_ERR_SHAPE, "k and v must have the same number of dimensions");
-  const bool tokens_dim = kv.ndim() == 3;
-  const int off = tokens_dim ? 1 : 0;
-  const int64_t tokens = tokens_dim ? kv.dim(0) : 1;
-  if (tokens_dim) {
-    vv.expect_dim(0, tokens, "tokens, as in k");
-    if (!prefill) kv.expect_dim(0, 1, "tokens of one decode step");
+  // (an initializer_list's array lives until the end of its full-expression: one per call)
+  AppendRows a{TensorView::from(k, kname, kFloatTypes,
+                                prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}),
+               TensorView::from(v, vname, kFloatTypes,
+                                prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}),
+               1, false};
+  require(a.k.ndim() == a.v.ndim(), KVRET_ERR_SHAPE, "k and v must have the same number of dimensions");
+  a.tokens_dim = a.k.ndim() == 3;
+  const int off = a.tokens_dim ? 1 : 0;
+  if (a.tokens_dim) {
+    a.tokens = a.k.dim(0);
+    a.v.expect_dim(0, a.tokens, "tokens, as in k");
+    if (!prefill) a.k.expect_dim(0, 1, "tokens of one decode step");
   }
-  kv.expect_dim(off, c.n_kv_heads, "n_kv_heads");
-  vv.expect_dim(off, c.n_kv_heads, "n_kv_heads");
-  kv.expect_dim(off + 1, c.head_dim, "head_dim");
-  vv.expect_dim(off + 1, c.head_dim, "head_dim");
-  if (tokens == 0) return;
-  if (c.check_finite) {
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int h = 0; h < c.n_kv_heads; ++h) {
-        const std::byte* kr = tokens_dim ? kv.at({t, h}) : kv.at({h});
-        const std::byte* vr = tokens_dim ? vv.at({t, h}) : vv.at({h});
-        KVRET_REQUIRE(!has_nonfinite(kr, kv.dtype(), static_cast<size_t>(c.head_dim)) &&
-                          !has_nonfinite(vr, vv.dtype(), static_cast<size_t>(c.head_dim)),
-                      KVRET_ERR_NONFINITE,
-                      std::string(prefill ? "prefill" : "decode") + " k/v of " + layer_name(layer) +
-                          " contain NaN or Inf (token " + std::to_string(t) + ", head " + std::to_string(h) + ")");
-      }
+  for (const TensorView* t : {&a.k, &a.v}) {
+    t->expect_dim(off, c.n_kv_heads, "n_kv_heads");
+    t->expect_dim(off + 1, c.head_dim, "head_dim");
   }
-  wait_layer(layer, l);  // the store must not grow under a running build
-  const int64_t length = l.store.size();
+  if (!c.check_finite) return a;
+  for (int64_t t = 0; t < a.tokens; ++t)
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const std::byte* kr = a.tokens_dim ? a.k.at({t, h}) : a.k.at({h});
+      const std::byte* vr = a.tokens_dim ? a.v.at({t, h}) : a.v.at({h});
+      KVRET_REQUIRE(!has_nonfinite(kr, a.k.dtype(), static_cast<size_t>(c.head_dim)) &&
+                        !has_nonfinite(vr, a.v.dtype(), static_cast<size_t>(c.head_dim)),
+                    KVRET_ERR_NONFINITE,
+                    std::string(prefill ? "prefill" : "decode") + " k/v of " + layer_name(layer) +
+                        " contain NaN or Inf (token " + std::to_string(t) + ", head " + std::to_string(h) + ")");
+    }
+  return a;
+}
+
+void Sequence::check_capacity(int32_t layer, int64_t length, int64_t tokens, bool prefill) const {
+  const kvret_config& c = ctx_.config();
   require(length > 0 || prefill, KVRET_ERR_STATE,
           "append_decode on " + layer_name(layer) + " before any prefill of it (call kvret_append_prefill first)");
   require(c.max_seq_tokens == 0 || length + tokens <= c.max_seq_tokens, KVRET_ERR_CAPACITY,
           layer_name(layer) + " holds " + std::to_string(length) + " tokens; appending " + std::to_string(tokens) +
               " exceeds config.max_seq_tokens = " + std::to_string(c.max_seq_tokens));
-
   require(tokens <= kMaxLayerTokens - length, KVRET_ERR_CAPACITY,
           layer_name(layer) + " holds " + std::to_string(length) + " tokens; appending " + std::to_string(tokens) +
               " exceeds the 2^31 - 1 tokens a layer can hold (positions are int32)");
-  const int64_t grow = l.store.bytes_to_grow(tokens);
+}
+
+void Sequence::append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill) {
+  const AppendRows rows = check_append(layer, k, v, prefill);
+  if (rows.tokens == 0) return;
+  LayerState& l = *layers_[static_cast<size_t>(layer)];
+  l.wait();  // the store must not grow under a running build
+  HostKvStore& store = l.store();
+  const int64_t length = store.size();
+  check_capacity(layer, length, rows.tokens, prefill);
+  const int64_t grow = store.bytes_to_grow(rows.tokens);
   require(grow < INT64_MAX, KVRET_ERR_OUT_OF_MEMORY,
-          "appending " + std::to_string(tokens) + " tokens needs more than 2^63 bytes of host memory");
+          "appending " + std::to_string(rows.tokens) + " tokens needs more than 2^63 bytes of host memory");
   ctx_.reserve_host_bytes(grow);
   try {
-    l.store.append(kv, vv, tokens, tokens_dim);
+    store.append(rows.k, rows.v, rows.tokens, rows.tokens_dim);
   } catch (...) {
     ctx_.release_host_bytes(grow);
     throw;
   }
   stats_.host_bytes += grow;
-  stats_.tokens_stored += tokens;
-  // Until the call returns, a failure undoes the append (the pages stay for reuse), so the caller may retry it:
-  // the entry of the token leaving the local window at decode, and a synchronous prefill build.
+  stats_.tokens_stored += rows.tokens;
+  // Until the call returns, a failure undoes the append (the pages stay for reuse), so the caller may retry it.
   try {
-    const int64_t mid_end = groups(layer).mid_end;
-    if (!prefill) {
-      index_range(layer, l, mid_end, false);
-      return;
-    }
-    if (mid_end <= l.indexed_end) return;
-    if (!c.background_build) {
-      index_range(layer, l, mid_end, true);
-      return;
-    }
-    schedule_build(layer, l, mid_end);
+    index_appended(layer, l, prefill);
   } catch (...) {
-    l.store.truncate(length);
-    stats_.tokens_stored -= tokens;
+    store.truncate(length);
+    stats_.tokens_stored -= rows.tokens;
     throw;
   }
 }
 
-void Sequence::schedule_build(int32_t layer, Layer& l, int64_t mid_end) {
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    l.build_pending = true;
+void Sequence::index_appended(int32_t layer, LayerState& l, bool prefill) {
+  const TokenGroups g = groups(layer);
+  if (!prefill || !ctx_.config().background_build) {
+    l.index_to(g.mid_begin, g.mid_end, prefill, ctx_.threads(), stats_);
+  } else if (g.mid_end > l.indexed_end()) {
+    l.schedule_build(ctx_.builds(), g.mid_begin, g.mid_end, ctx_.threads(), stats_);
   }
-  try {
-    submit_build(layer, l, mid_end);
-  } catch (...) {  // the job was not queued: nothing will clear the flag
-    std::lock_guard<std::mutex> lock(l.mu);
-    l.build_pending = false;
-    l.cv.notify_all();
-    throw;
-  }
-}
-
-void Sequence::submit_build(int32_t layer, Layer& l, int64_t mid_end) {
-  ctx_.builds().submit([this, layer, &l, mid_end] {
-    kvret_status status = KVRET_OK;
-    std::string message;
-    try {
-      index_range(layer, l, mid_end, true);
-    } catch (...) {
-      status = current_exception_status(message);
-    }
-    std::lock_guard<std::mutex> lock(l.mu);
-    l.build_status = status;
-    l.build_message = message;
-    l.build_pending = false;
-    l.cv.notify_all();
-  });
 }
 
 void Sequence::append_prefill(int32_t layer, const kvret_tensor* k, const kvret_tensor* v) {
@@ -224,10 +172,10 @@ void Sequence::append_decode(int32_t layer, const kvret_tensor* k, const kvret_t
 
 void Sequence::wait_index(int32_t layer) {
   if (layer == -1) {
-    for (int32_t l = 0; l < ctx_.config().n_layers; ++l) wait_layer(l, *layers_[static_cast<size_t>(l)]);
+    for (auto& l : layers_) l->wait();
     return;
   }
-  wait_layer(layer, layer_at(layer));
+  layer_at(layer).wait();
 }
 
 void Sequence::truncate(int64_t length) {
@@ -235,23 +183,21 @@ void Sequence::truncate(int64_t length) {
   drain();  // no build runs while the layers change (a failed one keeps its status for the next wait)
   // Everything that may throw first: the indexes that cannot be cut are rebuilt aside from the tokens that stay.
   struct Plan {
-    Layer* layer;
-    TokenGroups after;
+    LayerState* layer;
     int64_t indexed_end;
     std::unique_ptr<Retriever> rebuilt;
   };
   std::vector<Plan> plans;
   const auto start = std::chrono::steady_clock::now();
   int64_t rebuilds = 0;
+  const TokenGroups after = groups_at(length);
   for (int32_t i = 0; i < ctx_.config().n_layers; ++i) {
-    Layer& l = *layers_[static_cast<size_t>(i)];
-    if (l.store.size() <= length) continue;
-    Plan p{&l, groups_at(length), 0, nullptr};
-    p.indexed_end = std::min(l.indexed_end, p.after.mid_end);
-    if (!l.index->can_cut(p.indexed_end)) {
+    LayerState& l = *layers_[static_cast<size_t>(i)];
+    if (l.store().size() <= length) continue;
+    Plan p{&l, std::min(l.indexed_end(), after.mid_end), nullptr};
+    if (!l.index().can_cut(p.indexed_end)) {
       p.rebuilt = ctx_.kind().make(ctx_.config(), i);
-      p.rebuilt->extend(l.store, p.after.mid_begin, p.after.mid_end, true, ctx_.threads());
-      p.indexed_end = p.after.mid_end;
+      p.rebuilt->extend(l.store(), after.mid_begin, after.mid_end, true, ctx_.threads());
       ++rebuilds;
     }
     plans.push_back(std::move(p));
@@ -263,19 +209,16 @@ void Sequence::truncate(int64_t length) {
   }
   // commit (no throw below)
   for (Plan& p : plans) {
-    Layer& l = *p.layer;
+    LayerState& l = *p.layer;
     if (p.rebuilt) {
-      l.index.swap(p.rebuilt);
+      l.replace_index(std::move(p.rebuilt), stats_);
     } else {
-      l.index->cut(l.store, p.indexed_end);
+      l.cut_index(p.indexed_end, stats_);
     }
-    l.indexed_end = p.indexed_end;
-    const int64_t index_bytes = l.index->bytes();
-    stats_.index_bytes += index_bytes - l.index_bytes;
-    l.index_bytes = index_bytes;
-    stats_.tokens_stored -= l.store.size() - length;
-    l.store.truncate(length);
-    const int64_t freed = l.store.release_unused_pages();
+    HostKvStore& store = l.store();
+    stats_.tokens_stored -= store.size() - length;
+    store.truncate(length);
+    const int64_t freed = store.release_unused_pages();
     stats_.host_bytes -= freed;
     ctx_.release_host_bytes(freed);
   }
@@ -287,11 +230,8 @@ std::unique_ptr<Sequence> Sequence::fork() {
   child->layers_.reserve(layers_.size());
   int64_t host_bytes = 0;
   for (const auto& l : layers_) {
-    child->layers_.push_back(std::make_unique<Layer>(l->store.fork(), l->index->clone()));
-    Layer& c = *child->layers_.back();
-    c.indexed_end = l->indexed_end;
-    c.index_bytes = l->index_bytes;
-    host_bytes += l->store.bytes();
+    child->layers_.push_back(l->fork());
+    host_bytes += l->store().bytes();
   }
   // A page the two share counts in each (so the host limit holds whichever of them writes to it first).
   ctx_.reserve_host_bytes(host_bytes);
@@ -319,7 +259,8 @@ int64_t Sequence::resolve_budget(int32_t layer, int32_t budget) const {
   return std::min<int64_t>(budget, g.middle());
 }
 
-int64_t Sequence::check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) const {
+int64_t Sequence::check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                               const TensorView* scores) const {
   const kvret_config& c = ctx_.config();
   check_layer(layer);
   q.expect_dim(0, c.n_q_heads, "n_q_heads");
@@ -329,27 +270,36 @@ int64_t Sequence::check_select(int32_t layer, const TensorView& q, int32_t budge
   int64_t count = resolve_budget(layer, budget);
   if (!ctx_.kind().selects()) count = 0;
   out.expect_dim_at_least(1, count, "selected positions per head");
+  if (scores != nullptr) {
+    scores->expect_dim(0, c.n_kv_heads, "n_kv_heads");
+    scores->expect_dim_at_least(1, count, "scores per head");
+  }
   return count;
 }
 
 void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
-                              PreparedSelect& p) {
+                              const TensorView* scores, PreparedSelect& p) {
   const kvret_config& c = ctx_.config();
-  const int64_t count = check_select(layer, q, budget, out);
+  const int64_t count = check_select(layer, q, budget, out, scores);
   p.q = load_query(q, c.check_finite != 0);
-  Layer& l = *layers_[static_cast<size_t>(layer)];
-  wait_layer(layer, l);
+  LayerState& l = *layers_[static_cast<size_t>(layer)];
+  l.wait();
   const TokenGroups g = groups(layer);
-  index_range(layer, l, g.mid_end, true);  // no-op unless a failed build left a gap
+  l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
   p.rows.resize(static_cast<size_t>(c.n_kv_heads));
   for (int h = 0; h < c.n_kv_heads; ++h) p.rows[static_cast<size_t>(h)] = reinterpret_cast<int32_t*>(out.at({h}));
+  if (scores != nullptr) {
+    p.scores.resize(static_cast<size_t>(c.n_kv_heads));
+    for (int h = 0; h < c.n_kv_heads; ++h) p.scores[static_cast<size_t>(h)] = reinterpret_cast<float*>(scores->at({h}));
+  }
   stats_.selections += 1;
   SelectJob& job = p.job;
   job = SelectJob{};
   if (count == 0) return;
-  job.retriever = l.index.get();
-  job.store = &l.store;
+  job.retriever = &l.index();
+  job.store = &l.store();
   job.out_rows = p.rows.data();
+  job.out_scores = scores != nullptr ? p.scores.data() : nullptr;
   SelectRequest& r = job.request;
   r.q = p.q.data();
   r.n_q_heads = c.n_q_heads;
@@ -362,17 +312,21 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   r.n_threads = ctx_.threads();
 }
 
-int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) {
+int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                                 const TensorView* scores) {
   PreparedSelect p;
-  prepare_select(layer, q, budget, out, p);
+  prepare_select(layer, q, budget, out, scores, p);
   if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1);
   return p.job.count;
 }
 
-int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out) {
+int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out,
+                         const kvret_tensor* scores) {
   const TensorView qv = TensorView::from(q, "q", kFloatTypes, {2});
   const TensorView ov = TensorView::from(out, "out_positions", {DType::I32}, {2});
-  return select_checked(layer, qv, budget, ov);
+  if (scores == nullptr) return select_checked(layer, qv, budget, ov);
+  const TensorView sv = TensorView::from(scores, "out_scores", {DType::F32}, {2});
+  return select_checked(layer, qv, budget, ov, &sv);
 }
 
 int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
@@ -384,14 +338,14 @@ int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
 
 int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out) {
   const kvret_config& c = ctx_.config();
-  Layer& l = layer_at(layer);
+  const HostKvStore& store = layer_at(layer).store();
   require(out != nullptr, KVRET_ERR_INVALID_ARGUMENT, "working set (out) is NULL");
   require(count >= 0, KVRET_ERR_INVALID_ARGUMENT, "count must be >= 0, got " + std::to_string(count));
   const TokenGroups g = groups(layer);
   require(count <= g.middle(), KVRET_ERR_BUDGET,
           "count " + std::to_string(count) + " exceeds the " + std::to_string(g.middle()) + " middle tokens of " +
               layer_name(layer));
-  const DType store_type = l.store.dtype();
+  const DType store_type = store.dtype();
   const DTypeSet out_types{store_type, DType::F32};
   WorkingSetViews ws{TensorView::from(&out->k, "out.k", out_types, {3}),
                      TensorView::from(&out->v, "out.v", out_types, {3}),
@@ -431,7 +385,7 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   }
   const auto sources = ctx_.row_sources();
   int64_t from_sources = 0;
-  ctx_.backend().gather(l.store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
+  ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
                         sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
                         &from_sources);
   stats_.fetches += 1;
@@ -491,11 +445,11 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {
   const kvret_config& c = ctx_.config();
-  const Layer& l = layer_at(layer);
-  require(begin >= 0 && begin <= end && end <= l.store.size(), KVRET_ERR_OUT_OF_RANGE,
+  const HostKvStore& store = layer_at(layer).store();
+  require(begin >= 0 && begin <= end && end <= store.size(), KVRET_ERR_OUT_OF_RANGE,
           "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") is outside the " +
-              std::to_string(l.store.size()) + " tokens of " + layer_name(layer));
-  const DTypeSet types{l.store.dtype(), DType::F32};
+              std::to_string(store.size()) + " tokens of " + layer_name(layer));
+  const DTypeSet types{store.dtype(), DType::F32};
   const TensorView kv = TensorView::from(k, "k", types, {3});
   const TensorView vv = TensorView::from(v, "v", types, {3});
   for (const TensorView* t : {&kv, &vv}) {
@@ -505,17 +459,17 @@ void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tenso
   }
   for (int64_t p = begin; p < end; ++p)
     for (int h = 0; h < c.n_kv_heads; ++h) {
-      convert_row(l.store.key_row(h, p), l.store.dtype(), kv.at({p - begin, h}), kv.dtype(),
+      convert_row(store.key_row(h, p), store.dtype(), kv.at({p - begin, h}), kv.dtype(),
                   static_cast<size_t>(c.head_dim));
-      convert_row(l.store.value_row(h, p), l.store.dtype(), vv.at({p - begin, h}), vv.dtype(),
+      convert_row(store.value_row(h, p), store.dtype(), vv.at({p - begin, h}), vv.dtype(),
                   static_cast<size_t>(c.head_dim));
     }
 }
 
 const Retriever& Sequence::index(int32_t layer) {
-  Layer& l = layer_at(layer);
-  wait_layer(layer, l);
-  return *l.index;
+  LayerState& l = layer_at(layer);
+  l.wait();
+  return l.index();
 }
 
 }  // namespace kvret

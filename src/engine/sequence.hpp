@@ -2,14 +2,13 @@
 // One sequence (request or conversation): per layer a host KV store and an index over its middle tokens.
 // Every public call validates everything before it changes anything, so a call that throws leaves the sequence
 // as it was.
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/tensor_view.hpp"
+#include "engine/layer_state.hpp"
 #include "engine/stats.hpp"
 #include "index/retriever.hpp"
 #include "kvret.h"
@@ -59,20 +58,27 @@ class Sequence {
   /// KVRET_ERR_BUDGET for 0, negatives other than the default, or more than the layer's length.
   int64_t resolve_budget(int32_t layer, int32_t budget) const;
 
-  /// Validates q ([Hq, D]) and out ([Hkv, >= count]) for `layer`; returns the count select will write.
-  int64_t check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out) const;
+  /// Validates q ([Hq, D]), out ([Hkv, >= count]) and scores when given (f32, [Hkv, >= count]) for `layer`;
+  /// returns the count select will write.
+  int64_t check_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                       const TensorView* scores = nullptr) const;
   /// A select validated and ready to run: the job for the context's RetrieverKind::select_batch and the storage it
   /// points into (job.retriever is null when there is nothing to select).
   struct PreparedSelect {
     std::vector<float> q;
     std::vector<int32_t*> rows;
+    std::vector<float*> scores;
     SelectJob job;
   };
   /// Validates (check_select), loads q, waits for the layer's build and fills p; the kind runs p.job.
-  void prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out, PreparedSelect& p);
+  void prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                      const TensorView* scores, PreparedSelect& p);
   /// Selects (after check_select) and returns the count written.
-  int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out);
-  int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out);
+  int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                         const TensorView* scores = nullptr);
+  /// kvret_select, and kvret_select_scored when `scores` is not null.
+  int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out,
+                 const kvret_tensor* scores = nullptr);
 
   int64_t working_set_capacity(int32_t layer, int32_t budget) const;
   /// select + fetch + attention in one call (kvret_seq_attend).
@@ -84,34 +90,24 @@ class Sequence {
   /// The index of a layer (waits for its build first). For tests and tooling.
   const Retriever& index(int32_t layer);
   /// The host store of a layer. For tests and tooling.
-  const HostKvStore& store(int32_t layer) const { return layer_at(layer).store; }
+  const HostKvStore& store(int32_t layer) const { return layer_at(layer).store(); }
 
  private:
-  struct Layer {
-    Layer(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages, std::unique_ptr<Retriever> r)
-        : store(n_kv_heads, head_dim, dtype, pages), index(std::move(r)) {}
-    Layer(HostKvStore s, std::unique_ptr<Retriever> r) : store(std::move(s)), index(std::move(r)) {}
-    HostKvStore store;
-    std::unique_ptr<Retriever> index;
-    int64_t indexed_end = 0;  ///< middle positions below this are indexed
-    int64_t index_bytes = 0;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool build_pending = false;
-    kvret_status build_status = KVRET_OK;
-    std::string build_message;
+  /// An append's k and v, checked against the config (shapes, and finiteness when config.check_finite).
+  struct AppendRows {
+    TensorView k, v;
+    int64_t tokens;
+    bool tokens_dim;  ///< [T, Hkv, D] (else one token, [Hkv, D])
   };
-
-  Layer& layer_at(int32_t layer) const;
+  AppendRows check_append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill) const;
+  /// Throws KVRET_ERR_STATE / KVRET_ERR_CAPACITY / KVRET_ERR_OUT_OF_MEMORY unless `tokens` more fit the layer.
+  void check_capacity(int32_t layer, int64_t length, int64_t tokens, bool prefill) const;
+  LayerState& layer_at(int32_t layer) const;
   void check_layer(int32_t layer) const;
-  /// Waits for the layer's background build and rethrows its failure, once.
-  void wait_layer(int32_t layer, Layer& l);
-  /// Indexes [l.indexed_end, mid_end) now (runs on the calling thread). Strong guarantee.
-  void index_range(int32_t layer, Layer& l, int64_t end, bool may_retrain);
   void append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill);
-  /// Marks the layer's build pending and queues it on the context's build thread (on failure: not pending).
-  void schedule_build(int32_t layer, Layer& l, int64_t mid_end);
-  void submit_build(int32_t layer, Layer& l, int64_t mid_end);
+  /// Indexes what an append moved into the middle: the entry of the token leaving the local window at decode, or a
+  /// prefill build (now, or queued with config.background_build).
+  void index_appended(int32_t layer, LayerState& l, bool prefill);
 
   /// attend's own selection and f32 working set, reused by every call.
   struct AttendScratch {
@@ -120,7 +116,7 @@ class Sequence {
   };
 
   Context& ctx_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<LayerState>> layers_;
   AttendScratch attend_scratch_;
   StatCounters stats_;
 };

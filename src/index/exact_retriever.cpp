@@ -11,7 +11,8 @@
 
 namespace kvret {
 
-int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r, int32_t* const* out_rows) const {
+int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r, int32_t* const* out_rows,
+                               float* const* out_scores) const {
   const int64_t n = r.mid_end - r.mid_begin;
   const int d = store.head_dim();
   const int n_kv = store.n_kv_heads();
@@ -30,33 +31,26 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
     topk_positions(folded.data(), n, r.budget, r.mid_begin, out_rows[h]);
+    if (out_scores != nullptr)
+      for (int64_t i = 0; i < r.budget; ++i)
+        out_scores[h][i] = folded[static_cast<size_t>(out_rows[h][i] - r.mid_begin)];
   });
   return r.budget;
 }
 
-namespace {
-constexpr uint32_t kExactTag = 0x45584354u, kStreamingTag = 0x5354524du;  // "EXCT", "STRM"
-
-std::vector<std::byte> header_only(uint32_t tag) {
+std::vector<std::byte> RangeOnlyRetriever::save() const {
   ByteWriter w;
-  write_header(w, tag, 1);
+  write_header(w, tag_, 2);
+  write_range(w);
   return std::move(w.bytes());
 }
 
-void read_header_only(uint32_t tag, const std::byte* data, size_t size) {
+void RangeOnlyRetriever::restore(const HostKvStore& store, const std::byte* data, size_t size) {
   ByteReader r(data, size);
-  read_header(r, tag, 1);
+  read_header(r, tag_, 2);
+  const auto range = read_range(r, store);
   require_intact(r.left() == 0, "trailing bytes");
-}
-}  // namespace
-
-std::vector<std::byte> ExactRetriever::save() const { return header_only(kExactTag); }
-void ExactRetriever::restore(const HostKvStore&, const std::byte* data, size_t size) {
-  read_header_only(kExactTag, data, size);
-}
-std::vector<std::byte> StreamingRetriever::save() const { return header_only(kStreamingTag); }
-void StreamingRetriever::restore(const HostKvStore&, const std::byte* data, size_t size) {
-  read_header_only(kStreamingTag, data, size);
+  set_range(range);
 }
 
 }  // namespace kvret

@@ -34,9 +34,7 @@ int64_t PageRetriever::page_tokens(int64_t p) const noexcept {
   return std::min<int64_t>(page_size_, size() - p * page_size_);
 }
 
-void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool, int n_threads) {
-  if (end <= begin) return;
-  require(base_ < 0 || begin == end_, KVRET_ERR_INTERNAL, "page index extended out of order");
+void PageRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool, int n_threads) {
   const int64_t base = base_ < 0 ? begin : base_;
   const int64_t old_size = size();
   const int64_t first_page = old_size / page_size_;  // the partial last page, or the first new one
@@ -93,19 +91,14 @@ void PageRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end,
     b.resize(static_cast<size_t>(first_page) * row);
     b.insert(b.end(), t.begin(), t.end());
   }
-  base_ = base;
-  end_ = end;
 }
 
-void PageRetriever::cut(const HostKvStore& store, int64_t end) noexcept {
-  if (base_ < 0 || end >= end_) return;
+void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
   if (end <= base_) {
     for (auto& b : bounds_) b.clear();
-    base_ = end_ = -1;
     return;
   }
-  end_ = end;
-  const int64_t n_pages = pages();
+  const int64_t n_pages = (end - base_ + page_size_ - 1) / page_size_;
   const size_t row = 2 * static_cast<size_t>(d_);
   const size_t d = static_cast<size_t>(d_);
   const int64_t first = base_ + (n_pages - 1) * page_size_;  // the last page, summarized again from its tokens
@@ -151,7 +144,8 @@ void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
   scaled_bounds(head, q, 1, 1.0f, split.data(), out);
 }
 
-int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
+int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
+                              float* const* out_scores) const {
   KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
                 "page index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
                     std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
@@ -182,6 +176,8 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
       const int64_t first = r.mid_begin + p * page_size_;
       for (int64_t t = 0; t < count; ++t) *out++ = static_cast<int32_t>(first + t);
     }
+    if (out_scores != nullptr)  // a token shares its page's score
+      for (int64_t i = 0; i < r.budget; ++i) out_scores[h][i] = folded[(out_rows[h][i] - r.mid_begin) / page_size_];
   });
   return r.budget;
 }

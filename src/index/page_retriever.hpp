@@ -19,12 +19,11 @@ class PageRetriever final : public Retriever {
  public:
   PageRetriever(int n_kv_heads, int head_dim, int page_size);
 
-  void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
-  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
+  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
+                 float* const* out_scores) const override;
   int64_t bytes() const noexcept override;
   /// Always: whole pages are dropped, a page the cut splits is summarized again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
-  void cut(const HostKvStore& store, int64_t end) noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PageRetriever>(*this); }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
@@ -43,6 +42,10 @@ class PageRetriever final : public Retriever {
   /// Unscaled upper bounds sum_i max(q_i min_i, q_i max_i) of every page of `head` (out: [pages()]).
   void upper_bounds(int head, const float* q, float* out) const;
 
+ protected:
+  void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
+  void on_cut(const HostKvStore& store, int64_t end) noexcept override;
+
  private:
   const float* bounds(int head, int64_t p) const noexcept {
     return bounds_[static_cast<size_t>(head)].data() + static_cast<size_t>(p) * 2 * d_;
@@ -55,8 +58,6 @@ class PageRetriever final : public Retriever {
   int d_;
   int page_size_;
   std::vector<std::vector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
-  int64_t base_ = -1;
-  int64_t end_ = -1;
 };
 
 }  // namespace kvret

@@ -67,6 +67,11 @@ struct SelectScratch {
   std::vector<uint8_t> state;
 };
 
+/// scores[i] = folded[positions[i] - base] for the n selected positions.
+void token_scores(const float* folded, int64_t base, const int32_t* positions, int64_t n, float* scores) {
+  for (int64_t i = 0; i < n; ++i) scores[i] = folded[positions[i] - base];
+}
+
 SelectScratch& select_scratch() {
   thread_local SelectScratch scratch;
   return scratch;
@@ -205,10 +210,8 @@ void PqRetriever::derive_cells(const std::vector<std::vector<uint8_t>>& codes,
   }
 }
 
-void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
-  if (end <= begin) return;
+void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
   const int64_t base = base_ < 0 ? begin : base_;
-  require(base_ < 0 || begin == end_, KVRET_ERR_INTERNAL, "PQ index extended out of order");
   const int64_t total = end - base;
   // Retrain when the middle has doubled since the last training: always at prefill, and at decode while the
   // codebook was trained on too few tokens to be trusted (a sequence that grew from a short prefill).
@@ -266,8 +269,6 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     exact_keys_.swap(exact_keys);
     key_dtype_ = key_dtype;
     exact_threshold_.swap(threshold);
-    base_ = base;
-    end_ = end;
     trained_on_ = total;
     return;
   }
@@ -333,13 +334,11 @@ void PqRetriever::extend(const HostKvStore& store, int64_t begin, int64_t end, b
     const auto& keys = new_keys[static_cast<size_t>(h)];
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
-  end_ = end;
 }
 
 bool PqRetriever::can_cut(int64_t end) const noexcept { return base_ < 0 || end >= end_ || end >= base_ + trained_on_; }
 
-void PqRetriever::cut(const HostKvStore&, int64_t end) noexcept {
-  if (base_ < 0 || end >= end_) return;
+void PqRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   const int64_t kept = end - base_, old = end_ - base_;
   const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype_);
   for (int h = 0; h < n_kv_; ++h) {
@@ -362,7 +361,6 @@ void PqRetriever::cut(const HostKvStore&, int64_t end) noexcept {
     pos.resize(first_cut);
     exact_keys_[static_cast<size_t>(h)].resize(first_cut * row_bytes);
   }
-  end_ = end;
 }
 
 std::vector<float> PqRetriever::exact_keys_f32(int head) const {
@@ -455,7 +453,8 @@ void PqRetriever::approximate_logits(int head, const float* q, float* out) const
   pq_token_logits(lut.data(), 1, m_, k_, codes(head), size(), out);
 }
 
-int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const {
+int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
+                            float* const* out_scores) const {
   KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
                 "PQ index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
                     std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
@@ -485,6 +484,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
         for (int64_t e = 0; e < n_exact; ++e) offsets[e] = exact_pos[static_cast<size_t>(e)] - base_;
         if (pq4_softmax_fold(lut, group, k_, codes, n, offsets, exact_logits, n_exact, folded)) {
           topk_positions(folded, n, r.budget, r.mid_begin, out);
+          if (out_scores != nullptr) token_scores(folded, r.mid_begin, out, r.budget, out_scores[h]);
           return;
         }
       }
@@ -501,6 +501,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       }
       fold_logits(logits, group, n, r.fold, folded);
       topk_positions(folded, n, r.budget, r.mid_begin, out);
+      if (out_scores != nullptr) token_scores(folded, r.mid_begin, out, r.budget, out_scores[h]);
       return;
     }
 
@@ -561,6 +562,16 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       for (; trim != 0 && quota > 0; trim &= trim - 1, --quota) take |= trim & (~trim + 1);
       for (; take != 0 && written < r.budget; take &= take - 1)
         out[written++] = static_cast<int32_t>(r.mid_begin + t0 + std::countr_zero(take));
+    }
+    if (out_scores != nullptr) {  // a token's item: its cell, or its own item if it is exact
+      const int64_t* e = exact_pos.data();
+      const int64_t* e_end = e + n_exact;
+      for (int64_t i = 0; i < r.budget; ++i) {
+        const int64_t pos = out[i];
+        while (e != e_end && *e < pos) ++e;
+        const int64_t item = e != e_end && *e == pos ? cells_ + (e - exact_pos.data()) : cell[pos - r.mid_begin];
+        out_scores[h][i] = folded[item];
+      }
     }
   });
   return r.budget;

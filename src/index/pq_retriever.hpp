@@ -42,13 +42,12 @@ class PqRetriever final : public Retriever {
 
   PqRetriever(int n_kv_heads, int head_dim, const Params& params);
 
-  void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
-  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const override;
+  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
+                 float* const* out_scores) const override;
   int64_t bytes() const noexcept override;
   /// Where the codebook was trained on positions below `end` only: then the codes, cells and exact tokens at or
   /// above it are dropped and the rest is what the same extends up to `end` built.
   bool can_cut(int64_t end) const noexcept override;
-  void cut(const HostKvStore& store, int64_t end) noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PqRetriever>(*this); }
   /// The codebook, codes, exact tokens (positions and keys) and thresholds; cells are derived again on restore.
   std::vector<std::byte> save() const override;
@@ -78,6 +77,10 @@ class PqRetriever final : public Retriever {
   /// The squared reconstruction error above which a newly encoded token of `head` becomes exact: the smallest
   /// error in the set chosen at the last training (+inf when the set is empty, e.g. fraction 0).
   float exact_threshold(int head) const noexcept { return exact_threshold_[static_cast<size_t>(head)]; }
+
+ protected:
+  void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
+  void on_cut(const HostKvStore& store, int64_t end) noexcept override;
 
  private:
   /// The cell of every token of each head ([n]) and the cells' counts without the exact tokens ([cells]), from
@@ -116,8 +119,6 @@ class PqRetriever final : public Retriever {
   std::vector<std::vector<std::byte>> exact_keys_;  ///< per head [exact, d]: their keys, in key_dtype_
   DType key_dtype_ = DType::F32;                    ///< the store's dtype at the last training
   std::vector<float> exact_threshold_;              ///< per head: see exact_threshold()
-  int64_t base_ = -1;
-  int64_t end_ = -1;
   int64_t trained_on_ = 0;
 };
 

@@ -4,12 +4,45 @@
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/exact_retriever.hpp"
 #include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
 
 namespace kvret {
+
+void Retriever::extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) {
+  if (end <= begin) return;
+  KVRET_REQUIRE(base_ < 0 || begin == end_, KVRET_ERR_INTERNAL,
+                "index extended out of order: it covers [" + std::to_string(base_) + ", " + std::to_string(end_) +
+                    "), the extension starts at " + std::to_string(begin));
+  on_extend(store, begin, end, may_retrain, n_threads);
+  if (base_ < 0) base_ = begin;
+  end_ = end;
+}
+
+void Retriever::cut(const HostKvStore& store, int64_t end) noexcept {
+  if (base_ < 0 || end >= end_) return;
+  on_cut(store, end);
+  if (end <= base_) {
+    base_ = end_ = -1;
+  } else {
+    end_ = end;
+  }
+}
+
+void Retriever::write_range(ByteWriter& w) const {
+  w.value<int64_t>(base_);
+  w.value<int64_t>(end_);
+}
+
+std::pair<int64_t, int64_t> Retriever::read_range(ByteReader& r, const HostKvStore& store) {
+  const auto base = r.value<int64_t>(), end = r.value<int64_t>();
+  require_intact((base == -1 && end == -1) || (base >= 0 && base < end && end <= store.size()),
+                 "an indexed range outside the store");
+  return {base, end};
+}
 
 std::vector<std::byte> Retriever::save() const {
   throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be saved");
@@ -25,7 +58,7 @@ std::unique_ptr<Retriever> Retriever::clone() const {
 
 void RetrieverKind::select_batch(SelectJob* jobs, size_t n) const {
   for (size_t i = 0; i < n; ++i)
-    jobs[i].count = jobs[i].retriever->select(*jobs[i].store, jobs[i].request, jobs[i].out_rows);
+    jobs[i].count = jobs[i].retriever->select(*jobs[i].store, jobs[i].request, jobs[i].out_rows, jobs[i].out_scores);
 }
 
 namespace {

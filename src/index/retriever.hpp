@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kvret.h"
@@ -24,17 +26,30 @@ struct SelectRequest {
   int n_threads = 1;
 };
 
+class ByteReader;
+class ByteWriter;
+
 class Retriever {
  public:
   virtual ~Retriever() = default;
 
-  /// Indexes middle positions [begin, end) of `store`; calls cover one contiguous, growing range. `may_retrain`
-  /// is true for prefill (a build may retrain the index on everything so far), false for decode (encode only).
-  /// Strong guarantee: if it throws, the index is as it was.
-  virtual void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) = 0;
+  /// The indexed middle positions [indexed_begin(), indexed_end()): one contiguous range that extend grows and cut
+  /// shrinks, and the only record of it (the sequence asks the index). Both are 0 before the first extend.
+  bool indexed() const noexcept { return base_ >= 0; }
+  int64_t indexed_begin() const noexcept { return base_ < 0 ? 0 : base_; }
+  int64_t indexed_end() const noexcept { return end_ < 0 ? 0 : end_; }
 
-  /// Writes each KV head's selected positions, ascending, to out_rows[h][0..count) and returns count.
-  virtual int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows) const = 0;
+  /// Indexes middle positions [begin, end) of `store` (nothing when end <= begin); once something is indexed,
+  /// begin must be indexed_end() (KVRET_ERR_INTERNAL otherwise). `may_retrain` is true for prefill (a build may
+  /// retrain the index on everything so far), false for decode (encode only). Strong guarantee: if it throws, the
+  /// index is as it was.
+  void extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads);
+
+  /// Writes each KV head's selected positions, ascending, to out_rows[h][0..count) and returns count. With
+  /// out_scores, also each position's score, aligned with out_rows: the folded score the kind ranked it by (higher
+  /// first; a token sharing a PQ cell or a page shares its score).
+  virtual int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
+                         float* const* out_scores) const = 0;
 
   /// Bytes the index holds.
   virtual int64_t bytes() const noexcept = 0;
@@ -46,8 +61,9 @@ class Retriever {
     (void)end;
     return false;
   }
-  /// Drops the indexed positions at or above `end` (only after can_cut(end)); `store` still holds them. Never throws.
-  virtual void cut(const HostKvStore& store, int64_t end) noexcept { (void)store, (void)end; }
+  /// Drops the indexed positions at or above `end` (only after can_cut(end)); `store` still holds them. The range
+  /// becomes [indexed_begin(), end), or empty when end <= indexed_begin(). Never throws.
+  void cut(const HostKvStore& store, int64_t end) noexcept;
 
   /// An independent copy (for a forked sequence). The default: KVRET_ERR_UNSUPPORTED.
   virtual std::unique_ptr<Retriever> clone() const;
@@ -59,6 +75,23 @@ class Retriever {
   /// (malformed, truncated or foreign input: KVRET_ERR_CORRUPT) and changes nothing on failure. `store` must hold
   /// the indexed tokens. The default: KVRET_ERR_UNSUPPORTED.
   virtual void restore(const HostKvStore& store, const std::byte* data, size_t size);
+
+ protected:
+  /// extend's work for a non-empty [begin, end): base_ and end_ still hold the range before it; extend records
+  /// the new range after it returns.
+  virtual void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) = 0;
+  /// cut's work for base_ <= ... < end_ (end may be at or below base_: drop everything); cut records the range.
+  virtual void on_cut(const HostKvStore& store, int64_t end) noexcept { (void)store, (void)end; }
+
+  /// The range, for save().
+  void write_range(ByteWriter& w) const;
+  /// A range written by write_range, checked against `store` (KVRET_ERR_CORRUPT); restore commits it with
+  /// set_range.
+  static std::pair<int64_t, int64_t> read_range(ByteReader& r, const HostKvStore& store);
+  void set_range(std::pair<int64_t, int64_t> range) noexcept { std::tie(base_, end_) = range; }
+
+  int64_t base_ = -1;  ///< the first indexed position; -1 (and end_ -1) while nothing is indexed
+  int64_t end_ = -1;
 };
 
 /// One selection to run: one layer's retriever and store, its request, and where each KV head's positions go.
@@ -67,7 +100,8 @@ struct SelectJob {
   const HostKvStore* store = nullptr;
   SelectRequest request;
   int32_t* const* out_rows = nullptr;
-  int64_t count = 0;  ///< set by select_batch: the positions written per head
+  float* const* out_scores = nullptr;  ///< optional: each position's score, aligned with out_rows
+  int64_t count = 0;                   ///< set by select_batch: the positions written per head
 };
 
 /// An index kind, the value of kvret_config.index_kind: it makes every layer's retriever and selects for many

@@ -658,7 +658,7 @@ TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
     r.budget = budget;
     std::vector<int32_t> rows(static_cast<size_t>(2 * budget));
     int32_t* out[2] = {rows.data(), rows.data() + budget};
-    f.index.select(f.store, r, out);
+    f.index.select(f.store, r, out, nullptr);
     for (int h = 0; h < 2; ++h)
       EXPECT_EQ(std::vector<int32_t>(out[h], out[h] + budget),
                 reference_select(f.index, f.k.data, 2, 64, q, 4, h, budget, false))

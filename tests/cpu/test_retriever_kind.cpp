@@ -22,15 +22,21 @@ constexpr int32_t kRecency = 1000, kCountedPq = 1001, kNothing = 1002, kNeverReg
 /// Selects the latest `budget` middle tokens of every head: a retriever with no index at all.
 class RecencyRetriever final : public Retriever {
  public:
-  void extend(const HostKvStore&, int64_t, int64_t, bool, int) override {}
-  int64_t select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows) const override {
+  int64_t select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
+                 float* const* out_scores) const override {
     for (int h = 0; h < r.n_q_heads / r.group; ++h)
-      for (int64_t i = 0; i < r.budget; ++i) out_rows[h][i] = static_cast<int32_t>(r.mid_end - r.budget + i);
+      for (int64_t i = 0; i < r.budget; ++i) {
+        out_rows[h][i] = static_cast<int32_t>(r.mid_end - r.budget + i);
+        if (out_scores != nullptr) out_scores[h][i] = static_cast<float>(out_rows[h][i]);  // later is better
+      }
     return r.budget;
   }
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<RecencyRetriever>(*this); }
+
+ protected:
+  void on_extend(const HostKvStore&, int64_t, int64_t, bool, int) override {}
 };
 
 /// A kind that counts its select_batch calls and jobs; its retrievers are `inner`'s, or recency ones.

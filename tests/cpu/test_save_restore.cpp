@@ -56,7 +56,7 @@ std::vector<int32_t> selections(const Retriever& r, const Sequence& seq, const k
       std::vector<int32_t> out(static_cast<size_t>(c.n_kv_heads * budget), -1);
       std::vector<int32_t*> rows;
       for (int h = 0; h < c.n_kv_heads; ++h) rows.push_back(out.data() + h * budget);
-      r.select(seq.store(0), req, rows.data());
+      r.select(seq.store(0), req, rows.data(), nullptr);
       all.insert(all.end(), out.begin(), out.end());
     }
   return all;
