@@ -275,6 +275,7 @@ static PyObject* kvret_swig_set_error_class(PyObject* cls) {
   $1 = &pyt.tensor;
 }
 %typemap(in) const kvret_tensor* out_positions (kvret_py_tensor pyt),
+             const kvret_tensor* out_scores (kvret_py_tensor pyt),
              const kvret_tensor* out (kvret_py_tensor pyt) {
   if (kvret_py_tensor_from($input, 1, "$1_name", &pyt) != 0) SWIG_fail;
   $1 = &pyt.tensor;

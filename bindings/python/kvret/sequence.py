@@ -125,6 +125,27 @@ class Sequence(Resource):
             )
         return out[:, :count]
 
+    def select_scored(self, layer, q, budget=None, out=None):
+        """:meth:`select`, with the score each position was ranked by (see kvret_select_scored).
+
+        Returns (positions, scores): int32 and float32 [n_kv_heads, count], aligned; views of `out` = (positions,
+        scores) when given (int32 and float32 [n_kv_heads, >= budget])."""
+        ctx = self._context
+        with self._lock:
+            if out is None:
+                width = _width(self._handle, layer, budget)
+                out = (np.empty((ctx._n_kv_heads, width), np.int32), np.empty((ctx._n_kv_heads, width), np.float32))
+            positions, scores = out
+            count = _c.kvret_select_scored(
+                self._handle,
+                layer,
+                _t.as_input(q, device_id=ctx._device_id),
+                _budget_arg(budget),
+                _t.as_output(positions),
+                _t.as_output(scores),
+            )
+        return positions[:, :count], scores[:, :count]
+
     def attend(self, layer, q, budget=None, scale=None, out=None, stream=None):
         """Attention of q ([n_q_heads, head_dim]) over this step's working set of `layer`, in one call: select,
         fetch and attention inside kvret (see kvret_seq_attend). Returns out, float32 [n_q_heads, head_dim] (written

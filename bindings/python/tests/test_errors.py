@@ -39,6 +39,17 @@ def test_budget_zero(sequence, rng):
     raised(lambda: sequence.select(0, np.zeros((N_Q, D), np.float32), budget=0), kvret.Status.BUDGET)
 
 
+def test_select_scored_outputs(sequence, rng):
+    sequence.append_prefill(0, *random_kv(rng))
+    q = np.zeros((N_Q, D), np.float32)
+    positions = np.full((N_KV, 8), -1, np.int32)
+    raised(lambda: sequence.select_scored(0, q, budget=8, out=(positions, np.zeros((N_KV, 8), np.int32))),
+           kvret.Status.DTYPE)
+    raised(lambda: sequence.select_scored(0, q, budget=8, out=(positions, np.zeros((N_KV, 7), np.float32))),
+           kvret.Status.SHAPE)
+    assert (positions == -1).all()  # nothing written by a refused call
+
+
 def test_wrong_dtype_and_read_only_output(sequence, rng):
     sequence.append_prefill(0, *random_kv(rng))
     q = np.zeros((N_Q, D), np.float32)

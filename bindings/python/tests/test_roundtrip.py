@@ -66,6 +66,23 @@ def test_exact_index_selects_the_top_logits(rng):
             np.testing.assert_array_equal(positions[head], top)
 
 
+def test_select_scored_ranks_by_the_exact_scores(rng):
+    # EXACT with one query head per KV head and the max-logit fold: a position's score is its scaled logit.
+    with make_context(n_q_heads=N_KV, gqa_fold="max_logit") as ctx, ctx.open_sequence() as seq:
+        k, v = random_kv(rng)
+        seq.append_prefill(0, k, v)
+        q = rng.standard_normal((N_KV, D), dtype=np.float32)
+        positions, scores = seq.select_scored(0, q, budget=20)
+        np.testing.assert_array_equal(positions, seq.select(0, q, budget=20))
+        assert scores.dtype == np.float32 and scores.shape == positions.shape
+        for head in range(N_KV):
+            want = k[positions[head], head].astype(np.float64) @ q[head].astype(np.float64) / np.sqrt(D)
+            np.testing.assert_allclose(scores[head], want, rtol=1e-5, atol=1e-5)
+            middle = np.arange(N_SINK, TOKENS - N_LOCAL)
+            left_out = np.setdiff1d(middle, positions[head])
+            assert (k[left_out, head] @ q[head] / np.sqrt(D)).max() <= scores[head].min() + 1e-5
+
+
 def test_full_budget_matches_full_attention(rng):
     with make_context() as ctx, ctx.open_sequence() as seq:
         k, v = random_kv(rng)

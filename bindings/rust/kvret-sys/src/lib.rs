@@ -246,6 +246,15 @@ extern "C" {
         out_positions: *const kvret_tensor,
         out_count: *mut i32,
     ) -> kvret_status;
+    pub fn kvret_select_scored(
+        seq: *mut kvret_seq,
+        layer: i32,
+        q: *const kvret_tensor,
+        budget: i32,
+        out_positions: *const kvret_tensor,
+        out_scores: *const kvret_tensor,
+        out_count: *mut i32,
+    ) -> kvret_status;
     pub fn kvret_select_batch(
         ctx: *mut kvret_context,
         n: i32,

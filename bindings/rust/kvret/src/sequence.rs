@@ -9,10 +9,12 @@ use crate::tensor::{Element, TensorMut, TensorRef};
 use crate::working_set::WorkingSet;
 use crate::Stats;
 
-/// The result of [`Sequence::select`]: `count` ascending middle positions per KV head.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The result of [`Sequence::select`]: `count` ascending middle positions per KV head, and after
+/// [`Sequence::select_scored`] the score each was ranked by.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Selection {
     positions: Vec<i32>,
+    scores: Option<Vec<f32>>,
     n_kv_heads: usize,
     width: usize,
     count: usize,
@@ -20,7 +22,7 @@ pub struct Selection {
 
 impl Selection {
     pub(crate) fn new(positions: Vec<i32>, n_kv_heads: usize, width: usize, count: usize) -> Self {
-        Selection { positions, n_kv_heads, width, count }
+        Selection { positions, scores: None, n_kv_heads, width, count }
     }
 
     /// Positions selected per KV head.
@@ -35,6 +37,12 @@ impl Selection {
     /// The positions selected for one KV head.
     pub fn head(&self, head: usize) -> &[i32] {
         &self.positions[head * self.width..head * self.width + self.count]
+    }
+
+    /// The scores of one KV head's positions, aligned with [`Selection::head`]: the folded score the index ranked
+    /// each by (see `kvret_select_scored`). `None` for a selection made by [`Sequence::select`].
+    pub fn scores(&self, head: usize) -> Option<&[f32]> {
+        self.scores.as_ref().map(|s| &s[head * self.width..head * self.width + self.count])
     }
 }
 
@@ -167,6 +175,32 @@ impl<'ctx> Sequence<'ctx> {
         let mut positions = vec![0i32; n_kv * width];
         let count = self.select_into(layer, q, budget, &mut positions)?;
         Ok(Selection::new(positions, n_kv, width, count))
+    }
+
+    /// [`Sequence::select`] with the score of each position (read with [`Selection::scores`]): the folded score
+    /// the index ranked it by, see `kvret_select_scored`.
+    pub fn select_scored<Q: Element>(&mut self, layer: usize, q: &[Q], budget: Option<usize>) -> Result<Selection> {
+        let (n_q, n_kv, d) = self.context.geometry();
+        budget_arg(budget)?;
+        let width = match budget {
+            Some(b) => b.min(self.length(layer)?),
+            None => self.budget(layer)?,
+        }
+        .max(1);
+        let mut positions = vec![0i32; n_kv * width];
+        let mut scores = vec![0f32; n_kv * width];
+        let q = TensorRef::new(q, &[n_q, d])?;
+        let mut positions_tensor = TensorMut::new(&mut positions, &[n_kv, width])?;
+        let mut scores_tensor = TensorMut::new(&mut scores, &[n_kv, width])?;
+        let (q, p, s) = (q.raw(), positions_tensor.raw(), scores_tensor.raw());
+        let (layer, budget) = (layer_arg(layer)?, budget_arg(budget)?);
+        let mut count = 0i32;
+        check(unsafe {
+            sys::kvret_select_scored(self.raw(), layer, q.ptr(), budget, p.ptr(), s.ptr(), &mut count)
+        })?;
+        let mut selection = Selection::new(positions, n_kv, width, count as usize);
+        selection.scores = Some(scores);
+        Ok(selection)
     }
 
     /// Attention of q (`[n_q_heads, head_dim]`) over this step's working set of `layer`, in one call: select,

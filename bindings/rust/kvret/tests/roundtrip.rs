@@ -323,3 +323,35 @@ fn sequence_attend_refuses_bad_values() -> kvret::Result<()> {
     assert_eq!(seq.length(0)?, TOKENS);
     Ok(())
 }
+
+#[test]
+fn select_scored_ranks_the_selection() -> kvret::Result<()> {
+    let mut rng = Rng(29);
+    let ctx = Context::new(&config())?;
+    let mut seq = ctx.open_sequence()?;
+    let (k, v) = kv(&mut rng);
+    seq.append_prefill(0, &k, &v)?;
+    let q = rng.gaussian(Q_HEADS * HEAD_DIM);
+    let middle = TOKENS - SINK - LOCAL;
+    let all = seq.select_scored(0, &q, Some(middle))?;
+    let top = seq.select_scored(0, &q, Some(20))?;
+    let plain = seq.select(0, &q, Some(20))?;
+    assert!(plain.scores(0).is_none());
+    for head in 0..KV_HEADS {
+        assert_eq!(top.head(head), plain.head(head));
+        let every = all.scores(head).expect("scored");
+        let sum: f64 = every.iter().map(|&s| f64::from(s)).sum();
+        assert!((sum - (Q_HEADS / KV_HEADS) as f64).abs() < 1e-3, "{sum}"); // one softmax per query head
+        let scores = top.scores(head).expect("scored");
+        let lowest = scores.iter().cloned().fold(f32::INFINITY, f32::min);
+        for (&p, &s) in top.head(head).iter().zip(scores) {
+            assert_eq!(s, every[p as usize - SINK]); // independent of the budget
+        }
+        for t in 0..middle {
+            if !top.head(head).contains(&((t + SINK) as i32)) {
+                assert!(every[t] <= lowest);
+            }
+        }
+    }
+    Ok(())
+}

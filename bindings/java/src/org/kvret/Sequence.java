@@ -123,6 +123,20 @@ public final class Sequence implements AutoCloseable {
   }
 
   /**
+   * {@link #select(int, Tensor, int)} with the score of each position: the folded score the index ranked it by
+   * (see kvret_select_scored), read with {@link Selection#scores(int)}.
+   */
+  public synchronized Selection selectScored(int layer, Tensor q, int budget) {
+    int width = Math.max(width(layer, budget), 1);
+    int kvHeads = context.config().nKvHeads();
+    Tensor positions = Tensor.allocate(DType.I32, kvHeads, width);
+    Tensor scores = Tensor.allocate(DType.F32, kvHeads, width);
+    int[] count = new int[1];
+    KvretNative.kvret_select_scored(handle, layer, q, budget, positions, scores, count);
+    return new Selection(positions, scores, count[0]);
+  }
+
+  /**
    * Columns of the positions buffer a select of {@code budget} needs: never more than the layer holds, so that an
    * absurd budget is refused by the library (KvretException, status BUDGET) before anything large is allocated.
    */

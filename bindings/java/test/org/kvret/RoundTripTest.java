@@ -2,10 +2,14 @@ package org.kvret;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.util.HashSet;
 import java.util.List;
 import java.util.Random;
+import java.util.Set;
 import org.junit.Test;
 
 /** prefill -> select -> fetch -> attend through direct ByteBuffers. */
@@ -115,6 +119,43 @@ public class RoundTripTest {
       }
       assertEquals(3, a.stats().fetches());
       assertTrue(ctx.stats().selections() >= 4);
+    }
+  }
+
+  @Test
+  public void selectScoredRanksTheSelection() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor q = Fixtures.query(random);
+      int middle = Fixtures.TOKENS - Fixtures.SINK - Fixtures.LOCAL;
+      Selection all = seq.selectScored(0, q, middle);
+      Selection top = seq.selectScored(0, q, 20);
+      Selection plain = seq.select(0, q, 20);
+      assertFalse(plain.hasScores());
+      assertThrows(IllegalStateException.class, () -> plain.scores(0));
+      assertTrue(top.hasScores());
+      int group = Fixtures.Q_HEADS / Fixtures.KV_HEADS;
+      for (int head = 0; head < Fixtures.KV_HEADS; ++head) {
+        assertArrayEquals(plain.positions(head), top.positions(head));
+        float[] every = all.scores(head);
+        double sum = 0;
+        for (float score : every) {
+          sum += score;
+        }
+        assertEquals(group, sum, 1e-3); // one softmax per query head of the group
+        int[] positions = top.positions(head);
+        float[] scores = top.scores(head);
+        float lowest = Float.POSITIVE_INFINITY;
+        Set<Integer> taken = new HashSet<>();
+        for (int i = 0; i < positions.length; ++i) {
+          assertEquals(every[positions[i] - Fixtures.SINK], scores[i], 0.0f); // independent of the budget
+          lowest = Math.min(lowest, scores[i]);
+          taken.add(positions[i]);
+        }
+        for (int t = 0; t < middle; ++t) {
+          if (!taken.contains(t + Fixtures.SINK)) assertTrue(every[t] <= lowest);
+        }
+      }
     }
   }
 
