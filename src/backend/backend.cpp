@@ -5,6 +5,13 @@
 
 namespace kvret {
 
+void CpuBackend::check_access(const TensorView& t) const {
+  const int32_t type = t.device().device_type;
+  require(type == KVRET_DEVICE_CPU || type == KVRET_DEVICE_CUDA_HOST, KVRET_ERR_DEVICE,
+          t.name() + ": device type " + std::to_string(type) +
+              " is not readable by the CPU backend (use KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA_HOST)");
+}
+
 int64_t CpuBackend::gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                            int64_t count, const WorkingSetViews& out, int n_threads,
                            const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence,

@@ -20,6 +20,8 @@ class Backend {
   virtual const char* name() const noexcept = 0;
   /// Where the KV stores' pages come from (outlives every sequence of the context).
   virtual PageAllocator& pages() noexcept = 0;
+  /// Throws KVRET_ERR_DEVICE unless this backend's calls can read and write `t`'s memory.
+  virtual void check_access(const TensorView& t) const = 0;
   /// Checks that work can be ordered on `stream` (the CPU backend completes every call before it returns and
   /// accepts any stream).
   virtual void check_stream(kvret_stream stream) const = 0;
@@ -40,6 +42,8 @@ class CpuBackend : public Backend {
  public:
   const char* name() const noexcept override { return "cpu"; }
   PageAllocator& pages() noexcept override { return host_page_allocator(); }
+  /// Host memory: KVRET_DEVICE_CPU and pinned KVRET_DEVICE_CUDA_HOST.
+  void check_access(const TensorView& t) const override;
   void check_stream(kvret_stream) const override {}
   void synchronize(kvret_stream) override {}
   int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,

@@ -321,8 +321,8 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
     if (n == 0) return;
     require_out(seqs, "seqs");
     require_out(out_counts, "out_counts");
-    const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {3});
-    const auto ov = kvret::TensorView::from(out_positions, "out_positions", {kvret::DType::I32}, {3});
+    const auto qv = c.view(q, "q", kvret::kFloatTypes, {3});
+    const auto ov = c.view(out_positions, "out_positions", {kvret::DType::I32}, {3});
     qv.expect_dim(0, n, "batch");
     ov.expect_dim(0, n, "batch");
     std::vector<kvret::Sequence*> batch;
@@ -376,10 +376,10 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
   return guarded([&] {
     const kvret::Context& c = context_of(ctx);
     c.backend().check_stream(stream);
-    const auto qv = kvret::TensorView::from(q, "q", kvret::kFloatTypes, {2});
-    const auto kv = kvret::TensorView::from(k, "k", kvret::kFloatTypes, {3});
-    const auto vv = kvret::TensorView::from(v, "v", kvret::kFloatTypes, {3});
-    const auto ov = kvret::TensorView::from(out, "out", {kvret::DType::F32}, {2});
+    const auto qv = c.view(q, "q", kvret::kFloatTypes, {2});
+    const auto kv = c.view(k, "k", kvret::kFloatTypes, {3});
+    const auto vv = c.view(v, "v", kvret::kFloatTypes, {3});
+    const auto ov = c.view(out, "out", {kvret::DType::F32}, {2});
     c.backend().attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads());
   });
 }
@@ -442,7 +442,7 @@ kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_ten
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
     s.context().backend().check_stream(stream);
-    const auto qv = kvret::TensorView::from(q_guess, "q_guess", kvret::kFloatTypes, {2});
+    const auto qv = s.context().view(q_guess, "q_guess", kvret::kFloatTypes, {2});
     const kvret_config& c = s.context().config();
     qv.expect_dim(0, c.n_q_heads, "n_q_heads");
     qv.expect_dim(1, c.head_dim, "head_dim");

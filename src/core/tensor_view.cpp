@@ -65,10 +65,8 @@ TensorView TensorView::from(const kvret_tensor* t, const char* name, DTypeSet al
   require(t != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": tensor descriptor is NULL");
   TensorView v;
   v.name_ = name;
-  require(t->device.device_type == KVRET_DEVICE_CPU || t->device.device_type == KVRET_DEVICE_CUDA_HOST,
-          KVRET_ERR_DEVICE,
-          std::string(name) + ": device type " + std::to_string(t->device.device_type) +
-              " is not readable by the CPU backend (use KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA_HOST)");
+  // Only the layout is checked here: whether the context's backend can read the memory is Backend::check_access.
+  v.device_ = t->device;
   DType dt{};
   require(decode_dtype(t->dtype, &dt), KVRET_ERR_DTYPE,
           std::string(name) + ": unsupported dtype (" + describe_dtype(t->dtype) + ")");

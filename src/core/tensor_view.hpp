@@ -31,14 +31,17 @@ class TensorView {
  public:
   static constexpr int kMaxDims = 4;
 
-  /// Validates `t` (named `name` in messages): non-NULL, host-readable device, a dtype in `allowed`, rank among
-  /// `ranks`, non-negative strides with a contiguous innermost dimension.
+  /// Validates the layout of `t` (named `name` in messages), whatever memory it is in: non-NULL, a dtype in
+  /// `allowed`, rank among `ranks`, non-negative strides with a contiguous innermost dimension, sizes that fit 64
+  /// bits. Whether a backend can read it is the backend's check (Backend::check_access).
   static TensorView from(const kvret_tensor* t, const char* name, DTypeSet allowed, std::initializer_list<int> ranks);
 
   int ndim() const noexcept { return ndim_; }
   int64_t dim(int i) const noexcept { return shape_[i]; }
   int64_t stride(int i) const noexcept { return strides_[i]; }
   DType dtype() const noexcept { return dtype_; }
+  /// Where the memory is (DLPack device type and id).
+  kvret_device device() const noexcept { return device_; }
   size_t elem_size() const noexcept { return dtype_size(dtype_); }
   const std::string& name() const noexcept { return name_; }
 
@@ -76,6 +79,7 @@ class TensorView {
   std::byte* base_ = nullptr;
   int ndim_ = 0;
   DType dtype_ = DType::F32;
+  kvret_device device_{KVRET_DEVICE_CPU, 0};
   std::array<int64_t, kMaxDims> shape_{};
   std::array<int64_t, kMaxDims> strides_{};
   std::string name_;

@@ -38,6 +38,13 @@ class Context {
 
   /// The backend (config.device_type, or the one given at construction).
   Backend& backend() const noexcept { return *backend_; }
+  /// A caller's tensor, validated for a call of this context: its layout (TensorView::from), then whether the
+  /// backend can access its memory (Backend::check_access).
+  TensorView view(const kvret_tensor* t, const char* name, DTypeSet allowed, std::initializer_list<int> ranks) const {
+    TensorView v = TensorView::from(t, name, allowed, ranks);
+    backend_->check_access(v);
+    return v;
+  }
   /// Accounts `bytes` more host memory against host_bytes_limit; throws KVRET_ERR_CAPACITY past it.
   void reserve_host_bytes(int64_t bytes);
   void release_host_bytes(int64_t bytes) noexcept;

@@ -80,11 +80,10 @@ Sequence::AppendRows Sequence::check_append(int32_t layer, const kvret_tensor* k
   const char* kname = prefill ? "k" : "k (decode)";
   const char* vname = prefill ? "v" : "v (decode)";
   // (an initializer_list's array lives until the end of its full-expression: one per call)
-  AppendRows a{TensorView::from(k, kname, kFloatTypes,
-                                prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}),
-               TensorView::from(v, vname, kFloatTypes,
-                                prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}),
-               1, false};
+  AppendRows a{
+      ctx_.view(k, kname, kFloatTypes, prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}),
+      ctx_.view(v, vname, kFloatTypes, prefill ? std::initializer_list<int>{3} : std::initializer_list<int>{2, 3}), 1,
+      false};
   require(a.k.ndim() == a.v.ndim(), KVRET_ERR_SHAPE, "k and v must have the same number of dimensions");
   a.tokens_dim = a.k.ndim() == 3;
   const int off = a.tokens_dim ? 1 : 0;
@@ -322,10 +321,10 @@ int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t bud
 
 int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out,
                          const kvret_tensor* scores) {
-  const TensorView qv = TensorView::from(q, "q", kFloatTypes, {2});
-  const TensorView ov = TensorView::from(out, "out_positions", {DType::I32}, {2});
+  const TensorView qv = ctx_.view(q, "q", kFloatTypes, {2});
+  const TensorView ov = ctx_.view(out, "out_positions", {DType::I32}, {2});
   if (scores == nullptr) return select_checked(layer, qv, budget, ov);
-  const TensorView sv = TensorView::from(scores, "out_scores", {DType::F32}, {2});
+  const TensorView sv = ctx_.view(scores, "out_scores", {DType::F32}, {2});
   return select_checked(layer, qv, budget, ov, &sv);
 }
 
@@ -347,9 +346,8 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
               layer_name(layer));
   const DType store_type = store.dtype();
   const DTypeSet out_types{store_type, DType::F32};
-  WorkingSetViews ws{TensorView::from(&out->k, "out.k", out_types, {3}),
-                     TensorView::from(&out->v, "out.v", out_types, {3}),
-                     TensorView::from(&out->positions, "out.positions", {DType::I32}, {2})};
+  WorkingSetViews ws{ctx_.view(&out->k, "out.k", out_types, {3}), ctx_.view(&out->v, "out.v", out_types, {3}),
+                     ctx_.view(&out->positions, "out.positions", {DType::I32}, {2})};
   const int64_t rows = g.mid_begin + count + (g.length - g.mid_end);
   for (const TensorView* t : {&ws.k, &ws.v}) {
     t->expect_dim(0, c.n_kv_heads, "n_kv_heads");
@@ -362,7 +360,7 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(c.n_kv_heads));
   std::vector<const int32_t*> rows_ptr(static_cast<size_t>(c.n_kv_heads));
   if (count > 0) {
-    const TensorView pv = TensorView::from(positions, "positions", {DType::I32}, {2});
+    const TensorView pv = ctx_.view(positions, "positions", {DType::I32}, {2});
     pv.expect_dim(0, c.n_kv_heads, "n_kv_heads");
     pv.expect_dim_at_least(1, count, "selected positions per head");
     for (int h = 0; h < c.n_kv_heads; ++h) {
@@ -413,8 +411,8 @@ kvret_tensor host_tensor(T* data, const std::vector<int64_t>& shape) {
 
 void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out) {
   const kvret_config& c = ctx_.config();
-  const TensorView qv = TensorView::from(q, "q", kFloatTypes, {2});
-  const TensorView ov = TensorView::from(out, "out", {DType::F32}, {2});
+  const TensorView qv = ctx_.view(q, "q", kFloatTypes, {2});
+  const TensorView ov = ctx_.view(out, "out", {DType::F32}, {2});
   ov.expect_dim(0, c.n_q_heads, "n_q_heads");
   ov.expect_dim(1, c.head_dim, "head_dim");
   require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
@@ -428,7 +426,7 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   a.selected.resize(std::max(a.selected.size(), static_cast<size_t>(c.n_kv_heads * width)));
   const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
   const kvret_tensor st = host_tensor(a.selected.data(), selected_shape);
-  const int64_t count = select_checked(layer, qv, budget, TensorView::from(&st, "positions", {DType::I32}, {2}));
+  const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   // fetch into f32 buffers of our own, then attend over them
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
   const size_t rows_f = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim);
@@ -439,8 +437,8 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const kvret_working_set ws{host_tensor(a.k.data(), kv_shape), host_tensor(a.v.data(), kv_shape),
                              host_tensor(a.positions.data(), pos_shape)};
   const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws);
-  ctx_.backend().attend(c, qv, TensorView::from(&ws.k, "k", {DType::F32}, {3}),
-                        TensorView::from(&ws.v, "v", {DType::F32}, {3}), rows, scale, ov, ctx_.threads());
+  ctx_.backend().attend(c, qv, ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}), rows,
+                        scale, ov, ctx_.threads());
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {
@@ -450,8 +448,8 @@ void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tenso
           "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") is outside the " +
               std::to_string(store.size()) + " tokens of " + layer_name(layer));
   const DTypeSet types{store.dtype(), DType::F32};
-  const TensorView kv = TensorView::from(k, "k", types, {3});
-  const TensorView vv = TensorView::from(v, "v", types, {3});
+  const TensorView kv = ctx_.view(k, "k", types, {3});
+  const TensorView vv = ctx_.view(v, "v", types, {3});
   for (const TensorView* t : {&kv, &vv}) {
     t->expect_dim(0, end - begin, "tokens");
     t->expect_dim(1, c.n_kv_heads, "n_kv_heads");

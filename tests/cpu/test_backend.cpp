@@ -96,6 +96,49 @@ TEST(Backend, EverythingGoesThroughTheContextsBackend) {
   }
 }
 
+/// The CPU backend, claiming to also reach memory labelled KVRET_DEVICE_CUDA (the test's buffers are host memory):
+/// what memory a call may use is the backend's answer alone.
+class DeviceLabelBackend final : public CpuBackend {
+ public:
+  void check_access(const TensorView& t) const override {
+    if (t.device().device_type != KVRET_DEVICE_CUDA) CpuBackend::check_access(t);
+  }
+};
+
+TEST(Backend, TheBackendDecidesWhichMemoryACallMayUse) {
+  kvret_config c = test::small_config(KVRET_INDEX_PQ);
+  std::string disk;
+  const kvret_config config = read_config(&c, &disk);
+  F32 k({700, 2, 64}), v({700, 2, 64});
+  test::clustered_kv(700, 2, 64, 2, k, v);
+  F32 q({8, 64}, 0.3f), out({8, 64});
+  I32 selected({2, 20});
+  for (auto* t : {&k.t, &v.t, &q.t, &out.t, &selected.t}) t->device = {KVRET_DEVICE_CUDA, 0};
+  // the layout checks pass for any memory
+  EXPECT_EQ(TensorView::from(&q.t, "q", kFloatTypes, {2}).device().device_type, KVRET_DEVICE_CUDA);
+  {  // the CPU backend refuses device memory, naming the tensor, and nothing changes
+    Context ctx(config, disk);
+    Sequence* seq = ctx.open_sequence();
+    try {
+      seq->append_prefill(0, &k.t, &v.t);
+      ADD_FAILURE() << "the CPU backend accepted device memory";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), KVRET_ERR_DEVICE);
+      EXPECT_NE(std::string(e.what()).find("k: device type 2"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(seq->length(0), 0);
+    ctx.close_sequence(seq);
+  }
+  {  // a backend that reaches that memory runs every call on it
+    Context ctx(config, disk, std::make_unique<DeviceLabelBackend>());
+    Sequence* seq = ctx.open_sequence();
+    seq->append_prefill(0, &k.t, &v.t);
+    EXPECT_EQ(seq->select(0, &q.t, 20, &selected.t), 20);
+    seq->attend(0, &q.t, 20, 0.0f, &out.t);
+    ctx.close_sequence(seq);
+  }
+}
+
 TEST(Backend, TheCpuIsTheDefaultAndCudaIsRefusedHere) {
   kvret_config c = test::small_config(KVRET_INDEX_EXACT);
   EXPECT_STREQ(make_backend(c)->name(), "cpu");
