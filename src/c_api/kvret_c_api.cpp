@@ -347,7 +347,7 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
         jobs.push_back(prepared[i].job);
         owner.push_back(i);
       }
-    if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size());
+    if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size(), nullptr);
     for (size_t j = 0; j < jobs.size(); ++j) prepared[owner[j]].job.count = jobs[j].count;
     for (int32_t i = 0; i < n; ++i) out_counts[i] = static_cast<int32_t>(prepared[static_cast<size_t>(i)].job.count);
   });

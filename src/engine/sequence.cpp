@@ -315,7 +315,7 @@ int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t bud
                                  const TensorView* scores) {
   PreparedSelect p;
   prepare_select(layer, q, budget, out, scores, p);
-  if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1);
+  if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1, nullptr);
   return p.job.count;
 }
 

@@ -56,7 +56,7 @@ std::unique_ptr<Retriever> Retriever::clone() const {
   throw Error(KVRET_ERR_UNSUPPORTED, "this index kind cannot be copied, so its sequences cannot be forked");
 }
 
-void RetrieverKind::select_batch(SelectJob* jobs, size_t n) const {
+void RetrieverKind::select_batch(SelectJob* jobs, size_t n, kvret_stream) const {
   for (size_t i = 0; i < n; ++i)
     jobs[i].count = jobs[i].retriever->select(*jobs[i].store, jobs[i].request, jobs[i].out_rows, jobs[i].out_scores);
 }

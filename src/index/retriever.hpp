@@ -117,7 +117,9 @@ class RetrieverKind {
   /// False for a kind that selects no middle token (streaming: the working set is sink + local).
   virtual bool selects() const noexcept { return true; }
   /// Runs the n jobs, setting each count (the CPU kinds: one retriever after another). Throws like select.
-  virtual void select_batch(SelectJob* jobs, size_t n) const;
+  /// `stream` orders the work for a device kind (the positions are ready when the stream reaches that point); the
+  /// CPU kinds finish before returning and ignore it.
+  virtual void select_batch(SelectJob* jobs, size_t n, kvret_stream stream) const;
 };
 
 /// The kind registered for `index_kind`, or nullptr.

@@ -49,10 +49,10 @@ class CountingKind final : public RetrieverKind {
     return inner_ ? inner_->make(c, layer) : std::make_unique<RecencyRetriever>();
   }
   bool selects() const noexcept override { return selects_; }
-  void select_batch(SelectJob* batch, size_t n) const override {
+  void select_batch(SelectJob* batch, size_t n, kvret_stream stream) const override {
     ++calls;
     jobs += static_cast<int64_t>(n);
-    RetrieverKind::select_batch(batch, n);
+    RetrieverKind::select_batch(batch, n, stream);
   }
   mutable std::atomic<int64_t> calls{0}, jobs{0};
 
