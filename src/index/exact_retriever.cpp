@@ -16,7 +16,7 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
   const int64_t n = r.mid_end - r.mid_begin;
   const int d = store.head_dim();
   const int n_kv = store.n_kv_heads();
-  parallel_for(n_kv, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+  parallel_for(n_kv, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     constexpr int64_t kBlock = 256;  // keys converted to f32 a block at a time, shared by the group's heads
     std::vector<float> logits(static_cast<size_t>(r.group) * n);

@@ -159,7 +159,7 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   std::vector<uint8_t> states(static_cast<size_t>(n) * n_kv_);
   std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_), std::vector<uint64_t>(static_cast<size_t>(n)));
 
-  parallel_for(n_kv_, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+  parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     float* logits = scratch.data() + per_head * h;  // [group, n]
     float* folded = logits + static_cast<size_t>(group) * n;

@@ -459,7 +459,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
                 "PQ index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
                     std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
   const int64_t n = r.mid_end - r.mid_begin;
-  parallel_for(n_kv_, r.n_threads, true, Schedule::kDynamic, [&](int64_t h_i) {
+  parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     const int group = r.group;
     const float* qg = r.q + static_cast<int64_t>(h) * group * d_;

@@ -24,6 +24,13 @@ struct SelectRequest {
   int64_t budget = 0;  ///< 1 <= budget <= mid_end - mid_begin
   kvret_gqa_fold fold = KVRET_FOLD_SUM_PROB;
   int n_threads = 1;
+
+  /// Logits (middle tokens x query heads) below which a select runs on the calling thread: waking a thread team
+  /// costs more than it saves on a few hundred tokens, and an engine calling from many threads of its own must
+  /// not multiply its threads by n_threads for small work.
+  static constexpr int64_t kParallelLogits = 32768;
+  /// Whether the select's loop over KV heads runs on n_threads threads (the cost model).
+  bool parallel() const noexcept { return (mid_end - mid_begin) * n_q_heads >= kParallelLogits; }
 };
 
 class ByteReader;
