@@ -276,7 +276,9 @@ KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
  * Appending keys and values
  *
  * k and v are [T, n_kv_heads, head_dim] (any strides whose innermost is 1, so [n_kv_heads, T, head_dim] memory
- * passes as a strided view), dtype f16, bf16 or f32 (converted to kv_dtype), on the CPU or pinned host.
+ * passes as a strided view), dtype f16, bf16 or f32 (converted to kv_dtype), on the CPU or pinned host. Keys are
+ * the ones attention uses: after the rotary embedding (RoPE). Queries given to select are likewise rotated and
+ * unscaled: select multiplies every logit by 1/sqrt(head_dim) before folding the GQA group.
  * ------------------------------------------------------------------------------------------------------------- */
 
 /** Appends T prefill tokens to `layer` and schedules that layer's index build (in the background when
