@@ -7,4 +7,12 @@ scripts/install-deps.sh
 # every part named, so that what an earlier configure of build/ switched off (scripts/demo.sh) is built again
 scripts/build.sh -DKVRET_BUILD_TESTS=ON -DKVRET_BUILD_TOOLS=ON -DKVRET_BUILD_BENCH=ON -DKVRET_BUILD_BINDINGS=ON "$@"
 cd build
+# every language's tests must be there, whatever an earlier configure left (a run with none of them is a failure)
+for label in c cpu python java rust consumer; do
+  n=$(ctest -N -L "^${label}\$" | sed -n 's/^Total Tests: //p')
+  if [ "${n:-0}" -eq 0 ]; then
+    echo "scripts/test.sh: no tests labelled '${label}' were configured" >&2
+    exit 1
+  fi
+done
 ctest --output-on-failure --no-tests=error -j "$(nproc 2>/dev/null || echo 2)"
