@@ -110,16 +110,25 @@ int main(int argc, char** argv) {
               index.c_str(), layers, static_cast<long long>(prefill), rss_start);
   auto last = std::chrono::steady_clock::now();
   int64_t last_step = 0;
+  // time in each call since the last checkpoint: the append must stay flat as the sequence grows; select scores
+  // every middle token, so it grows with them
+  using Clock = std::chrono::steady_clock;
+  double append_us = 0, select_us = 0, fetch_us = 0;
+  auto timed = [](double& total, auto&& call) {
+    const auto t0 = Clock::now();
+    call();
+    total += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  };
   for (int64_t step = 1; step <= steps; ++step) {
     for (auto& x : k1) x = n01(rng);
     for (auto& x : v1) x = n01(rng);
     for (auto& x : q) x = n01(rng);
     for (int l = 0; l < layers; ++l) {
-      SOAK_CHECK(kvret_append_decode(seq, l, &kt.t, &vt.t));
+      timed(append_us, [&] { SOAK_CHECK(kvret_append_decode(seq, l, &kt.t, &vt.t)); });
       int32_t count = 0;
-      SOAK_CHECK(kvret_select(seq, l, &qt.t, KVRET_BUDGET_DEFAULT, &st.t, &count));
+      timed(select_us, [&] { SOAK_CHECK(kvret_select(seq, l, &qt.t, KVRET_BUDGET_DEFAULT, &st.t, &count)); });
       int64_t rows = 0;
-      SOAK_CHECK(kvret_fetch_async(seq, l, &st.t, count, &ws, &rows, nullptr));
+      timed(fetch_us, [&] { SOAK_CHECK(kvret_fetch_async(seq, l, &st.t, count, &ws, &rows, nullptr)); });
     }
     if (edit_every > 0 && step % edit_every == 0) {
       if ((step / edit_every) % 2 == 0) {  // a speculative draft of two tokens, rejected
@@ -139,8 +148,8 @@ int main(int argc, char** argv) {
     }
     if (step % (steps / std::max<int64_t>(checkpoints, 1)) == 0 || step == steps) {
       const auto now = std::chrono::steady_clock::now();
-      const double us =
-          std::chrono::duration<double, std::micro>(now - last).count() / static_cast<double>(step - last_step);
+      const auto n = static_cast<double>(step - last_step);
+      const double us = std::chrono::duration<double, std::micro>(now - last).count() / n;
       last = now;
       last_step = step;
       kvret_stats s;
@@ -149,11 +158,14 @@ int main(int argc, char** argv) {
       int64_t length = 0;
       SOAK_CHECK(kvret_seq_length(seq, 0, &length));
       std::printf(
-          "{\"event\": \"checkpoint\", \"step\": %lld, \"tokens\": %lld, \"us_per_step\": %.1f, \"rss_mib\": "
-          "%.1f, \"host_mib\": %.1f, \"index_mib\": %.2f}\n",
-          static_cast<long long>(step), static_cast<long long>(length), us, rss_mib(),
-          static_cast<double>(s.host_bytes) / (1 << 20), static_cast<double>(s.index_bytes) / (1 << 20));
+          "{\"event\": \"checkpoint\", \"step\": %lld, \"tokens\": %lld, \"us_per_step\": %.1f, "
+          "\"us_append\": %.2f, \"us_select\": %.1f, \"us_fetch\": %.1f, \"rss_mib\": %.1f, \"host_mib\": %.1f, "
+          "\"index_mib\": %.2f}\n",
+          static_cast<long long>(step), static_cast<long long>(length), us, append_us / n / layers,
+          select_us / n / layers, fetch_us / n / layers, rss_mib(), static_cast<double>(s.host_bytes) / (1 << 20),
+          static_cast<double>(s.index_bytes) / (1 << 20));
       std::fflush(stdout);
+      append_us = select_us = fetch_us = 0;
     }
   }
   SOAK_CHECK(kvret_seq_close(seq));

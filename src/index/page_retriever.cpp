@@ -82,7 +82,7 @@ void PageRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t e
   // Grow geometrically: decode appends a page every page_size tokens. Reserving keeps the contents.
   const size_t needed = static_cast<size_t>(total_pages) * row;
   for (auto& b : bounds_)
-    if (b.capacity() < needed) b.reserve(std::max(needed, 2 * b.capacity()));
+    if (b.capacity() < needed) b.reserve(std::max(needed, b.capacity() + b.capacity() / 2));
 
   // commit (no throw below: every resize fits the reserved capacity)
   for (int h = 0; h < n_kv_; ++h) {
