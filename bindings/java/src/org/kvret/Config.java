@@ -12,7 +12,7 @@ import java.lang.ref.Cleaner;
  * }</pre>
  */
 public final class Config {
-  private static final Cleaner CLEANER = Cleaner.create();
+  private static final Cleaner CLEANER = NativeHandles.CLEANER;
 
   private final NativeConfig fields;
   private final String diskPath;

@@ -1,5 +1,6 @@
 package org.kvret;
 
+import java.lang.ref.Cleaner;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
@@ -22,23 +23,112 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
  * }</pre>
  */
 public final class Context implements AutoCloseable {
-  private final ReadWriteLock lifetime = new ReentrantReadWriteLock();
-  private final Set<Sequence> sequences = Collections.newSetFromMap(new IdentityHashMap<>());
+  /**
+   * The native context and what its release needs. It holds no reference to the Context (the cleaner of an
+   * unreachable Context runs it); the state of each open sequence holds this one, and this one the open sequences'
+   * states, so that releasing a context closes its sequences first, whichever becomes unreachable first.
+   */
+  static final class State implements Runnable {
+    final ReadWriteLock lifetime = new ReentrantReadWriteLock();
+    private final Set<Sequence.State> sequences = Collections.newSetFromMap(new IdentityHashMap<>());
+    long handle; // guarded by lifetime
+
+    State(long handle) {
+      this.handle = handle;
+      NativeHandles.contextsOpened.incrementAndGet();
+    }
+
+    void track(Sequence.State sequence) {
+      synchronized (sequences) {
+        sequences.add(sequence);
+      }
+    }
+
+    void forget(Sequence.State sequence) {
+      synchronized (sequences) {
+        sequences.remove(sequence);
+      }
+    }
+
+    int openSequences() {
+      synchronized (sequences) {
+        return sequences.size();
+      }
+    }
+
+    boolean released() {
+      lifetime.readLock().lock();
+      try {
+        return handle == 0;
+      } finally {
+        lifetime.readLock().unlock();
+      }
+    }
+
+    /** Closes the open sequences, then frees the context; a no-op once done. Run by close() or the cleaner. */
+    @Override
+    public void run() {
+      lifetime.writeLock().lock();
+      try {
+        if (handle == 0) {
+          return;
+        }
+        List<Sequence.State> open;
+        synchronized (sequences) {
+          open = new ArrayList<>(sequences);
+        }
+        RuntimeException failure = null;
+        for (Sequence.State sequence : open) {
+          try {
+            sequence.run();
+          } catch (RuntimeException e) {
+            if (failure == null) {
+              failure = e;
+            } else {
+              failure.addSuppressed(e);
+            }
+          }
+        }
+        long closing = handle;
+        handle = 0;
+        NativeHandles.contextsReleased.incrementAndGet();
+        try {
+          KvretNative.kvret_destroy(closing);
+        } catch (RuntimeException e) {
+          NativeHandles.failedReleases.incrementAndGet();
+          if (failure == null) {
+            failure = e;
+          } else {
+            failure.addSuppressed(e);
+          }
+        }
+        if (failure != null) {
+          throw failure;
+        }
+      } finally {
+        lifetime.writeLock().unlock();
+      }
+    }
+  }
+
+  private final State state;
+  private final Cleaner.Cleanable cleanable;
   private final Config config;
-  private long handle;
 
   private Context(long handle) {
-    this.handle = handle;
+    State created = new State(handle);
     NativeConfig effective = new NativeConfig();
     try {
       KvretNative.kvret_config_init(effective);
       KvretNative.kvret_get_config(handle, effective);
     } catch (RuntimeException e) {
       effective.delete();
-      KvretNative.kvret_destroy(handle);
+      created.run();
       throw e;
     }
     this.config = Config.adopt(effective);
+    this.state = created;
+    this.cleanable = NativeHandles.CLEANER.register(this, created);
   }
 
   /** Creates a context; throws {@link KvretException} if the config is invalid. */
@@ -59,45 +149,49 @@ public final class Context implements AutoCloseable {
   }
 
   public boolean isClosed() {
-    lifetime.readLock().lock();
-    try {
-      return handle == 0;
-    } finally {
-      lifetime.readLock().unlock();
-    }
+    return state.released();
   }
 
   /** Opens an empty sequence. */
   public Sequence openSequence() {
-    lifetime.readLock().lock();
+    state.lifetime.readLock().lock();
     try {
       long[] out = new long[1];
-      KvretNative.kvret_seq_open(handle, out);
+      KvretNative.kvret_seq_open(state.handle, out);
       return track(out[0]);
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
-  /** The fork of an open sequence of this context (Sequence.fork). */
-  Sequence forkSequence(long source) {
-    lifetime.readLock().lock();
+  /** The fork of an open sequence of this context (Sequence.fork): the context's lock, then the sequence's. */
+  Sequence forkSequence(Sequence.State source) {
+    state.lifetime.readLock().lock();
     try {
       long[] out = new long[1];
-      KvretNative.kvret_seq_fork(source, out);
+      synchronized (source) {
+        KvretNative.kvret_seq_fork(source.handle, out);
+      }
       return track(out[0]);
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
-  /** A Sequence for a handle just opened, closed with this context. */
+  /** A Sequence for a handle just opened, closed with this context (or by its cleaner). */
   private Sequence track(long sequenceHandle) {
-    Sequence sequence = new Sequence(this, sequenceHandle);
-    synchronized (sequences) {
-      sequences.add(sequence);
-    }
-    return sequence;
+    Sequence.State sequence = new Sequence.State(state, sequenceHandle);
+    state.track(sequence);
+    return new Sequence(this, sequence);
+  }
+
+  /** Sequences of this context not closed yet (for the tests). */
+  int openSequences() {
+    return state.openSequences();
+  }
+
+  State state() {
+    return state;
   }
 
   /**
@@ -107,11 +201,11 @@ public final class Context implements AutoCloseable {
    */
   public void attend(Tensor q, Tensor k, Tensor v, long rows, float scale, Tensor out, long stream) {
     requireWritable(out, "out");
-    lifetime.readLock().lock();
+    state.lifetime.readLock().lock();
     try {
-      KvretNative.kvret_attend(handle, q, k, v, rows, scale, out, stream);
+      KvretNative.kvret_attend(state.handle, q, k, v, rows, scale, out, stream);
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
@@ -127,19 +221,22 @@ public final class Context implements AutoCloseable {
    * head_dim]. Pass {@link Kvret#BUDGET_DEFAULT} for each sequence's default budget.
    */
   public List<Selection> selectBatch(List<Sequence> batch, int layer, Tensor q, int budget) {
-    List<Sequence> ordered = new ArrayList<>(batch);
+    List<Sequence.State> ordered = new ArrayList<>(batch.size());
+    for (Sequence sequence : batch) {
+      ordered.add(sequence.state());
+    }
     ordered.sort((a, b) -> Integer.compare(System.identityHashCode(a), System.identityHashCode(b)));
-    lifetime.readLock().lock();
+    state.lifetime.readLock().lock();
     try {
       return selectLocked(batch, ordered, 0, layer, q, budget);
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
-  // Holds every sequence's monitor (in a fixed order) around the batched call.
+  // Holds every sequence's lock (in a fixed order) around the batched call.
   private List<Selection> selectLocked(
-      List<Sequence> batch, List<Sequence> ordered, int next, int layer, Tensor q, int budget) {
+      List<Sequence> batch, List<Sequence.State> ordered, int next, int layer, Tensor q, int budget) {
     if (next < ordered.size()) {
       synchronized (ordered.get(next)) {
         return selectLocked(batch, ordered, next + 1, layer, q, budget);
@@ -153,7 +250,7 @@ public final class Context implements AutoCloseable {
     }
     Tensor positions = Tensor.allocate(DType.I32, handles.length, config.nKvHeads(), width);
     int[] counts = new int[handles.length];
-    KvretNative.kvret_select_batch(handle, handles, layer, q, budget, positions, counts);
+    KvretNative.kvret_select_batch(state.handle, handles, layer, q, budget, positions, counts);
     List<Selection> selections = new ArrayList<>(handles.length);
     long rowBytes = (long) config.nKvHeads() * width * DType.I32.bytes();
     for (int i = 0; i < handles.length; ++i) {
@@ -166,54 +263,32 @@ public final class Context implements AutoCloseable {
 
   /** Waits for the work kvret enqueued on {@code stream} (a no-op on the CPU backend). */
   public void synchronize(long stream) {
-    lifetime.readLock().lock();
+    state.lifetime.readLock().lock();
     try {
-      KvretNative.kvret_synchronize(handle, stream);
+      KvretNative.kvret_synchronize(state.handle, stream);
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
   /** Statistics over the context's sequences, open and closed. */
   public Stats stats() {
-    lifetime.readLock().lock();
+    state.lifetime.readLock().lock();
     try {
-      return Stats.read(s -> KvretNative.kvret_context_stats(handle, s));
+      return Stats.read(s -> KvretNative.kvret_context_stats(state.handle, s));
     } finally {
-      lifetime.readLock().unlock();
+      state.lifetime.readLock().unlock();
     }
   }
 
-  /** Closes the open sequences, waits for background work and frees the context. Closing twice is a no-op. */
+  /**
+   * Closes the open sequences, waits for background work and frees the context. Closing twice is a no-op. A
+   * context never closed is closed the same way by a cleaner once it (and every sequence of it) is unreachable;
+   * close it anyway: when that happens is up to the garbage collector.
+   */
   @Override
   public void close() {
-    lifetime.writeLock().lock();
-    try {
-      if (handle == 0) {
-        return;
-      }
-      List<Sequence> open;
-      synchronized (sequences) {
-        open = new ArrayList<>(sequences);
-      }
-      try {
-        for (Sequence sequence : open) {
-          sequence.close();
-        }
-      } finally {
-        long closing = handle;
-        handle = 0;
-        KvretNative.kvret_destroy(closing);
-      }
-    } finally {
-      lifetime.writeLock().unlock();
-    }
-  }
-
-  void forget(Sequence sequence) {
-    synchronized (sequences) {
-      sequences.remove(sequence);
-    }
+    cleanable.clean();
   }
 
   static void requireWritable(Tensor tensor, String name) {

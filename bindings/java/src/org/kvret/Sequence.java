@@ -1,40 +1,86 @@
 package org.kvret;
 
+import java.lang.ref.Cleaner;
+
 /**
  * One request or conversation whose keys and values kvret stores, indexes and retrieves. Calls on one sequence are
- * serialized (its methods are synchronized); distinct sequences run in parallel from different threads.
+ * serialized; distinct sequences run in parallel from different threads.
  */
 public final class Sequence implements AutoCloseable {
-  private final Context context;
-  private long handle;
+  /**
+   * The native sequence and what its release needs. It holds no reference to the Sequence (the cleaner of an
+   * unreachable Sequence runs it) but holds its context's state, whose release closes this sequence first. Its
+   * monitor serializes the calls on the sequence and its release.
+   */
+  static final class State implements Runnable {
+    private final Context.State context;
+    long handle; // guarded by this
 
-  Sequence(Context context, long handle) {
+    State(Context.State context, long handle) {
+      this.context = context;
+      this.handle = handle;
+      NativeHandles.sequencesOpened.incrementAndGet();
+    }
+
+    synchronized boolean released() {
+      return handle == 0;
+    }
+
+    /** Waits for the sequence's background work and frees it; a no-op once done. Run by close() or a cleaner. */
+    @Override
+    public synchronized void run() {
+      if (handle == 0) {
+        return;
+      }
+      long closing = handle;
+      handle = 0;
+      context.forget(this);
+      NativeHandles.sequencesReleased.incrementAndGet();
+      try {
+        KvretNative.kvret_seq_close(closing);
+      } catch (RuntimeException e) {
+        NativeHandles.failedReleases.incrementAndGet();
+        throw e;
+      }
+    }
+  }
+
+  private final Context context;
+  private final State state;
+  private final Cleaner.Cleanable cleanable;
+
+  Sequence(Context context, State state) {
     this.context = context;
-    this.handle = handle;
+    this.state = state;
+    this.cleanable = NativeHandles.CLEANER.register(this, state);
   }
 
   public Context context() {
     return context;
   }
 
-  public synchronized boolean isClosed() {
-    return handle == 0;
+  public boolean isClosed() {
+    return state.released();
   }
 
-  /** Waits for the sequence's background work and frees it. Closing twice is a no-op. */
+  /**
+   * Waits for the sequence's background work and frees it. Closing twice is a no-op, and so is closing a sequence
+   * whose context is closed. A sequence never closed is closed the same way by a cleaner once it is unreachable;
+   * close it anyway: when that happens is up to the garbage collector.
+   */
   @Override
-  public synchronized void close() {
-    if (handle == 0) {
-      return;
-    }
-    long closing = handle;
-    handle = 0;
-    context.forget(this);
-    KvretNative.kvret_seq_close(closing);
+  public void close() {
+    cleanable.clean();
   }
 
-  synchronized long handle() {
-    return handle;
+  State state() {
+    return state;
+  }
+
+  long handle() {
+    synchronized (state) {
+      return state.handle;
+    }
   }
 
   // ---- appending ----
@@ -43,18 +89,24 @@ public final class Sequence implements AutoCloseable {
    * Appends prefill tokens to {@code layer}: k and v are [T, n_kv_heads, head_dim] (F16, BF16 or F32). Schedules
    * the layer's index build (in the background by default).
    */
-  public synchronized void appendPrefill(int layer, Tensor k, Tensor v) {
-    KvretNative.kvret_append_prefill(handle, layer, k, v);
+  public void appendPrefill(int layer, Tensor k, Tensor v) {
+    synchronized (state) {
+      KvretNative.kvret_append_prefill(state.handle, layer, k, v);
+    }
   }
 
   /** Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to {@code layer}. */
-  public synchronized void appendDecode(int layer, Tensor k, Tensor v) {
-    KvretNative.kvret_append_decode(handle, layer, k, v);
+  public void appendDecode(int layer, Tensor k, Tensor v) {
+    synchronized (state) {
+      KvretNative.kvret_append_decode(state.handle, layer, k, v);
+    }
   }
 
   /** Waits until the index of {@code layer} (every layer when -1) is built. */
-  public synchronized void waitIndex(int layer) {
-    KvretNative.kvret_wait_index(handle, layer);
+  public void waitIndex(int layer) {
+    synchronized (state) {
+      KvretNative.kvret_wait_index(state.handle, layer);
+    }
   }
 
   /**
@@ -62,8 +114,9 @@ public final class Sequence implements AutoCloseable {
    * search, parallel sampling or several continuations of one prompt. The two share their KV pages copy on write
    * and are independent from then on (see kvret_seq_fork). Close it like any sequence.
    */
-  public synchronized Sequence fork() {
-    return context.forkSequence(handle);
+  public Sequence fork() {
+    // The context's lock before the sequence's, as Context.close takes them (not the other way round).
+    return context.forkSequence(state);
   }
 
   /**
@@ -73,36 +126,46 @@ public final class Sequence implements AutoCloseable {
    *
    * @throws IllegalArgumentException if length is negative
    */
-  public synchronized void truncate(long length) {
+  public void truncate(long length) {
     if (length < 0) throw new IllegalArgumentException("length must be >= 0, got " + length);
-    KvretNative.kvret_seq_truncate(handle, length);
+    synchronized (state) {
+      KvretNative.kvret_seq_truncate(state.handle, length);
+    }
   }
 
   // ---- queries ----
 
   /** Tokens stored for {@code layer}. */
-  public synchronized long length(int layer) {
-    long[] out = new long[1];
-    KvretNative.kvret_seq_length(handle, layer, out);
-    return out[0];
+  public long length(int layer) {
+    synchronized (state) {
+      long[] out = new long[1];
+      KvretNative.kvret_seq_length(state.handle, layer, out);
+      return out[0];
+    }
   }
 
   /** The budget select uses by default for {@code layer} at its current length. */
-  public synchronized int budget(int layer) {
-    int[] out = new int[1];
-    KvretNative.kvret_seq_budget(handle, layer, out);
-    return out[0];
+  public int budget(int layer) {
+    synchronized (state) {
+      int[] out = new int[1];
+      KvretNative.kvret_seq_budget(state.handle, layer, out);
+      return out[0];
+    }
   }
 
   /** Upper bound of the working-set rows for {@code layer} at {@code budget} ({@link Kvret#BUDGET_DEFAULT} ok). */
-  public synchronized long workingSetCapacity(int layer, int budget) {
-    long[] out = new long[1];
-    KvretNative.kvret_working_set_capacity(handle, layer, budget, out);
-    return out[0];
+  public long workingSetCapacity(int layer, int budget) {
+    synchronized (state) {
+      long[] out = new long[1];
+      KvretNative.kvret_working_set_capacity(state.handle, layer, budget, out);
+      return out[0];
+    }
   }
 
-  public synchronized Stats stats() {
-    return Stats.read(s -> KvretNative.kvret_seq_stats(handle, s));
+  public Stats stats() {
+    synchronized (state) {
+      return Stats.read(s -> KvretNative.kvret_seq_stats(state.handle, s));
+    }
   }
 
   // ---- retrieval ----
@@ -116,41 +179,49 @@ public final class Sequence implements AutoCloseable {
    * Scores the middle tokens of {@code layer} for q ([n_q_heads, head_dim]) and selects the top {@code budget}
    * per KV head (ascending positions).
    */
-  public synchronized Selection select(int layer, Tensor q, int budget) {
-    int width = width(layer, budget);
-    Tensor positions = Tensor.allocate(DType.I32, context.config().nKvHeads(), Math.max(width, 1));
-    return new Selection(positions, selectInto(layer, q, budget, positions));
+  public Selection select(int layer, Tensor q, int budget) {
+    synchronized (state) {
+      int width = width(layer, budget);
+      Tensor positions = Tensor.allocate(DType.I32, context.config().nKvHeads(), Math.max(width, 1));
+      return new Selection(positions, selectInto(layer, q, budget, positions));
+    }
   }
 
   /**
    * {@link #select(int, Tensor, int)} with the score of each position: the folded score the index ranked it by
    * (see kvret_select_scored), read with {@link Selection#scores(int)}.
    */
-  public synchronized Selection selectScored(int layer, Tensor q, int budget) {
-    int width = Math.max(width(layer, budget), 1);
-    int kvHeads = context.config().nKvHeads();
-    Tensor positions = Tensor.allocate(DType.I32, kvHeads, width);
-    Tensor scores = Tensor.allocate(DType.F32, kvHeads, width);
-    int[] count = new int[1];
-    KvretNative.kvret_select_scored(handle, layer, q, budget, positions, scores, count);
-    return new Selection(positions, scores, count[0]);
+  public Selection selectScored(int layer, Tensor q, int budget) {
+    synchronized (state) {
+      int width = Math.max(width(layer, budget), 1);
+      int kvHeads = context.config().nKvHeads();
+      Tensor positions = Tensor.allocate(DType.I32, kvHeads, width);
+      Tensor scores = Tensor.allocate(DType.F32, kvHeads, width);
+      int[] count = new int[1];
+      KvretNative.kvret_select_scored(state.handle, layer, q, budget, positions, scores, count);
+      return new Selection(positions, scores, count[0]);
+    }
   }
 
   /**
    * Columns of the positions buffer a select of {@code budget} needs: never more than the layer holds, so that an
    * absurd budget is refused by the library (KvretException, status BUDGET) before anything large is allocated.
    */
-  synchronized int width(int layer, int budget) {
-    if (budget == Kvret.BUDGET_DEFAULT) return budget(layer);
-    return (int) Math.min(budget, Math.max(length(layer), 1));
+  int width(int layer, int budget) {
+    synchronized (state) {
+      if (budget == Kvret.BUDGET_DEFAULT) return budget(layer);
+      return (int) Math.min(budget, Math.max(length(layer), 1));
+    }
   }
 
   /** Selects into {@code positions} (I32 [n_kv_heads, >= budget]); returns the count per head. */
-  public synchronized int selectInto(int layer, Tensor q, int budget, Tensor positions) {
-    Context.requireWritable(positions, "positions");
-    int[] count = new int[1];
-    KvretNative.kvret_select(handle, layer, q, budget, positions, count);
-    return count[0];
+  public int selectInto(int layer, Tensor q, int budget, Tensor positions) {
+    synchronized (state) {
+      Context.requireWritable(positions, "positions");
+      int[] count = new int[1];
+      KvretNative.kvret_select(state.handle, layer, q, budget, positions, count);
+      return count[0];
+    }
   }
 
   /**
@@ -158,10 +229,12 @@ public final class Sequence implements AutoCloseable {
    * fetch and attention inside kvret (see kvret_seq_attend), into a new F32 [n_q_heads, head_dim] tensor. Pass
    * {@link Kvret#BUDGET_DEFAULT} for the default budget.
    */
-  public synchronized Tensor attend(int layer, Tensor q, int budget) {
-    Tensor out = Tensor.allocate(DType.F32, context.config().nQHeads(), context.config().headDim());
-    KvretNative.kvret_seq_attend(handle, layer, q, budget, 0f, out, 0);
-    return out;
+  public Tensor attend(int layer, Tensor q, int budget) {
+    synchronized (state) {
+      Tensor out = Tensor.allocate(DType.F32, context.config().nQHeads(), context.config().headDim());
+      KvretNative.kvret_seq_attend(state.handle, layer, q, budget, 0f, out, 0);
+      return out;
+    }
   }
 
   /** Fetches the working set of a selection into new buffers of the KV dtype (F32 for BF16). */
@@ -171,12 +244,14 @@ public final class Sequence implements AutoCloseable {
   }
 
   /** Fetches the working set of a selection into new buffers of {@code dtype} (the KV dtype or F32). */
-  public synchronized WorkingSet fetch(int layer, Selection selection, DType dtype) {
-    long capacity = selection.count() > 0 ? workingSetCapacity(layer, selection.count()) : length(layer);
-    Config config = context.config();
-    WorkingSet workingSet = WorkingSet.allocate(dtype, config.nKvHeads(), capacity, config.headDim());
-    fetchInto(layer, selection.tensor(), selection.count(), workingSet, 0);
-    return workingSet;
+  public WorkingSet fetch(int layer, Selection selection, DType dtype) {
+    synchronized (state) {
+      long capacity = selection.count() > 0 ? workingSetCapacity(layer, selection.count()) : length(layer);
+      Config config = context.config();
+      WorkingSet workingSet = WorkingSet.allocate(dtype, config.nKvHeads(), capacity, config.headDim());
+      fetchInto(layer, selection.tensor(), selection.count(), workingSet, 0);
+      return workingSet;
+    }
   }
 
   /**
@@ -184,22 +259,28 @@ public final class Sequence implements AutoCloseable {
    * >= count]) into {@code out}; returns the rows written per head. On a CUDA context the copy is enqueued on
    * {@code stream}.
    */
-  public synchronized long fetchInto(int layer, Tensor positions, int count, WorkingSet out, long stream) {
-    long[] rows = new long[1];
-    KvretNative.kvret_fetch_async(handle, layer, positions, count, out, rows, stream);
-    out.setRows(rows[0]);
-    return rows[0];
+  public long fetchInto(int layer, Tensor positions, int count, WorkingSet out, long stream) {
+    synchronized (state) {
+      long[] rows = new long[1];
+      KvretNative.kvret_fetch_async(state.handle, layer, positions, count, out, rows, stream);
+      out.setRows(rows[0]);
+      return rows[0];
+    }
   }
 
   /** Experimental: selects with a guessed next query and loads those blocks into the GPU block cache. */
-  public synchronized void prefetch(int layer, Tensor qGuess, int budget, long stream) {
-    KvretNative.kvret_prefetch_async(handle, layer, qGuess, budget, stream);
+  public void prefetch(int layer, Tensor qGuess, int budget, long stream) {
+    synchronized (state) {
+      KvretNative.kvret_prefetch_async(state.handle, layer, qGuess, budget, stream);
+    }
   }
 
   /** Experimental: copies the stored keys and values of positions [begin, end) into k and v. */
-  public synchronized void read(int layer, long begin, long end, Tensor k, Tensor v) {
-    Context.requireWritable(k, "k");
-    Context.requireWritable(v, "v");
-    KvretNative.kvret_seq_read(handle, layer, begin, end, k, v);
+  public void read(int layer, long begin, long end, Tensor k, Tensor v) {
+    synchronized (state) {
+      Context.requireWritable(k, "k");
+      Context.requireWritable(v, "v");
+      KvretNative.kvret_seq_read(state.handle, layer, begin, end, k, v);
+    }
   }
 }
