@@ -1,13 +1,12 @@
 #include "core/vec_math.hpp"
 
-#include <omp.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "core/parallel.hpp"
 #include "core/pq4_avx2.hpp"
 #include "core/tensor_view.hpp"
 
@@ -19,7 +18,7 @@
 
 namespace kvret {
 
-int resolve_threads(int32_t n_threads) noexcept { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
+int resolve_threads(int32_t n_threads) noexcept { return n_threads > 0 ? n_threads : default_threads(); }
 
 namespace {
 
