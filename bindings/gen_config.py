@@ -22,7 +22,11 @@ ENUMS = {"kv_dtype": ("KvDtype", "KvDtype"), "gqa_fold": ("GqaFold", "GqaFold"),
          "index_kind": ("IndexKind", "IndexKind"), "cache_policy": ("CachePolicy", "CachePolicy")}  # Java, Rust
 BOOLS = {"background_build", "check_finite"}
 JAVA_TYPES = {"int32_t": "int", "int64_t": "long", "uint64_t": "long", "float": "float"}
-RUST_TYPES = {"int32_t": "i32", "int64_t": "i64", "uint64_t": "u64", "float": "f32"}
+# Rust: the integer counts and sizes (every int32_t/int64_t field is validated >= 0 by the library: no negative
+# sentinel) take any primitive integer (`impl ConfigInt`: usize like the rest of the Rust API, or the C type); a value
+# the C field cannot hold is recorded by Config::int_field and refused by Context::new.
+RUST_TYPES = {"int32_t": "impl ConfigInt", "int64_t": "impl ConfigInt", "uint64_t": "u64", "float": "f32"}
+RUST_INT_FIELDS = {"int32_t", "int64_t"}
 
 
 def fields():
@@ -89,6 +93,8 @@ def rust_block(fs):
             ty, conv = ENUMS[name][1], "value as i32"
         elif name in BOOLS:
             ty, conv = "bool", "value.into()"
+        elif ctype in RUST_INT_FIELDS:
+            ty, conv = RUST_TYPES[ctype], f'self.int_field("{name}", value)'
         else:
             ty, conv = RUST_TYPES[ctype], "value"
         out += [f"    /// `kvret_config.{name}`: {line}" if i == 0 else f"    /// {line}"

@@ -1,6 +1,6 @@
 use std::ffi::{CStr, CString};
 
-use crate::error::check;
+use crate::error::{check, rust_error, Result, Status};
 use crate::sys;
 
 /// The storage type of the KV cache.
@@ -46,13 +46,56 @@ pub enum Device {
     Cuda(i32),
 }
 
+mod sealed {
+    pub trait Sealed: Copy {
+        fn wide(self) -> i128;
+    }
+    macro_rules! sealed {
+        ($($t:ty)*) => {$(impl Sealed for $t { fn wide(self) -> i128 { self as i128 } })*};
+    }
+    sealed!(i8 i16 i32 i64 isize u8 u16 u32 u64 usize);
+
+    /// The C type of an integer field of kvret_config.
+    pub trait CInt: TryFrom<i128> {
+        const NAME: &'static str;
+        const MIN: Self;
+        const MAX: Self;
+    }
+    impl CInt for i32 {
+        const NAME: &'static str = "int32_t";
+        const MIN: i32 = i32::MIN;
+        const MAX: i32 = i32::MAX;
+    }
+    impl CInt for i64 {
+        const NAME: &'static str = "int64_t";
+        const MIN: i64 = i64::MIN;
+        const MAX: i64 = i64::MAX;
+    }
+}
+
+/// The integer a count or size setter of [`Config`] takes: any primitive integer up to 64 bits, so `usize` (as the
+/// rest of the API counts) and the C field's own `i32` / `i64` both work.
+///
+/// A value the C field cannot hold (e.g. `n_layers(usize::MAX)`) is not wrapped: [`Context::new`] refuses the config
+/// with status [`InvalidArgument`](crate::Status::InvalidArgument), naming the field. A negative value reaches the
+/// library, which refuses it the same way: no integer field of `kvret_config` has a negative sentinel (each is
+/// validated `>= 0` or `>= 1`; 0 is the "automatic" / "unlimited" value where there is one).
+///
+/// [`Context::new`]: crate::Context::new
+pub trait ConfigInt: sealed::Sealed {}
+
+impl<T: sealed::Sealed> ConfigInt for T {}
+
 /// A context configuration: `kvret_config` with the library's defaults, set through chained methods.
 ///
-/// Every field has a setter of the same name; [`Config::raw`] reads them all.
+/// Every field has a setter of the same name; [`Config::raw`] reads them all. Setters never fail: a value they
+/// cannot store (see [`ConfigInt`], [`Config::disk_path`]) is reported by [`Context::new`](crate::Context::new).
 #[derive(Debug, Clone)]
 pub struct Config {
     raw: sys::kvret_config,
     disk_path: Option<CString>,
+    /// (field, message) of each value a setter could not store; refused by Context::new.
+    rejected: Vec<(&'static str, String)>,
 }
 
 // SAFETY: raw.disk_path is always null (the path lives in `disk_path` and is only lent during kvret_create).
@@ -71,7 +114,7 @@ impl Config {
         // SAFETY: an all-zero kvret_config is a valid value to initialize.
         let mut raw: sys::kvret_config = unsafe { std::mem::zeroed() };
         check(unsafe { sys::kvret_config_init(&mut raw) }).expect("kvret_config_init");
-        Config { raw, disk_path: None }
+        Config { raw, disk_path: None, rejected: Vec::new() }
     }
 
     /// Adopts a config filled by the library, copying its disk path.
@@ -80,10 +123,12 @@ impl Config {
             // SAFETY: the library hands out a NUL-terminated path that is valid while the context lives.
             .then(|| unsafe { CStr::from_ptr(raw.disk_path) }.to_owned());
         raw.disk_path = std::ptr::null();
-        Config { raw, disk_path }
+        Config { raw, disk_path, rejected: Vec::new() }
     }
 
-    /// All fields, as `kvret_config` (its `disk_path` is null: see [`Config::disk_path_str`]).
+    /// All fields, as `kvret_config` (its `disk_path` is null: see [`Config::disk_path_str`]). A field whose
+    /// setter got a value out of its C type's range holds that type's nearest bound here, and the config is
+    /// refused by [`Context::new`](crate::Context::new).
     pub fn raw(&self) -> &sys::kvret_config {
         &self.raw
     }
@@ -91,6 +136,29 @@ impl Config {
     /// The disk tier's directory, if any.
     pub fn disk_path_str(&self) -> Option<&str> {
         self.disk_path.as_deref().and_then(|p| p.to_str().ok())
+    }
+
+    /// The values the setters could not store, as an error (status InvalidArgument) naming the first field.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.rejected.first() {
+            None => Ok(()),
+            Some((_, message)) => Err(rust_error(Status::InvalidArgument, message)),
+        }
+    }
+
+    /// Stores `value` in a field of C type `T`, or records that it does not fit (the last call for a field wins).
+    fn int_field<T: sealed::CInt>(&mut self, field: &'static str, value: impl ConfigInt) -> T {
+        self.rejected.retain(|(f, _)| *f != field);
+        let wide = value.wide();
+        T::try_from(wide).unwrap_or_else(|_| {
+            let message = format!("config.{field} = {wide} does not fit its C type {}", T::NAME);
+            self.rejected.push((field, message));
+            if wide < 0 {
+                T::MIN
+            } else {
+                T::MAX
+            }
+        })
     }
 
     /// Calls `f` with the raw config whose disk_path points at this config's path.
@@ -104,26 +172,26 @@ impl Config {
     // do not edit by hand).
     // <generated setters>
     /// `kvret_config.n_layers`: default 32
-    pub fn n_layers(mut self, value: i32) -> Self {
-        self.raw.n_layers = value;
+    pub fn n_layers(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_layers = self.int_field("n_layers", value);
         self
     }
 
     /// `kvret_config.n_q_heads`: default 32
-    pub fn n_q_heads(mut self, value: i32) -> Self {
-        self.raw.n_q_heads = value;
+    pub fn n_q_heads(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_q_heads = self.int_field("n_q_heads", value);
         self
     }
 
     /// `kvret_config.n_kv_heads`: default 8; n_q_heads % n_kv_heads == 0
-    pub fn n_kv_heads(mut self, value: i32) -> Self {
-        self.raw.n_kv_heads = value;
+    pub fn n_kv_heads(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_kv_heads = self.int_field("n_kv_heads", value);
         self
     }
 
     /// `kvret_config.head_dim`: 64, 128 or 256; default 128
-    pub fn head_dim(mut self, value: i32) -> Self {
-        self.raw.head_dim = value;
+    pub fn head_dim(mut self, value: impl ConfigInt) -> Self {
+        self.raw.head_dim = self.int_field("head_dim", value);
         self
     }
 
@@ -134,20 +202,20 @@ impl Config {
     }
 
     /// `kvret_config.n_sink`: first tokens always attended; default 16
-    pub fn n_sink(mut self, value: i32) -> Self {
-        self.raw.n_sink = value;
+    pub fn n_sink(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_sink = self.int_field("n_sink", value);
         self
     }
 
     /// `kvret_config.n_local`: most recent tokens always attended; default 64
-    pub fn n_local(mut self, value: i32) -> Self {
-        self.raw.n_local = value;
+    pub fn n_local(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_local = self.int_field("n_local", value);
         self
     }
 
     /// `kvret_config.budget`: middle tokens selected per KV head; 0 = use budget_ratio (default 0)
-    pub fn budget(mut self, value: i32) -> Self {
-        self.raw.budget = value;
+    pub fn budget(mut self, value: impl ConfigInt) -> Self {
+        self.raw.budget = self.int_field("budget", value);
         self
     }
 
@@ -170,20 +238,20 @@ impl Config {
     }
 
     /// `kvret_config.pq_m`: sub-spaces; head_dim % pq_m == 0; default 4
-    pub fn pq_m(mut self, value: i32) -> Self {
-        self.raw.pq_m = value;
+    pub fn pq_m(mut self, value: impl ConfigInt) -> Self {
+        self.raw.pq_m = self.int_field("pq_m", value);
         self
     }
 
     /// `kvret_config.pq_bits`: bits per code (2^bits centroids), 1..8; default 6
-    pub fn pq_bits(mut self, value: i32) -> Self {
-        self.raw.pq_bits = value;
+    pub fn pq_bits(mut self, value: impl ConfigInt) -> Self {
+        self.raw.pq_bits = self.int_field("pq_bits", value);
         self
     }
 
     /// `kvret_config.pq_iters`: k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol, at most 25); default 0
-    pub fn pq_iters(mut self, value: i32) -> Self {
-        self.raw.pq_iters = value;
+    pub fn pq_iters(mut self, value: impl ConfigInt) -> Self {
+        self.raw.pq_iters = self.int_field("pq_iters", value);
         self
     }
 
@@ -194,38 +262,38 @@ impl Config {
     }
 
     /// `kvret_config.pq_train_sample`: max tokens sampled per (layer, KV head) for training; 0 = all; default 8192
-    pub fn pq_train_sample(mut self, value: i32) -> Self {
-        self.raw.pq_train_sample = value;
+    pub fn pq_train_sample(mut self, value: impl ConfigInt) -> Self {
+        self.raw.pq_train_sample = self.int_field("pq_train_sample", value);
         self
     }
 
     /// `kvret_config.cluster_tokens`: tokens per cluster at prefill; default 80
-    pub fn cluster_tokens(mut self, value: i32) -> Self {
-        self.raw.cluster_tokens = value;
+    pub fn cluster_tokens(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cluster_tokens = self.int_field("cluster_tokens", value);
         self
     }
 
     /// `kvret_config.cluster_decode_interval`: re-cluster decoded tokens every this many; default 320
-    pub fn cluster_decode_interval(mut self, value: i32) -> Self {
-        self.raw.cluster_decode_interval = value;
+    pub fn cluster_decode_interval(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cluster_decode_interval = self.int_field("cluster_decode_interval", value);
         self
     }
 
     /// `kvret_config.cluster_decode_k`: clusters made from each decoded interval; default 4
-    pub fn cluster_decode_k(mut self, value: i32) -> Self {
-        self.raw.cluster_decode_k = value;
+    pub fn cluster_decode_k(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cluster_decode_k = self.int_field("cluster_decode_k", value);
         self
     }
 
     /// `kvret_config.page_size`: tokens per page; default 16
-    pub fn page_size(mut self, value: i32) -> Self {
-        self.raw.page_size = value;
+    pub fn page_size(mut self, value: impl ConfigInt) -> Self {
+        self.raw.page_size = self.int_field("page_size", value);
         self
     }
 
     /// `kvret_config.quant_bits`: 1 or 2; default 2
-    pub fn quant_bits(mut self, value: i32) -> Self {
-        self.raw.quant_bits = value;
+    pub fn quant_bits(mut self, value: impl ConfigInt) -> Self {
+        self.raw.quant_bits = self.int_field("quant_bits", value);
         self
     }
 
@@ -236,26 +304,26 @@ impl Config {
     }
 
     /// `kvret_config.hamming_buckets`: default 0 = automatic
-    pub fn hamming_buckets(mut self, value: i32) -> Self {
-        self.raw.hamming_buckets = value;
+    pub fn hamming_buckets(mut self, value: impl ConfigInt) -> Self {
+        self.raw.hamming_buckets = self.int_field("hamming_buckets", value);
         self
     }
 
     /// `kvret_config.max_seq_tokens`: token capacity of one sequence (per layer); 0 = unlimited; default 0
-    pub fn max_seq_tokens(mut self, value: i64) -> Self {
-        self.raw.max_seq_tokens = value;
+    pub fn max_seq_tokens(mut self, value: impl ConfigInt) -> Self {
+        self.raw.max_seq_tokens = self.int_field("max_seq_tokens", value);
         self
     }
 
     /// `kvret_config.host_bytes_limit`: capacity of the host KV store over all sequences; 0 = unlimited; default 0
-    pub fn host_bytes_limit(mut self, value: i64) -> Self {
-        self.raw.host_bytes_limit = value;
+    pub fn host_bytes_limit(mut self, value: impl ConfigInt) -> Self {
+        self.raw.host_bytes_limit = self.int_field("host_bytes_limit", value);
         self
     }
 
     /// `kvret_config.block_tokens`: tokens per cache block; default 128
-    pub fn block_tokens(mut self, value: i32) -> Self {
-        self.raw.block_tokens = value;
+    pub fn block_tokens(mut self, value: impl ConfigInt) -> Self {
+        self.raw.block_tokens = self.int_field("block_tokens", value);
         self
     }
 
@@ -266,14 +334,14 @@ impl Config {
     }
 
     /// `kvret_config.cache_capacity_tokens`: block cache capacity per (sequence, layer, KV head); default 4096
-    pub fn cache_capacity_tokens(mut self, value: i64) -> Self {
-        self.raw.cache_capacity_tokens = value;
+    pub fn cache_capacity_tokens(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cache_capacity_tokens = self.int_field("cache_capacity_tokens", value);
         self
     }
 
     /// `kvret_config.n_threads`: CPU threads for scoring and builds; 0 = all cores; default 0
-    pub fn n_threads(mut self, value: i32) -> Self {
-        self.raw.n_threads = value;
+    pub fn n_threads(mut self, value: impl ConfigInt) -> Self {
+        self.raw.n_threads = self.int_field("n_threads", value);
         self
     }
 
@@ -317,9 +385,18 @@ impl Config {
         self
     }
 
-    /// The disk tier's directory (reserved by the library). A path with a NUL byte is an error at context creation.
+    /// The disk tier's directory (reserved by the library). A path with a NUL byte is an error at context creation
+    /// (status InvalidArgument).
     pub fn disk_path(mut self, path: Option<&str>) -> Self {
-        self.disk_path = path.map(|p| CString::new(p).unwrap_or_default());
+        self.rejected.retain(|(f, _)| *f != "disk_path");
+        self.disk_path = match path.map(CString::new) {
+            None => None,
+            Some(Ok(path)) => Some(path),
+            Some(Err(_)) => {
+                self.rejected.push(("disk_path", "config.disk_path contains a NUL byte".to_owned()));
+                None
+            }
+        };
         self
     }
 }

@@ -1,17 +1,18 @@
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::config::Config;
-use crate::error::{check, shape_error, Result};
-use crate::sequence::{Selection, Sequence};
+use crate::error::{check, rust_error, shape_error, Result, Status};
+use crate::sequence::{budget_arg, count_of, layer_arg, ArcSequence, ContextHandle, Selection, Sequence, SequenceOf};
 use crate::sys;
-use crate::tensor::{Element, TensorMut, TensorRef};
+use crate::tensor::{buffer, product, Element, TensorMut, TensorRef};
 use crate::working_set::WorkingSet;
 use crate::Stats;
 
 /// A kvret context: the model geometry, index settings and stores shared by its sequences.
 ///
-/// A context is `Send + Sync` (the library's context is thread-safe); its [`Sequence`]s borrow it, so it is dropped
-/// (`kvret_destroy`) only after all of them.
+/// A context is `Send + Sync` (the library's context is thread-safe). Its sequences hold it: a [`Sequence`]
+/// borrows it, an [`ArcSequence`] shares an `Arc` of it, so it is dropped (`kvret_destroy`) only after all of them.
 #[derive(Debug)]
 pub struct Context {
     raw: NonNull<sys::kvret_context>,
@@ -23,11 +24,13 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    /// Creates a context; the config is validated as a whole.
+    /// Creates a context; the config is validated as a whole (a value a setter could not store, e.g. a count past
+    /// the C field's range, is an error of status `InvalidArgument` naming the field).
     pub fn new(config: &Config) -> Result<Context> {
+        config.check()?;
         let mut raw = std::ptr::null_mut();
         check(config.with_raw(|c| unsafe { sys::kvret_create(c, &mut raw) }))?;
-        let raw = NonNull::new(raw).expect("kvret_create returned OK and a null context");
+        let raw = NonNull::new(raw).ok_or_else(|| rust_error(Status::Internal, "kvret_create returned no context"))?;
         // SAFETY: zeroed, then initialized by kvret_config_init before the library writes it.
         let mut effective: sys::kvret_config = unsafe { std::mem::zeroed() };
         let filled = check(unsafe { sys::kvret_config_init(&mut effective) })
@@ -53,26 +56,38 @@ impl Context {
         (c.n_q_heads as usize, c.n_kv_heads as usize, c.head_dim as usize)
     }
 
-    /// Opens an empty sequence.
+    /// Opens an empty sequence that borrows this context.
     pub fn open_sequence(&self) -> Result<Sequence<'_>> {
-        let mut raw = std::ptr::null_mut();
-        check(unsafe { sys::kvret_seq_open(self.raw(), &mut raw) })?;
-        Ok(Sequence::from_raw(self, NonNull::new(raw).expect("kvret_seq_open returned OK and a null sequence")))
+        SequenceOf::open(self)
     }
 
-    /// Attention of q (`[n_q_heads, head_dim]`) over a fetched working set: `[n_q_heads, head_dim]` floats.
+    /// Opens an empty sequence that shares this context: it holds a clone of the `Arc`, so it is `'static` and can
+    /// be kept beside the `Arc` (e.g. in a map of a server's requests) or moved into another thread, and the
+    /// context lives until the last of its `Arc`s and sequences is dropped.
+    pub fn open_sequence_arc(self: &Arc<Self>) -> Result<ArcSequence> {
+        SequenceOf::open(Arc::clone(self))
+    }
+
+    /// Attention of q (exactly `[n_q_heads, head_dim]`) over a working set fetched for this context's geometry:
+    /// `[n_q_heads, head_dim]` floats.
     pub fn attend<Q: Element, T: Element>(&self, q: &[Q], working_set: &WorkingSet<T>) -> Result<Vec<f32>> {
         let (n_q, n_kv, d) = self.geometry();
-        let q = TensorRef::new(q, &[n_q, d])?;
+        if working_set.n_kv_heads != n_kv || working_set.head_dim != d {
+            return Err(shape_error(format!(
+                "working set of {} heads x {} dims for a model of {n_kv} x {d}",
+                working_set.n_kv_heads, working_set.head_dim
+            )));
+        }
+        let q = TensorRef::named("q", q, &[n_q, d])?;
         let shape = [n_kv, working_set.capacity, d];
-        let k = TensorRef::new(&working_set.k, &shape)?;
-        let v = TensorRef::new(&working_set.v, &shape)?;
-        let mut out = vec![0f32; n_q * d];
-        self.attend_raw(&q, &k, &v, working_set.rows, 0.0, &mut TensorMut::new(&mut out, &[n_q, d])?)?;
+        let k = TensorRef::named("working_set.k", &working_set.k, &shape)?;
+        let v = TensorRef::named("working_set.v", &working_set.v, &shape)?;
+        let mut out = buffer(product("out", &[n_q, d])?, "the attention output")?;
+        self.attend_raw(&q, &k, &v, working_set.rows, 0.0, &mut TensorMut::named("out", &mut out, &[n_q, d])?)?;
         Ok(out)
     }
 
-    /// Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows of k, v
+    /// Reference attention: `out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)]` over the first `rows` rows of k, v
     /// (`[n_kv_heads, >= rows, head_dim]`). A scale <= 0 means 1/sqrt(head_dim).
     pub fn attend_raw<Q: Element, T: Element>(
         &self,
@@ -83,49 +98,47 @@ impl Context {
         scale: f32,
         out: &mut TensorMut<'_, f32>,
     ) -> Result<()> {
+        // more rows than an i64 holds are more than k holds: the library's error for too many rows
+        let rows = i64::try_from(rows).map_err(|_| shape_error(format!("rows {rows} exceeds the rows of k")))?;
         let (q, k, v, out) = (q.raw(), k.raw(), v.raw(), out.raw());
         let null_stream = std::ptr::null_mut();
-        check(unsafe {
-            sys::kvret_attend(self.raw(), q.ptr(), k.ptr(), v.ptr(), rows as i64, scale, out.ptr(), null_stream)
-        })
+        check(unsafe { sys::kvret_attend(self.raw(), q.ptr(), k.ptr(), v.ptr(), rows, scale, out.ptr(), null_stream) })
     }
 
-    /// [`Sequence::select`] for several distinct sequences of this context at once; q is
-    /// `[n, n_q_heads, head_dim]`.
-    pub fn select_batch<Q: Element>(
+    /// [`Sequence::select`] for several distinct sequences of this context at once (all borrowing it, or all
+    /// sharing it); q is exactly `[n, n_q_heads, head_dim]`.
+    pub fn select_batch<Q: Element, H: ContextHandle>(
         &self,
-        sequences: &mut [&mut Sequence<'_>],
+        sequences: &mut [&mut SequenceOf<H>],
         layer: usize,
         q: &[Q],
         budget: Option<usize>,
     ) -> Result<Vec<Selection>> {
         let (n_q, n_kv, d) = self.geometry();
         let n = sequences.len();
-        let q = TensorRef::new(q, &[n, n_q, d])?;
-        let budget_c = crate::sequence::budget_arg(budget)?; // refused before anything is allocated
+        let q = TensorRef::named("q", q, &[n, n_q, d])?;
+        let n_c = i32::try_from(n).map_err(|_| shape_error(format!("{n} sequences in one batch (past i32)")))?;
+        if let Some(i) = sequences.iter().position(|s| !s.belongs_to(self)) {
+            return Err(rust_error(Status::InvalidHandle, format!("sequences[{i}] belongs to another context")));
+        }
         // never wider than the longest layer: an absurd budget is refused by the library, not by an allocation
         let width = sequences
             .iter()
-            .map(|s| match budget {
-                Some(b) => s.length(layer).map(|len| b.min(len)),
-                None => s.budget(layer),
-            })
+            .map(|s| s.select_width(layer, budget))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut positions = vec![0i32; n * n_kv * width];
+            .unwrap_or(1);
+        let mut positions = buffer(product("positions", &[n, n_kv, width])?, "positions")?;
         let mut counts = vec![0i32; n];
         let handles: Vec<*mut sys::kvret_seq> = sequences.iter().map(|s| s.raw()).collect();
-        let budget = budget_c;
-        let layer = layer_arg(layer)?;
-        let mut out = TensorMut::new(&mut positions, &[n, n_kv, width])?;
+        let (layer, budget) = (layer_arg(layer)?, budget_arg(budget)?);
+        let mut out = TensorMut::named("positions", &mut positions, &[n, n_kv, width])?;
         let (q, out) = (q.raw(), out.raw());
         check(unsafe {
             sys::kvret_select_batch(
                 self.raw(),
-                n as i32,
+                n_c,
                 handles.as_ptr(),
                 layer,
                 q.ptr(),
@@ -134,11 +147,13 @@ impl Context {
                 counts.as_mut_ptr(),
             )
         })?;
-        Ok(positions
+        positions
             .chunks(n_kv * width)
             .zip(counts)
-            .map(|(chunk, count)| Selection::new(chunk.to_vec(), n_kv, width, count as usize))
-            .collect())
+            .map(|(chunk, count)| {
+                Ok(Selection::new(chunk.to_vec(), n_kv, width, count_of(count.into(), "kvret_select_batch")?))
+            })
+            .collect()
     }
 
     /// Waits for the work kvret enqueued on the default stream (a no-op on the CPU backend).
@@ -157,11 +172,7 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // Every Sequence borrowed this context, so none is open any more.
+        // Every sequence borrowed this context or held an Arc of it, so none is open any more.
         unsafe { sys::kvret_destroy(self.raw()) };
     }
-}
-
-pub(crate) fn layer_arg(layer: usize) -> Result<i32> {
-    i32::try_from(layer).map_err(|_| shape_error(format!("layer {layer} does not fit an i32")))
 }

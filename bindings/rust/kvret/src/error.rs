@@ -113,6 +113,11 @@ pub(crate) fn check(code: sys::kvret_status) -> Result<()> {
     Err(KvretError::new(Status::from_code(code), message))
 }
 
-pub(crate) fn shape_error(message: String) -> KvretError {
-    KvretError::new(Status::Shape, format!("kvret (rust): {message}"))
+/// An error found by this crate before calling into the library.
+pub(crate) fn rust_error(status: Status, message: impl fmt::Display) -> KvretError {
+    KvretError::new(status, format!("kvret (rust): {message}"))
+}
+
+pub(crate) fn shape_error(message: impl fmt::Display) -> KvretError {
+    rust_error(Status::Shape, message)
 }

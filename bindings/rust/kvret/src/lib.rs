@@ -17,22 +17,40 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Handles free themselves on drop; a [`Sequence`] borrows its [`Context`], so it cannot outlive it. Every failure
-//! is a [`KvretError`] with the library's [`Status`] and message.
+//! Handles free themselves on drop; a [`Sequence`] borrows its [`Context`], so it cannot outlive it, and an
+//! [`ArcSequence`] (from [`Context::open_sequence_arc`]) shares an `Arc<Context>`, so it can be stored or moved to
+//! another thread on its own:
+//!
+//! ```no_run
+//! # fn main() -> kvret::Result<()> {
+//! # let config = kvret::Config::new();
+//! let ctx = std::sync::Arc::new(kvret::Context::new(&config)?);
+//! let mut seq = ctx.open_sequence_arc()?;          // kvret::ArcSequence: 'static + Send
+//! let worker = std::thread::spawn(move || seq.length(0));
+//! drop(ctx);                                       // the sequence keeps the context alive
+//! # let _ = worker.join();
+//! # Ok(()) }
+//! ```
+//!
+//! Every failure is a [`KvretError`] with the library's [`Status`] and message, never a panic: slices whose length
+//! is not exactly what the call's shape needs are refused (status [`Status::Shape`]) before the library is called,
+//! and sizes are converted and multiplied with checks (a value past the C type is an error, not a wrap).
 
 mod config;
 mod context;
 mod error;
+mod half;
 mod sequence;
 mod tensor;
 mod working_set;
 
-pub use config::{CachePolicy, Config, Device, GqaFold, IndexKind, KvDtype};
+pub use config::{CachePolicy, Config, ConfigInt, Device, GqaFold, IndexKind, KvDtype};
 pub use context::Context;
 pub use error::{KvretError, Result, Status};
+pub use half::{Bf16, F16};
 pub use kvret_sys as sys;
-pub use sequence::{Selection, Sequence};
-pub use tensor::{Bf16, Element, TensorMut, TensorRef, F16};
+pub use sequence::{ArcSequence, ContextHandle, Selection, Sequence, SequenceOf};
+pub use tensor::{Element, Scalar, TensorMut, TensorRef};
 pub use working_set::WorkingSet;
 
 /// Statistics of a sequence or a context (`kvret_stats`).

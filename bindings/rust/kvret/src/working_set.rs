@@ -1,4 +1,5 @@
-use crate::tensor::Element;
+use crate::error::Result;
+use crate::tensor::{buffer, product, Element};
 
 /// The buffers of a working set: sink + selected + local tokens of every KV head, in position order.
 ///
@@ -16,17 +17,24 @@ pub struct WorkingSet<T: Element> {
 }
 
 impl<T: Element> WorkingSet<T> {
-    /// Zeroed buffers for `capacity` rows per KV head.
-    pub fn new(n_kv_heads: usize, capacity: usize, head_dim: usize) -> Self {
-        WorkingSet {
-            k: vec![T::default(); n_kv_heads * capacity * head_dim],
-            v: vec![T::default(); n_kv_heads * capacity * head_dim],
-            positions: vec![0; n_kv_heads * capacity],
+    /// Zeroed buffers for `capacity` rows per KV head (see [`Sequence::working_set_capacity`]).
+    ///
+    /// Sizes whose product does not fit a `usize` are an error of status [`Shape`](crate::Status::Shape), and an
+    /// allocation that fails is one of status [`OutOfMemory`](crate::Status::OutOfMemory): neither panics.
+    ///
+    /// [`Sequence::working_set_capacity`]: crate::SequenceOf::working_set_capacity
+    pub fn new(n_kv_heads: usize, capacity: usize, head_dim: usize) -> Result<Self> {
+        let elements = product("working set", &[n_kv_heads, capacity, head_dim])?;
+        let rows = product("working set positions", &[n_kv_heads, capacity])?;
+        Ok(WorkingSet {
+            k: buffer(elements, "working set keys")?,
+            v: buffer(elements, "working set values")?,
+            positions: buffer(rows, "working set positions")?,
             n_kv_heads,
             capacity,
             head_dim,
             rows: 0,
-        }
+        })
     }
 
     /// Rows per KV head written by the last fetch.
@@ -46,22 +54,19 @@ impl<T: Element> WorkingSet<T> {
         self.head_dim
     }
 
-    /// The keys of one head's rows: `rows * head_dim` elements.
+    /// The keys of one head's rows: `rows * head_dim` elements (empty for a head past `n_kv_heads`).
     pub fn k(&self, head: usize) -> &[T] {
-        let start = head * self.capacity * self.head_dim;
-        &self.k[start..start + self.rows * self.head_dim]
+        self.head_rows(&self.k, head, self.head_dim)
     }
 
-    /// The values of one head's rows: `rows * head_dim` elements.
+    /// The values of one head's rows: `rows * head_dim` elements (empty for a head past `n_kv_heads`).
     pub fn v(&self, head: usize) -> &[T] {
-        let start = head * self.capacity * self.head_dim;
-        &self.v[start..start + self.rows * self.head_dim]
+        self.head_rows(&self.v, head, self.head_dim)
     }
 
-    /// The token positions of one head's rows.
+    /// The token positions of one head's rows (empty for a head past `n_kv_heads`).
     pub fn positions(&self, head: usize) -> &[i32] {
-        let start = head * self.capacity;
-        &self.positions[start..start + self.rows]
+        self.head_rows(&self.positions, head, 1)
     }
 
     /// The whole key buffer, `[n_kv_heads, capacity, head_dim]`.
@@ -72,5 +77,15 @@ impl<T: Element> WorkingSet<T> {
     /// The whole value buffer, `[n_kv_heads, capacity, head_dim]`.
     pub fn v_buffer(&self) -> &[T] {
         &self.v
+    }
+
+    /// The first `rows * row` elements of head `head`'s `capacity * row`, or nothing for a head out of range.
+    fn head_rows<'a, E>(&self, buffer: &'a [E], head: usize, row: usize) -> &'a [E] {
+        if head >= self.n_kv_heads {
+            return &[];
+        }
+        // in range: head * capacity * row < buffer.len(), and rows <= capacity
+        let start = head * self.capacity * row;
+        buffer.get(start..start + self.rows * row).unwrap_or(&[])
     }
 }

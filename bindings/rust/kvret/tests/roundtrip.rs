@@ -13,15 +13,15 @@ const TOKENS: usize = 400;
 
 fn config() -> Config {
     Config::new()
-        .n_layers(LAYERS as i32)
-        .n_q_heads(Q_HEADS as i32)
-        .n_kv_heads(KV_HEADS as i32)
-        .head_dim(HEAD_DIM as i32)
+        .n_layers(LAYERS)
+        .n_q_heads(Q_HEADS)
+        .n_kv_heads(KV_HEADS)
+        .head_dim(HEAD_DIM)
         .kv_dtype(KvDtype::F32)
         .index_kind(IndexKind::Exact)
-        .n_sink(SINK as i32)
-        .n_local(LOCAL as i32)
-        .budget(BUDGET as i32)
+        .n_sink(SINK)
+        .n_local(LOCAL)
+        .budget(BUDGET)
 }
 
 /// A small deterministic generator (xorshift + Box-Muller), so the tests need no crates.
@@ -223,8 +223,9 @@ fn distinct_sequences_on_threads() -> kvret::Result<()> {
 
 #[test]
 fn effective_config_and_version() -> kvret::Result<()> {
-    let ctx = Context::new(&config().seed(u64::MAX))?;
+    let ctx = Context::new(&config().seed(u64::MAX).n_threads(2i32).max_seq_tokens(1i64 << 40))?;
     assert_eq!(ctx.config().raw().n_kv_heads, KV_HEADS as i32);
+    assert_eq!((ctx.config().raw().n_threads, ctx.config().raw().max_seq_tokens), (2, 1 << 40)); // the C types too
     assert_eq!(ctx.config().raw().seed, u64::MAX);
     assert_eq!(ctx.config().disk_path_str(), None);
     assert!(kvret::version().starts_with("0."));
