@@ -134,7 +134,7 @@ typedef enum kvret_index_kind {
   KVRET_INDEX_PQ = 1,        /**< product quantization of keys (PQCache) */
   KVRET_INDEX_STREAMING = 2, /**< no retrieval: the working set is sink + local only (the baseline) */
   KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest): pages of page_size tokens, best bound first */
-  KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV); reserved, not yet implemented */
+  KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV, CPU): whole clusters, best q.centroid first */
   KVRET_INDEX_QUANT = 5      /**< low-bit resident copy of K (SpeCache); reserved, not yet implemented */
 } kvret_index_kind;
 
@@ -177,9 +177,9 @@ typedef struct kvret_config {
   float pq_tol;            /**< relative objective improvement that ends adaptive k-means; default 1e-3 */
   int32_t pq_train_sample; /**< max tokens sampled per (layer, KV head) for training; 0 = all; default 8192 */
 
-  /* ClusterKV (reserved for the cluster index) */
-  int32_t cluster_tokens;          /**< tokens per cluster at prefill; default 80 */
-  int32_t cluster_decode_interval; /**< re-cluster decoded tokens every this many; default 320 */
+  /* ClusterKV (the cluster index, docs/cluster.md) */
+  int32_t cluster_tokens;          /**< tokens per cluster at prefill (ceil(n / this) clusters); default 80 */
+  int32_t cluster_decode_interval; /**< decode tokens clustered at a time (scored exactly until then); default 320 */
   int32_t cluster_decode_k;        /**< clusters made from each decoded interval; default 4 */
 
   /* Quest pages (the page index) */

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
+#include "index/cluster_retriever.hpp"
 #include "index/exact_retriever.hpp"
 #include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
@@ -108,6 +109,7 @@ struct KindRegistry {
       {KVRET_INDEX_STREAMING, std::make_shared<SimpleKind<StreamingRetriever>>("streaming", false)},
       {KVRET_INDEX_PQ, std::make_shared<PqKind>()},
       {KVRET_INDEX_PAGE, std::make_shared<PageKind>()},
+      {KVRET_INDEX_CLUSTER, make_cluster_kind()},
   };
 };
 

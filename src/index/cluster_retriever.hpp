@@ -1,0 +1,106 @@
+#pragma once
+// ClusterKV's index: the middle keys of every (layer, KV head) grouped by cosine k-means into semantic clusters;
+// a query scores each cluster by q . mu (mu: the mean of the cluster's keys) and select takes whole clusters best
+// first (grouped_take), the cluster that crosses the budget trimmed to its earliest positions.
+//
+// The indexed range is cut into segments of consecutive positions, each clustered once and never again:
+//   - a prefill extend (may_retrain) clusters every not yet clustered token up to its end (the pending decode
+//     tokens before it included) into ceil(n / cluster_tokens) clusters (at most n);
+//   - decode tokens wait in a pending tail; every cluster_decode_interval of them become one segment of
+//     min(cluster_decode_k, interval) clusters. The prefill clusters stay as they are.
+// Pending tokens are selectable: each is a group of its own, scored by its exact q . k (at most interval - 1 keys
+// per head, read from the store at select).
+//
+// Layout per head: the centroids [C, d] (the raw mean of each cluster's keys, not normalized: q . mu is the mean
+// logit of the cluster), the sizes [C], their prefix sums [C + 1], and the clustered positions sorted stably by
+// cluster (ascending within a cluster). Cluster ids run over the segments in order, so a segment owns a contiguous
+// range of clusters and of sorted ids, and a cut at a segment boundary (or inside the pending tail) is exact.
+//
+// See docs/cluster.md.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "index/retriever.hpp"
+
+namespace kvret {
+
+/// Spherical (cosine) k-means of n points [n, d] (row i at x + i * d) into k clusters.
+/// Init: k distinct points drawn with the seed (a partial Fisher-Yates shuffle, as kmeans()'s Forgy init); with
+/// fewer points than k the rest repeat them. Each iteration assigns every point to the centroid of maximum cosine
+/// (ties: the lower index; a zero point has cosine 0 with every centroid) and records the objective (the sum of
+/// the cosines), then moves each centroid to the normalized mean of its points' unit vectors (the maximizer of the
+/// cluster's sum of cosines); an emptied centroid is re-seeded at the point of lowest cosine, so the objective does
+/// not fall (up to float rounding). Stops when no assignment changed, or after max_iters iterations.
+struct CosineKmeansResult {
+  std::vector<float> directions;  ///< [k, d]: the unit centroids the last assignment used
+  std::vector<int32_t> labels;    ///< [n]
+  std::vector<double> objective;  ///< after each iteration's assignment
+  int iterations = 0;
+};
+CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters);
+
+class ClusterRetriever final : public Retriever {
+ public:
+  struct Params {
+    int cluster_tokens = 80;    ///< tokens per cluster at prefill
+    int decode_interval = 320;  ///< pending decode tokens clustered at a time
+    int decode_k = 4;           ///< clusters per decode interval
+    int max_iters = 10;         ///< k-means iteration cap
+    uint64_t seed = 42;         ///< the layer's seed (config.seed and the layer)
+  };
+  /// One clustered run of positions [begin, end), owning clusters [first_cluster, first_cluster + clusters).
+  struct Segment {
+    int64_t begin = 0, end = 0;
+    int32_t first_cluster = 0, clusters = 0;
+    bool operator==(const Segment&) const = default;
+  };
+
+  ClusterRetriever(int n_kv_heads, int head_dim, const Params& params);
+
+  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
+                 float* const* out_scores) const override;
+  int64_t bytes() const noexcept override;
+  /// At a segment boundary or inside the pending tail (or dropping everything); a cut inside a segment cannot
+  /// keep its clusters, and the sequence rebuilds.
+  bool can_cut(int64_t end) const noexcept override;
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<ClusterRetriever>(*this); }
+  std::vector<std::byte> save() const override;
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
+
+  // Introspection (tests, benchmarks).
+  const Params& params() const noexcept { return params_; }
+  int64_t size() const noexcept { return base_ < 0 ? 0 : end_ - base_; }
+  const std::vector<Segment>& segments() const noexcept { return segments_; }
+  /// The end of the clustered positions: the pending tail is [clustered_end(), indexed_end()).
+  int64_t clustered_end() const noexcept { return segments_.empty() ? indexed_begin() : segments_.back().end; }
+  int64_t pending() const noexcept { return indexed_end() - clustered_end(); }
+  int32_t clusters() const noexcept {
+    return segments_.empty() ? 0 : segments_.back().first_cluster + segments_.back().clusters;
+  }
+  const std::vector<float>& centroids(int head) const noexcept { return centroids_[static_cast<size_t>(head)]; }
+  const std::vector<int32_t>& sizes(int head) const noexcept { return sizes_[static_cast<size_t>(head)]; }
+  const std::vector<int32_t>& offsets(int head) const noexcept { return offsets_[static_cast<size_t>(head)]; }
+  const std::vector<int32_t>& sorted_ids(int head) const noexcept { return ids_[static_cast<size_t>(head)]; }
+  /// The k-means seed of (head, segment starting at `begin`).
+  uint64_t segment_seed(int head, int64_t begin) const noexcept;
+
+ protected:
+  void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
+  void on_cut(const HostKvStore& store, int64_t end) noexcept override;
+
+ private:
+  int n_kv_;
+  int d_;
+  Params params_;
+  std::vector<Segment> segments_;
+  std::vector<std::vector<float>> centroids_;  ///< per head [C, d]
+  std::vector<std::vector<int32_t>> sizes_;    ///< per head [C]
+  std::vector<std::vector<int32_t>> offsets_;  ///< per head [C + 1], offsets[0] = 0
+  std::vector<std::vector<int32_t>> ids_;      ///< per head [clustered]: positions sorted stably by cluster
+};
+
+/// The KVRET_INDEX_CLUSTER kind.
+std::shared_ptr<const RetrieverKind> make_cluster_kind();
+
+}  // namespace kvret
