@@ -134,7 +134,7 @@ typedef enum kvret_index_kind {
   KVRET_INDEX_PQ = 1,        /**< product quantization of keys (PQCache) */
   KVRET_INDEX_STREAMING = 2, /**< no retrieval: the working set is sink + local only (the baseline) */
   KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest): pages of page_size tokens, best bound first */
-  KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV, CPU): whole clusters, best q.centroid first */
+  KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV; CPU): whole clusters, best first */
   KVRET_INDEX_QUANT = 5      /**< low-bit resident copy of K (SpeCache); reserved, not yet implemented */
 } kvret_index_kind;
 
