@@ -114,6 +114,8 @@ inline std::string kind_name(int kind) {
       return "Pq";
     case KVRET_INDEX_PAGE:
       return "Page";
+    case KVRET_INDEX_CLUSTER:
+      return "Cluster";
     default:
       return "Streaming";
   }

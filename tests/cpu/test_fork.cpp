@@ -171,7 +171,8 @@ TEST_P(Fork, BranchesRunOnTheirOwnThreads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Fork,
-                         ::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING),
+                         ::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING,
+                                           KVRET_INDEX_CLUSTER),
                          [](const ::testing::TestParamInfo<int>& i) { return kind_name(i.param); });
 
 }  // namespace

@@ -177,7 +177,7 @@ TEST(RetrieverKind, UnregisteredValuesAreRefused) {
     ctx = nullptr;
   }
   EXPECT_EQ(kvret_create(&config, &ctx), KVRET_ERR_INVALID_ARGUMENT);
-  config.index_kind = KVRET_INDEX_CLUSTER;  // declared in kvret.h, not implemented yet
+  config.index_kind = KVRET_INDEX_QUANT;  // declared in kvret.h, not implemented yet
   EXPECT_EQ(kvret_create(&config, &ctx), KVRET_ERR_UNSUPPORTED);
 }
 

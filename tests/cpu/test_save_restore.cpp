@@ -104,14 +104,16 @@ TEST_P(SaveRestore, DamagedStateIsRefusedAndChangesNothing) {
   auto magic = state;
   magic[0] ^= std::byte{0xff};
   refused(magic, "magic");
-  for (const int other : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING}) {
+  for (const int other :
+       {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING, KVRET_INDEX_CLUSTER}) {
     if (other == config.index_kind) continue;
     kvret_config c = config;
     c.index_kind = other;
     refused(make_retriever(c, 0)->save(), "another kind's state");
   }
   // a restore into a store holding fewer tokens than the state indexes
-  if (config.index_kind == KVRET_INDEX_PQ || config.index_kind == KVRET_INDEX_PAGE) {
+  if (config.index_kind == KVRET_INDEX_PQ || config.index_kind == KVRET_INDEX_PAGE ||
+      config.index_kind == KVRET_INDEX_CLUSTER) {
     HostKvStore shorter(kHeads, kDim, DType::F32);
     EXPECT_THROW(fresh->restore(shorter, state.data(), state.size()), Error);
     ASSERT_EQ(fresh->save(), empty);
@@ -147,7 +149,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, SaveRestore,
                          ::testing::Values(Setting{KVRET_INDEX_EXACT, 4, 0.05f}, Setting{KVRET_INDEX_PQ, 4, 0.05f},
                                            Setting{KVRET_INDEX_PQ, 2, 0.05f}, Setting{KVRET_INDEX_PQ, 2, 0.0f},
                                            Setting{KVRET_INDEX_PAGE, 4, 0.05f},
-                                           Setting{KVRET_INDEX_STREAMING, 4, 0.05f}),
+                                           Setting{KVRET_INDEX_STREAMING, 4, 0.05f},
+                                           Setting{KVRET_INDEX_CLUSTER, 4, 0.05f}),
                          [](const ::testing::TestParamInfo<Setting>& i) {
                            return kind_name(i.param.kind) + "M" + std::to_string(i.param.pq_m) +
                                   (i.param.exact_fraction > 0 ? "Exact" : "Plain");

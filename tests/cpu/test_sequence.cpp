@@ -416,7 +416,8 @@ TEST_P(RecallVsBudget, RisesWithTheBudgetOnTheSyntheticWorkload) {
   EXPECT_GT(mass_by_budget.back(), 0.5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Indexes, RecallVsBudget, ::testing::Values(KVRET_INDEX_PQ, KVRET_INDEX_PAGE));
+INSTANTIATE_TEST_SUITE_P(Indexes, RecallVsBudget,
+                         ::testing::Values(KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER));
 #endif
 
 }  // namespace
