@@ -1,21 +1,77 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target over the C API (clang, with ASan and UBSan; the whole library instrumented for
-# coverage) and runs it from the corpus in tests/fuzz/corpus for a bounded time; new inputs that reach new code are
-# added to a scratch copy of the corpus.
-# Usage: scripts/fuzz.sh [SECONDS] [BUILD_DIR]   (default 120 s, build-fuzz)
+# Builds the libFuzzer target over the C API (clang; the whole library instrumented for coverage) and runs it from
+# the corpus in tests/fuzz/corpus for a bounded time. Inputs that reach new code go to a scratch copy of the corpus
+# in the build directory, never to tests/fuzz/corpus; a finding stops its process and is saved in the build
+# directory (crash-*, timeout-*, oom-*).
+# Usage: scripts/fuzz.sh [--fast] [--jobs=N] [SECONDS] [BUILD_DIR]
+#   SECONDS    each process's time (default 120)
+#   --fast     UBSan only, no ASan, and edge coverage without comparison tracing (several times the executions a
+#              second; default build dir build-fuzz-fast); without it ASan and UBSan (default build-fuzz)
+#   --jobs=N   N processes at once, each on its own copy of the corpus (default 1); the executions and, with
+#              KVRET_FUZZ_STATS=1, each call's share of KVRET_OK are summed over them at the end
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-120}
-dir=${2:-build-fuzz}
+fast=0
+jobs=1
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --fast) fast=1 ;;
+    --jobs=*) jobs=${arg#--jobs=} ;;
+    *) args+=("$arg") ;;
+  esac
+done
+seconds=${args[0]:-120}
+if [[ $fast == 1 ]]; then
+  dir=${args[1]:-build-fuzz-fast}
+  sanitizers="undefined"
+  # edge coverage only: tracing every comparison (for the mutator's hints) took over half the time, in loop bounds
+  coverage="-fno-sanitize-coverage=trace-cmp"
+else
+  dir=${args[1]:-build-fuzz}
+  sanitizers="address,undefined"
+  coverage=""
+fi
 scripts/install-deps.sh --minimal --sanitizers
-flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+flags="-fsanitize=$sanitizers,fuzzer-no-link $coverage -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRET_CUDA=OFF \
   -DKVRET_BUILD_BINDINGS=OFF -DKVRET_BUILD_BENCH=OFF -DKVRET_BUILD_TOOLS=OFF -DKVRET_BUILD_TESTS=OFF \
   -DKVRET_BUILD_FUZZ=ON -DKVRET_WARNINGS_AS_ERRORS=ON -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$sanitizers" >/dev/null
 cmake --build "$dir" --target fuzz_c_api
-work="$dir/corpus"
-mkdir -p "$work"
-cp -n tests/fuzz/corpus/* "$work"/ 2>/dev/null || true
-ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 "$dir/bin/fuzz_c_api" "$work" -max_total_time="$seconds" \
-  -max_len=4096 -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$dir/"
+
+run() {  # run INDEX: one process on its own corpus copy
+  local work="$dir/corpus"
+  if [[ $jobs -gt 1 ]]; then work="$dir/corpus-$1"; fi
+  mkdir -p "$work"
+  cp -n tests/fuzz/corpus/* "$work"/ 2>/dev/null || true
+  # OMP_WAIT_POLICY=passive: OpenMP's idle threads sleep instead of spinning on the cores the processes share
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
+    "$dir/bin/fuzz_c_api" "$work" \
+    -max_total_time="$seconds" -max_len=4096 -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix="$dir/"
+}
+if [[ $jobs == 1 ]]; then
+  run 0
+  exit
+fi
+pids=()
+for ((i = 0; i < jobs; ++i)); do
+  run "$i" >"$dir/fuzz-$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+logs=()
+for ((i = 0; i < jobs; ++i)); do logs+=("$dir/fuzz-$i.log"); done
+# the summary: executions over all processes, and each call's count and OK share
+awk '/stat::number_of_executed_units/ { runs += $2 }
+     /^kvret-fuzz / { calls[$2] += $3; ok[$2] += $5; if (!($2 in order)) { order[$2] = ++n; name[n] = $2 } }
+     END { printf "kvret-fuzz total: %d executions\n", runs
+           for (i = 1; i <= n; ++i) { c = name[i]
+             printf "kvret-fuzz total %-12s %10d calls, %5.1f%% OK\n", c, calls[c], calls[c] ? 100 * ok[c] / calls[c] : 0 } }' \
+  "${logs[@]}"
+if [[ $status != 0 ]]; then
+  echo "kvret-fuzz: a process stopped on a finding; see ${logs[*]} and $dir/crash-* / timeout-* / oom-*" >&2
+  exit 1
+fi

@@ -1,13 +1,18 @@
 // libFuzzer target over the C API. The input is a program: a small context configuration (most of them valid), then
-// up to 64 calls -- open, close, prefill, decode, select, select_batch, fetch, attend, wait, stats -- on up to four
-// sequences, with shapes, dtypes, budgets and values drawn from the input, biased so that the deep calls usually
-// succeed. Every call must return a status (no crash, no abort: the sanitizers watch); and two oracles hold:
-//   - a selection that succeeds is well formed: per head, count ascending, distinct middle positions;
+// up to 64 calls -- open, close, prefill, decode, select (and select_scored), select_batch, fetch, attend,
+// seq_attend, truncate, fork, wait, stats -- on up to four sequences, with shapes, dtypes, budgets and values drawn
+// from the input, biased so that the deep calls usually succeed. Every call must return a status (no crash, no abort:
+// the sanitizers watch); and these oracles hold:
+//   - a selection that succeeds is well formed: per head, count ascending, distinct middle positions; the same select
+//     with scores returns the same positions, each with a score that is not NaN when the stored keys are finite;
 //   - a fetch that succeeds returns, for every row, the stored key and value of the position it names (the input
-//     rounded to the KV dtype), and the sink and local rows in order.
+//     rounded to the KV dtype), and the sink and local rows in order;
+//   - a truncate leaves every layer at the length asked for, a fork holds its source's lengths, and an attention
+//     over values of 1 (or over a sequence's stored values) is a convex combination of them.
 // A violated oracle calls __builtin_trap, which libFuzzer reports with the input.
 // Build: cmake -DKVRET_BUILD_FUZZ=ON with clang (scripts/fuzz.sh). Corpus: tests/fuzz/corpus.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -76,9 +81,22 @@ struct Seq {
 };
 
 /// Calls made and calls that returned KVRET_OK, per kind; printed at exit when KVRET_FUZZ_STATS is set.
-enum Call { kCreate, kPrefill, kDecode, kSelect, kFetch, kBatch, kAttend, kTruncate, kFork, kSeqAttend, kCalls };
-const char* const kCallNames[kCalls] = {"create",       "prefill", "decode",   "select", "fetch",
-                                        "select_batch", "attend",  "truncate", "fork",   "seq_attend"};
+enum Call {
+  kCreate,
+  kPrefill,
+  kDecode,
+  kSelect,
+  kFetch,
+  kBatch,
+  kAttend,
+  kTruncate,
+  kFork,
+  kSeqAttend,
+  kSelectScored,
+  kCalls
+};
+const char* const kCallNames[kCalls] = {"create", "prefill",  "decode", "select",     "fetch",        "select_batch",
+                                        "attend", "truncate", "fork",   "seq_attend", "select_scored"};
 uint64_t g_made[kCalls], g_ok[kCalls];
 
 kvret_status tally(Call call, kvret_status status) {
@@ -89,8 +107,8 @@ kvret_status tally(Call call, kvret_status status) {
 
 void print_stats() {
   for (int i = 0; i < kCalls; ++i)
-    std::fprintf(stderr, "kvret-fuzz %-12s %10llu calls, %5.1f%% OK\n", kCallNames[i],
-                 static_cast<unsigned long long>(g_made[i]),
+    std::fprintf(stderr, "kvret-fuzz %-12s %10llu calls %10llu OK %5.1f%%\n", kCallNames[i],
+                 static_cast<unsigned long long>(g_made[i]), static_cast<unsigned long long>(g_ok[i]),
                  g_made[i] ? 100.0 * static_cast<double>(g_ok[i]) / static_cast<double>(g_made[i]) : 0.0);
 }
 
@@ -188,11 +206,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 5: {  // select
         if (!s.handle) break;
         const int64_t length = static_cast<int64_t>(s.k[static_cast<size_t>(layer)].size()) / (H * D);
-        // mostly a budget the layer can give: the default or 1..64; now and then any int32 from the input
+        // mostly a budget the layer can give: the default, or 1..64 cut to the layer's length (once in eight not
+        // cut); now and then any int32 from the input
         const int choice = static_cast<int>(r.below(8));
-        const int32_t budget = choice == 0   ? KVRET_BUDGET_DEFAULT
-                               : choice == 7 ? static_cast<int32_t>(r.u32())
-                                             : 1 + static_cast<int32_t>(r.below(64));
+        int32_t budget = choice == 0   ? KVRET_BUDGET_DEFAULT
+                         : choice == 7 ? static_cast<int32_t>(r.u32())
+                                       : 1 + static_cast<int32_t>(r.below(64));
+        if (choice >= 1 && choice <= 5 && length > 0) budget = static_cast<int32_t>(std::min<int64_t>(budget, length));
         std::vector<float> q(static_cast<size_t>(c.n_q_heads * D));
         for (float& x : q) x = static_cast<float>(static_cast<int64_t>(splitmix(rng) % 201) - 100) / 50.0f;
         int32_t cap = 0;
@@ -218,6 +238,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::copy_n(out.begin() + static_cast<int64_t>(h) * width, n_out,
                       sel.begin() + static_cast<int64_t>(h) * n_out);
         s.count[static_cast<size_t>(layer)] = n_out;
+        // at every fourth step the same select with scores (decided without reading the input, so that the inputs
+        // of the corpus keep their meaning): the same positions, and a number for each when the stored keys are
+        // finite (a key past the f16 range is stored as infinity, and 0 * infinity is NaN)
+        if (step % 4 == 3) {
+          const auto& keys = s.k[static_cast<size_t>(layer)];
+          const bool finite = std::all_of(keys.begin(), keys.end(), [](float x) { return std::isfinite(x); });
+          std::vector<int32_t> again(out.size(), -1);
+          std::vector<float> scores(out.size(), 0.0f);
+          Tensor at(again.data(), {H, width}, kI32), st(scores.data(), {H, width}, kF32);
+          int32_t n_again = -1;
+          if (tally(kSelectScored, kvret_select_scored(s.handle, layer, &qt.t, budget, &at.t, &st.t, &n_again)) ==
+              KVRET_OK) {
+            FUZZ_CHECK(n_again == n_out);
+            for (int h = 0; h < H; ++h)
+              for (int32_t i = 0; i < n_out; ++i) {
+                const size_t at_i = static_cast<size_t>(h) * width + i;
+                FUZZ_CHECK(again[at_i] == out[at_i] && !(finite && std::isnan(scores[at_i])));
+              }
+          }
+        }
         break;
       }
       case 6: {  // fetch the last selection (possibly stale)
