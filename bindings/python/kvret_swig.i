@@ -270,13 +270,13 @@ static PyObject* kvret_swig_set_error_class(PyObject* cls) {
 }
 
 /* ---- tensors ---- */
-%typemap(in) const kvret_tensor* (kvret_py_tensor pyt) {
+%typemap(in) const kvret_tensor* (kvret_py_tensor pyt = {0}) {
   if (kvret_py_tensor_from($input, 0, "$1_name", &pyt) != 0) SWIG_fail;
   $1 = &pyt.tensor;
 }
-%typemap(in) const kvret_tensor* out_positions (kvret_py_tensor pyt),
-             const kvret_tensor* out_scores (kvret_py_tensor pyt),
-             const kvret_tensor* out (kvret_py_tensor pyt) {
+%typemap(in) const kvret_tensor* out_positions (kvret_py_tensor pyt = {0}),
+             const kvret_tensor* out_scores (kvret_py_tensor pyt = {0}),
+             const kvret_tensor* out (kvret_py_tensor pyt = {0}) {
   if (kvret_py_tensor_from($input, 1, "$1_name", &pyt) != 0) SWIG_fail;
   $1 = &pyt.tensor;
 }
@@ -284,8 +284,7 @@ static PyObject* kvret_swig_set_error_class(PyObject* cls) {
   kvret_py_tensor_release(&pyt$argnum);
 }
 /* (k, v, positions): three writable tensors. */
-%typemap(in) const kvret_working_set* out (kvret_py_working_set ws) {
-  memset(&ws, 0, sizeof(ws));
+%typemap(in) const kvret_working_set* out (kvret_py_working_set ws = {0}) {
   if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 3) {
     PyErr_SetString(PyExc_TypeError, "kvret: a working set is a tuple (k, v, positions)");
     SWIG_fail;
@@ -370,7 +369,7 @@ KVRET_PY_SCALAR_OUT(int64_t, out_rows)
 %typemap(freearg) (int32_t n, kvret_seq* const* seqs) {
   PyMem_Free(seq_array$argnum);
 }
-%typemap(in) int32_t* out_counts (kvret_py_tensor pyt) {
+%typemap(in) int32_t* out_counts (kvret_py_tensor pyt = {0}) {
   if (kvret_py_tensor_from($input, 1, "out_counts", &pyt) != 0) SWIG_fail;
   if (pyt.tensor.device.device_type != KVRET_DEVICE_CPU || pyt.tensor.dtype.code != KVRET_DTYPE_INT ||
       pyt.tensor.dtype.bits != 32 || pyt.tensor.ndim != 1 ||

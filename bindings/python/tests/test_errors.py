@@ -126,3 +126,29 @@ def test_sequence_edits_and_attend_refuse_bad_values(sequence, rng):
     sequence.close()
     raised(lambda: sequence.fork(), kvret.Status.INVALID_HANDLE)
     raised(lambda: sequence.attend(0, q), kvret.Status.INVALID_HANDLE)
+
+
+def test_a_call_refused_by_the_extension_releases_only_what_it_converted(sequence, rng):
+    # On a failed conversion SWIG releases every tensor argument of the call, also those after the failing one; they
+    # must start empty (they were stack garbage, and the release crashed or freed a random object).
+    c = kvret.kvret_swig
+    k, v = random_kv(rng)
+    sequence.append_prefill(0, k, v)
+    q = rng.standard_normal((N_Q, D), dtype=np.float32)
+    positions, scores = np.zeros((N_KV, 8), np.int32), np.zeros((N_KV, 8), np.float32)
+    rows = np.zeros((N_KV, 64, D), np.float32)
+    working_set = (rows, rows.copy(), np.zeros((N_KV, 64), np.int32))
+    for _ in range(50):
+        with pytest.raises(TypeError):
+            c.kvret_select_scored(sequence._handle, "layer", q, 8, positions, scores)
+        with pytest.raises(TypeError):
+            c.kvret_append_prefill(sequence._handle, 0, "not an array", v)
+        with pytest.raises(TypeError):
+            c.kvret_seq_attend(sequence._handle, 0, q, 8, "scale", np.zeros((N_Q, D), np.float32), None)
+        with pytest.raises(TypeError):
+            c.kvret_fetch_async(sequence._handle, "layer", positions, 8, working_set, None)
+        with pytest.raises(TypeError):
+            c.kvret_select_batch(
+                sequence.context._handle, [sequence._handle], "layer", q[None], 8, positions[None], np.zeros(1, np.int32)
+            )
+    assert sequence.length(0) == TOKENS
