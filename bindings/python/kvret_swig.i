@@ -37,6 +37,8 @@ typedef struct kvret_py_dlmanaged_versioned {
 } kvret_py_dlmanaged_versioned;
 
 #define KVRET_PY_DLPACK_READ_ONLY 1u
+#define KVRET_PY_DLPACK_COMPLEX 5 /* kDLComplex */
+#define KVRET_PY_DLPACK_BOOL 6    /* kDLBool */
 
 /** A descriptor and the storage its shape and strides point into, for one call. */
 typedef struct kvret_py_tensor {
@@ -83,11 +85,22 @@ static int kvret_py_dtype_from_numpy(PyArrayObject* array, kvret_dtype* out) {
     case NPY_UINT64:
       out->code = KVRET_DTYPE_UINT;
       return 0;
+    /* Described as DLPack would (kDLBool, kDLComplex), so that the library refuses them with KVRET_ERR_DTYPE as it
+     * refuses the same array passed through __dlpack__. */
+    case NPY_BOOL:
+      out->code = KVRET_PY_DLPACK_BOOL;
+      return 0;
+    case NPY_COMPLEX64:
+    case NPY_COMPLEX128:
+      out->code = KVRET_PY_DLPACK_COMPLEX;
+      return 0;
     default:
       break;
   }
-  /* ml_dtypes.bfloat16 is a user dtype: recognize it by name and size. */
-  if (PyArray_ITEMSIZE(array) == 2 && strcmp(descr->typeobj->tp_name, "bfloat16") == 0) {
+  /* ml_dtypes.bfloat16 is a user dtype: recognize it by name ("bfloat16" or "ml_dtypes.bfloat16") and size. */
+  const char* type_name = descr->typeobj->tp_name;
+  const char* dot = strrchr(type_name, '.');
+  if (PyArray_ITEMSIZE(array) == 2 && strcmp(dot != NULL ? dot + 1 : type_name, "bfloat16") == 0) {
     out->code = KVRET_DTYPE_BFLOAT;
     return 0;
   }
@@ -169,11 +182,13 @@ static int kvret_py_from_capsule(PyObject* capsule, int writable, const char* na
   return 0;
 }
 
-/* (data, shape, strides or None, (code, bits), (device_type, device_id)), e.g. from __cuda_array_interface__. */
+/* (data, shape, strides or None, (code, bits), (device_type, device_id)[, owner]), e.g. from
+ * __cuda_array_interface__; the optional owner (the object that holds the memory) is kept alive for the call. */
 static int kvret_py_from_tuple(PyObject* tuple, const char* name, kvret_py_tensor* out) {
-  PyObject *data, *shape, *strides;
+  PyObject *data, *shape, *strides, *owner = NULL;
   int code, bits, device_type, device_id;
-  if (!PyArg_ParseTuple(tuple, "OOO(ii)(ii)", &data, &shape, &strides, &code, &bits, &device_type, &device_id)) {
+  if (!PyArg_ParseTuple(tuple, "OOO(ii)(ii)|O", &data, &shape, &strides, &code, &bits, &device_type, &device_id,
+                        &owner)) {
     return -1;
   }
   Py_ssize_t ndim = PySequence_Size(shape);
@@ -214,6 +229,8 @@ static int kvret_py_from_tuple(PyObject* tuple, const char* name, kvret_py_tenso
   out->tensor.device.device_type = device_type;
   out->tensor.device.device_id = device_id;
   out->tensor.byte_offset = 0;
+  Py_XINCREF(owner);
+  out->owner = owner;
   return 0;
 }
 
@@ -250,6 +267,85 @@ static PyObject* kvret_swig_set_error_class(PyObject* cls) {
   Py_XDECREF(kvret_py_error_class);
   kvret_py_error_class = cls;
   Py_RETURN_NONE;
+}
+
+/** The DLTensor of an unconsumed DLPack capsule, or NULL with a Python exception set. */
+static const kvret_tensor* kvret_py_capsule_tensor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    return &((kvret_py_dlmanaged*)PyCapsule_GetPointer(capsule, "dltensor"))->dl_tensor;
+  }
+  if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+    return &((kvret_py_dlmanaged_versioned*)PyCapsule_GetPointer(capsule, "dltensor_versioned"))->dl_tensor;
+  }
+  PyErr_SetString(PyExc_TypeError, "kvret: a capsule that holds no unconsumed DLPack tensor");
+  return NULL;
+}
+
+/** What a DLPack capsule describes: (device_type, device_id, code, bits, lanes, shape, strides or None). The capsule
+ *  is not consumed. */
+static PyObject* kvret_swig_dlpack_info(PyObject* capsule) {
+  const kvret_tensor* dl = kvret_py_capsule_tensor(capsule);
+  if (dl == NULL) return NULL;
+  if (dl->ndim < 0 || dl->ndim > KVRET_PY_MAX_NDIM) {
+    PyErr_Format(PyExc_ValueError, "kvret: a DLPack tensor of %d dimensions (at most %d)", (int)dl->ndim,
+                 KVRET_PY_MAX_NDIM);
+    return NULL;
+  }
+  PyObject* shape = PyTuple_New(dl->ndim);
+  PyObject* strides = dl->strides != NULL ? PyTuple_New(dl->ndim) : (Py_INCREF(Py_None), Py_None);
+  if (shape == NULL || strides == NULL) {
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
+  }
+  for (int i = 0; i < dl->ndim; ++i) {
+    PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong((long long)dl->shape[i]));
+    if (dl->strides != NULL) PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong((long long)dl->strides[i]));
+  }
+  return Py_BuildValue("(iiiiiNN)", (int)dl->device.device_type, (int)dl->device.device_id, (int)dl->dtype.code,
+                       (int)dl->dtype.bits, (int)dl->dtype.lanes, shape, strides);
+}
+
+/** A read-only NumPy view of the host memory of a DLPack capsule, with the given NumPy dtype (of the tensor's
+ *  element size); the view keeps the capsule, and so the memory, alive. Used to convert a DLPack input the way a
+ *  NumPy input is converted. */
+static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
+  const kvret_tensor* dl = kvret_py_capsule_tensor(capsule);
+  if (dl == NULL) return NULL;
+  if (dl->device.device_type != KVRET_DEVICE_CPU && dl->device.device_type != KVRET_DEVICE_CUDA_HOST) {
+    PyErr_SetString(PyExc_ValueError, "kvret: only a DLPack tensor in host memory can be viewed");
+    return NULL;
+  }
+  if (dl->ndim < 0 || dl->ndim > KVRET_PY_MAX_NDIM) {
+    PyErr_SetString(PyExc_ValueError, "kvret: a DLPack tensor of too many dimensions");
+    return NULL;
+  }
+  const int64_t itemsize = ((int64_t)dl->dtype.bits * (int64_t)dl->dtype.lanes + 7) / 8;
+  npy_intp dims[KVRET_PY_MAX_NDIM];
+  npy_intp strides[KVRET_PY_MAX_NDIM];
+  for (int i = 0; i < dl->ndim; ++i) {
+    dims[i] = (npy_intp)dl->shape[i];
+    if (dl->strides != NULL) strides[i] = (npy_intp)(dl->strides[i] * itemsize);
+  }
+  PyArray_Descr* descr = NULL;
+  if (!PyArray_DescrConverter(dtype, &descr)) return NULL;
+  char* data = (char*)dl->data + dl->byte_offset;
+  /* flags 0: read-only; NumPy computes the alignment and contiguity flags itself. Steals descr. */
+  PyObject* array = PyArray_NewFromDescr(&PyArray_Type, descr, dl->ndim, dims, dl->strides != NULL ? strides : NULL,
+                                         data, 0, NULL);
+  if (array == NULL) return NULL;
+  if ((int64_t)PyArray_ITEMSIZE((PyArrayObject*)array) != itemsize) {
+    Py_DECREF(array);
+    PyErr_SetString(PyExc_ValueError, "kvret: the dtype does not have the DLPack tensor's element size");
+    return NULL;
+  }
+  Py_INCREF(capsule);
+  if (PyArray_SetBaseObject((PyArrayObject*)array, capsule) != 0) {
+    Py_DECREF(array);
+    return NULL;
+  }
+  PyArray_UpdateFlags((PyArrayObject*)array, NPY_ARRAY_UPDATE_ALL & ~NPY_ARRAY_WRITEABLE);
+  return array;
 }
 %}
 

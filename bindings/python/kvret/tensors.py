@@ -1,12 +1,18 @@
 """Mapping array objects onto kvret tensor descriptors, without copies where the layout allows.
 
 Accepted everywhere a tensor goes in or out:
-  * NumPy arrays (zero-copy; inputs of another float dtype are converted to float32, inputs whose innermost stride is
-    not 1 are made contiguous, outputs are used as given);
+  * NumPy arrays (zero-copy), ml_dtypes.bfloat16 arrays included;
   * objects with ``__dlpack__`` (PyTorch, CuPy, JAX, ...): the DLPack capsule is handed to the extension, which
     reads the DLTensor in place (kvret_tensor is layout-identical to it);
   * objects with ``__cuda_array_interface__`` (Numba, CuPy, ...);
   * a :class:`Descriptor` for memory that no array object describes (e.g. a pointer from another library).
+
+Inputs follow one contract, whichever way they come (NumPy or DLPack): keys, values and queries are float16, bfloat16
+or float32; another float dtype is converted to float32, an integer, boolean or complex one is refused (TypeError).
+Positions are int32; another integer dtype is converted when every value fits (else KvretError, OUT_OF_RANGE), a
+float or boolean one is refused (TypeError). An input whose innermost stride is not 1 is copied to a contiguous one.
+Conversions and copies happen in host memory only: a device tensor that would need one is refused (KvretError,
+DTYPE or STRIDE). Outputs are used exactly as given (the library refuses a wrong dtype or layout).
 """
 
 import collections
@@ -20,8 +26,27 @@ DEVICE_CPU = _c.KVRET_DEVICE_CPU
 DEVICE_CUDA = _c.KVRET_DEVICE_CUDA
 DEVICE_CUDA_HOST = _c.KVRET_DEVICE_CUDA_HOST
 
-_FLOAT_INPUTS = ("float16", "float32", "bfloat16")
 _DTYPE_CODES = {"f": _c.KVRET_DTYPE_FLOAT, "i": _c.KVRET_DTYPE_INT, "u": _c.KVRET_DTYPE_UINT}
+_DLPACK_COMPLEX, _DLPACK_BOOL = 5, 6  # kDLComplex, kDLBool
+_DTYPE_NAMES = {
+    _c.KVRET_DTYPE_FLOAT: "float",
+    _c.KVRET_DTYPE_INT: "int",
+    _c.KVRET_DTYPE_UINT: "uint",
+    _c.KVRET_DTYPE_BFLOAT: "bfloat",
+    _DLPACK_COMPLEX: "complex",
+    _DLPACK_BOOL: "bool",
+}
+_HOST = (DEVICE_CPU, DEVICE_CUDA_HOST)
+# The NumPy dtype that views a DLPack input for its conversion.
+_VIEW_TYPES = {
+    (code, np.dtype(t).itemsize * 8): np.dtype(t)
+    for code, types in (
+        (_c.KVRET_DTYPE_FLOAT, (np.float16, np.float32, np.float64)),
+        (_c.KVRET_DTYPE_INT, (np.int8, np.int16, np.int32, np.int64)),
+        (_c.KVRET_DTYPE_UINT, (np.uint8, np.uint16, np.uint32, np.uint64)),
+    )
+    for t in types
+}
 
 
 Descriptor = collections.namedtuple("Descriptor", ["data", "shape", "strides", "dtype", "device"])
@@ -40,26 +65,105 @@ def stream_handle(stream):
     raise TypeError(f"kvret: cannot use {type(stream).__name__} as a CUDA stream")
 
 
-def _numpy_input(array, kind):
-    if kind == "float" and array.dtype.name not in _FLOAT_INPUTS:
-        if array.dtype.kind != "f":  # integers, booleans, complex: refused, never converted
-            raise TypeError(
-                f"kvret: keys, values and queries must be floating point (float16, bfloat16 or float32; other float "
-                f"dtypes are converted to float32), got {array.dtype}"
-            )
-        array = array.astype(np.float32)
-    elif kind == "int32" and array.dtype != np.int32:
-        if array.dtype.kind not in "iu":  # floats are not rounded to positions, booleans are not positions
-            raise TypeError(f"kvret: positions must be integers, got {array.dtype}")
+def _numpy_code(dtype):
+    """(code, bits) of a NumPy dtype as DLPack would describe it, or None for one DLPack has no code for."""
+    if dtype.kind in _DTYPE_CODES:
+        return _DTYPE_CODES[dtype.kind], dtype.itemsize * 8
+    if dtype.kind == "b":
+        return _DLPACK_BOOL, 8
+    if dtype.kind == "c":
+        return _DLPACK_COMPLEX, dtype.itemsize * 8
+    if dtype.itemsize == 2 and dtype.name == "bfloat16":  # ml_dtypes.bfloat16
+        return _c.KVRET_DTYPE_BFLOAT, 16
+    if dtype.type.__module__ == "ml_dtypes" and dtype.name.startswith("float"):  # float8_*, float6_*, float4_*
+        return _c.KVRET_DTYPE_FLOAT, dtype.itemsize * 8
+    return None
+
+
+def _dtype_plan(kind, code, bits, describe):
+    """What an input of dtype (code, bits) needs: "ok" (passed as it is) or "convert" (to float32 / int32); refused
+    dtypes raise TypeError. One rule for NumPy and DLPack inputs."""
+    if kind == "float":
+        if (code, bits) in ((_c.KVRET_DTYPE_FLOAT, 16), (_c.KVRET_DTYPE_FLOAT, 32), (_c.KVRET_DTYPE_BFLOAT, 16)):
+            return "ok"
+        if code == _c.KVRET_DTYPE_FLOAT:
+            return "convert"
+        raise TypeError(
+            f"kvret: keys, values and queries must be floating point (float16, bfloat16 or float32; other float "
+            f"dtypes are converted to float32), got {describe()}"
+        )
+    if (code, bits) == (_c.KVRET_DTYPE_INT, 32):
+        return "ok"
+    if code in (_c.KVRET_DTYPE_INT, _c.KVRET_DTYPE_UINT):
+        return "convert"
+    raise TypeError(f"kvret: positions must be integers, got {describe()}")  # never rounded, booleans are not
+
+
+def _to_int32_positions(array):
+    if array.dtype != np.int32:
         if array.size and (int(array.min()) < -(2**31) or int(array.max()) >= 2**31):
             bad = int(array.max()) if int(array.max()) >= 2**31 else int(array.min())
             raise KvretError(Status.OUT_OF_RANGE, f"positions: {bad} does not fit an int32 position")
         array = array.astype(np.int32)
+    return array
+
+
+def _numpy_input(array, kind):
+    code, bits = _numpy_code(array.dtype) or (None, 0)
+    if _dtype_plan(kind, code, bits, lambda: str(array.dtype)) == "convert":
+        array = array.astype(np.float32) if kind == "float" else _to_int32_positions(array)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     if not array.flags.aligned or (array.ndim > 0 and array.shape[-1] > 1 and array.strides[-1] != array.itemsize):
         array = np.ascontiguousarray(array)
     return array
+
+
+def _bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _plan(kind, code, bits, lanes, shape, strides, describe):
+    """(dtype plan, whether the innermost stride needs a copy) of a described input."""
+    plan = _dtype_plan(kind, code if lanes == 1 else None, bits, describe)
+    strided = strides is not None and len(shape) > 0 and shape[-1] > 1 and strides[-1] != 1
+    return plan, strided
+
+
+def _refuse_device_copy(kind, plan):
+    """A device tensor that would need a conversion or a copy: refused (kvret converts only in host memory)."""
+    if plan == "ok":
+        raise KvretError(
+            Status.STRIDE, "an input in device memory must have a contiguous innermost dimension (stride 1)"
+        )
+    wanted = "float16, bfloat16 or float32" if kind == "float" else "int32"
+    raise KvretError(Status.DTYPE, f"an input in device memory must be {wanted} (kvret converts host memory only)")
+
+
+def _dlpack_input(capsule, kind):
+    """A DLPack input under the contract of a NumPy one: the capsule itself when it qualifies, else a converted (or
+    contiguous) copy made in host memory."""
+    device_type, _, code, bits, lanes, shape, strides = _c.kvret_swig_dlpack_info(capsule)
+    describe = lambda: f"a DLPack tensor of {_DTYPE_NAMES.get(code, code)}{bits} x {lanes}"  # noqa: E731
+    plan, strided = _plan(kind, code, bits, lanes, shape, strides, describe)
+    if plan == "ok" and not strided:
+        return capsule
+    if device_type not in _HOST:
+        _refuse_device_copy(kind, plan)
+    if code == _c.KVRET_DTYPE_BFLOAT:  # bf16 is only copied to a contiguous layout
+        bfloat16 = _bfloat16()
+        if bfloat16 is not None:
+            return np.ascontiguousarray(_c.kvret_swig_dlpack_view(capsule, bfloat16))
+        copy = np.ascontiguousarray(_c.kvret_swig_dlpack_view(capsule, np.uint16))
+        return (copy.ctypes.data, copy.shape, None, (code, bits), (DEVICE_CPU, 0), copy)  # the copy lives for the call
+    view_type = _VIEW_TYPES.get((code, bits))
+    if view_type is None:
+        raise KvretError(Status.DTYPE, f"kvret cannot convert {describe()}")
+    return _numpy_input(_c.kvret_swig_dlpack_view(capsule, view_type), kind)
 
 
 def _from_dlpack(obj, stream):
@@ -69,22 +173,32 @@ def _from_dlpack(obj, stream):
     return obj.__dlpack__()
 
 
-def _from_cuda_array_interface(interface, device_id):
+def shape_of(tensor):
+    """The shape of what as_input returned (an array, a DLPack capsule or a descriptor tuple)."""
+    if isinstance(tensor, np.ndarray):
+        return tensor.shape
+    if isinstance(tensor, tuple):
+        return tuple(tensor[1])
+    return tuple(_c.kvret_swig_dlpack_info(tensor)[5])
+
+
+def _from_cuda_array_interface(interface, device_id, kind=None):
+    """A descriptor tuple of device memory; for an input (kind given), checked as a device DLPack input is."""
     dtype = np.dtype(interface["typestr"])
-    if dtype.kind not in _DTYPE_CODES:
+    code, bits = _numpy_code(dtype) or (None, 0)
+    if code is None:
         raise TypeError(f"kvret: unsupported __cuda_array_interface__ typestr {interface['typestr']!r}")
+    shape = tuple(interface["shape"])
     strides = interface.get("strides")
     if strides is not None:
         if any(s % dtype.itemsize for s in strides):
             raise ValueError("kvret: a stride is not a whole number of elements")
         strides = tuple(s // dtype.itemsize for s in strides)
-    return (
-        interface["data"][0],
-        tuple(interface["shape"]),
-        strides,
-        (_DTYPE_CODES[dtype.kind], dtype.itemsize * 8),
-        (DEVICE_CUDA, device_id),
-    )
+    if kind is not None:
+        plan, strided = _plan(kind, code, bits, 1, shape, strides, lambda: f"typestr {interface['typestr']!r}")
+        if plan != "ok" or strided:
+            _refuse_device_copy(kind, plan)
+    return (interface["data"][0], shape, strides, (code, bits), (DEVICE_CUDA, device_id))
 
 
 def as_input(obj, kind="float", stream=None, device_id=0):
@@ -94,10 +208,10 @@ def as_input(obj, kind="float", stream=None, device_id=0):
     if isinstance(obj, Descriptor):
         return tuple(obj)
     if hasattr(obj, "__dlpack__"):
-        return _from_dlpack(obj, stream)
+        return _dlpack_input(_from_dlpack(obj, stream), kind)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
-        return _from_cuda_array_interface(interface, device_id)
+        return _from_cuda_array_interface(interface, device_id, kind)
     return _numpy_input(np.asarray(obj), kind)
 
 
