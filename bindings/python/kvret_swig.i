@@ -259,6 +259,10 @@ typedef struct kvret_py_working_set {
   import_array();
 %}
 
+/* Docstrings with C types: the package reads each config field's type from its property ("n_layers : int32_t") to
+ * check a value before SWIG converts it. */
+%feature("autodoc", "1");
+
 /* ---- helpers that touch Python objects: declared before %exception, so they keep the GIL ---- */
 %inline %{
 /** Registers the class raised for a failed call; it is called as cls(status, message). */
@@ -401,6 +405,25 @@ static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
   kvret_py_tensor_release(&ws$argnum.positions);
 }
 
+/* ---- the config's disk_path: None or bytes (os.fsencode of the path), without a NUL ---- */
+%typemap(in) const char* disk_path {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    char* bytes = NULL;
+    Py_ssize_t size = 0;
+    if (!PyBytes_Check($input) || PyBytes_AsStringAndSize($input, &bytes, &size) != 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kvret: disk_path must be None or bytes");
+      SWIG_fail;
+    }
+    if ((size_t)size != strlen(bytes)) {
+      PyErr_SetString(PyExc_ValueError, "kvret: disk_path contains a NUL character");
+      SWIG_fail;
+    }
+    $1 = bytes;
+  }
+}
+
 /* ---- streams: None or an integer (a cudaStream_t value) ---- */
 %typemap(in) kvret_stream {
   if ($input == Py_None) {
@@ -467,9 +490,10 @@ KVRET_PY_SCALAR_OUT(int64_t, out_rows)
 }
 %typemap(in) int32_t* out_counts (kvret_py_tensor pyt = {0}) {
   if (kvret_py_tensor_from($input, 1, "out_counts", &pyt) != 0) SWIG_fail;
+  /* The stride of an array of 0 or 1 entries says nothing (NumPy gives an empty array the stride 0). */
   if (pyt.tensor.device.device_type != KVRET_DEVICE_CPU || pyt.tensor.dtype.code != KVRET_DTYPE_INT ||
       pyt.tensor.dtype.bits != 32 || pyt.tensor.ndim != 1 ||
-      (pyt.tensor.strides != NULL && pyt.tensor.strides[0] != 1)) {
+      (pyt.tensor.strides != NULL && pyt.tensor.shape[0] > 1 && pyt.tensor.strides[0] != 1)) {
     PyErr_SetString(PyExc_TypeError, "kvret: out_counts must be a contiguous 1-D int32 NumPy array");
     SWIG_fail;
   }

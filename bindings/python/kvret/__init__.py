@@ -12,6 +12,7 @@
 Every failed call raises :class:`KvretError` with the library's status and message.
 """
 
+from . import _args
 from . import kvret_swig as _c
 from .context import Context
 from .errors import KvretError, Status
@@ -36,7 +37,7 @@ def version():
 
 def status_string(status):
     """The library's name for a status ("KVRET_ERR_SHAPE", ...)."""
-    return _c.kvret_status_string(int(status))
+    return _c.kvret_status_string(_args.int32(status, "status"))
 
 
 __all__ = ["BUDGET_DEFAULT", "Context", "KvretError", "Sequence", "Status", "WorkingSet", "status_string", "version"]

@@ -2,12 +2,15 @@
 
 Every field of kvret_config is a keyword of the same name (n_layers=..., budget=...). Enumerated fields also take
 names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", device_type="cuda". The extra
-keyword device="cuda:1" sets device_type and device_id together.
+keyword device="cuda:1" sets device_type and device_id together. Values are checked as the calls' arguments are (see
+kvret._args): integers from integers only, within their C type (else KvretError, Status.INVALID_ARGUMENT).
 """
 
 import os
 
+from . import _args
 from . import kvret_swig as _c
+from .errors import KvretError, Status
 
 _ENUM_NAMES = {
     "kv_dtype": {
@@ -38,6 +41,13 @@ FIELDS = tuple(
     if isinstance(value, property) and name not in ("thisown", "struct_size")
 ) + ("disk_path",)
 
+# Each field's C type, from the proxy's docstrings ("n_layers : int32_t", SWIG's autodoc).
+_FIELD_TYPES = {
+    name: (value.__doc__ or "").partition(" : ")[2].strip()
+    for name, value in vars(_c.kvret_config).items()
+    if isinstance(value, property)
+}
+
 
 def _field_value(name, value):
     names = _ENUM_NAMES.get(name)
@@ -46,16 +56,35 @@ def _field_value(name, value):
             return names[value.lower()]
         except KeyError:
             raise ValueError(f"kvret: {name} must be one of {sorted(names)} (or its number), not {value!r}") from None
-    if isinstance(value, bool):
-        return int(value)
-    return value
+    return _args.config_field(value, name, _FIELD_TYPES.get(name))
+
+
+def _set(config, name, value):
+    try:
+        setattr(config, name, value)
+    except (TypeError, OverflowError, ValueError):  # a field of a type _args does not know: SWIG checked it
+        raise TypeError(f"kvret: {value!r} is not a valid value of the config field {name}") from None
 
 
 def _parse_device(device):
-    kind, _, index = str(device).partition(":")
-    if kind not in ("cpu", "cuda"):
+    if not isinstance(device, str):
+        raise TypeError(f"kvret: device must be a string ('cpu', 'cuda' or 'cuda:N'), not {type(device).__name__}")
+    kind, colon, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and not (kind == "cuda" and index.isdigit() and index.isascii())):
         raise ValueError(f"kvret: device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
-    return _ENUM_NAMES["device_type"][kind], int(index) if index else 0
+    return _ENUM_NAMES["device_type"][kind], _args.int32(int(index), "device") if index else 0
+
+
+def _disk_path(value):
+    if value is None:
+        return None
+    try:
+        path = os.fsencode(value)
+    except TypeError:
+        raise TypeError(f"kvret: disk_path must be None, a string or a path, not {type(value).__name__}") from None
+    if b"\0" in path:
+        raise KvretError(Status.INVALID_ARGUMENT, "disk_path contains a NUL character")
+    return path
 
 
 def make(options):
@@ -67,9 +96,9 @@ def make(options):
         if name == "device":
             config.device_type, config.device_id = _parse_device(value)
         elif name == "disk_path":
-            disk_path = None if value is None else os.fsdecode(value)
+            disk_path = _disk_path(value)
         elif name in FIELDS:
-            setattr(config, name, _field_value(name, value))
+            _set(config, name, _field_value(name, value))
         else:
             raise TypeError(f"kvret: unknown config field {name!r}; the fields are {', '.join(FIELDS)} and device")
     return config, disk_path

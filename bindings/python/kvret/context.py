@@ -5,11 +5,13 @@ import weakref
 
 import numpy as np
 
+from . import _args
 from . import config as _config
 from . import kvret_swig as _c
 from . import tensors as _t
 from ._resource import Resource
-from .sequence import Sequence, _budget_arg, _width
+from .errors import KvretError, Status
+from .sequence import Sequence, _width
 
 _KV_NUMPY_DTYPES = {_c.KVRET_KV_F16: np.float16, _c.KVRET_KV_BF16: np.float32, _c.KVRET_KV_F32: np.float32}
 
@@ -60,13 +62,20 @@ class Context(Resource):
     def closed(self):
         return self._handle is None
 
+    def _live(self):
+        """The handle; KvretError (Status.INVALID_HANDLE) once the context is closed."""
+        handle = self._handle
+        if handle is None:
+            raise KvretError(Status.INVALID_HANDLE, "the context is closed")
+        return handle
+
     def close(self):
         """Closes the open sequences, waits for background work and frees the context. Closing twice is a no-op."""
         if self._handle is None:
             return
         try:
             for sequence in list(self._sequences):
-                sequence.close()
+                sequence._close("the sequence is closed (its context was closed)")
         finally:
             handle, self._handle = self._handle, None
             _c.kvret_destroy(handle)
@@ -88,55 +97,55 @@ class Context(Resource):
     def attend(self, q, k, v, rows=None, scale=None, out=None, stream=None):
         """Reference attention of q [n_q_heads, head_dim] over the first `rows` rows (default: all) of k, v
         [n_kv_heads, >= rows, head_dim]. Returns out, float32 [n_q_heads, head_dim]. scale None: 1/sqrt(head_dim)."""
-        if rows is None:
-            rows = int(k.shape[1])
-        if out is None:
-            out = _t.empty((self._n_q_heads, self._head_dim), np.float32, self._device_type, self._device_id, like=q)
+        handle = self._live()
+        rows = None if rows is None else _args.int64(rows, "rows")
+        scale = _args.scale(scale)
         stream = _t.stream_handle(stream)
         device_id = self._device_id
-        _c.kvret_attend(
-            self._handle,
-            _t.as_input(q, stream=stream, device_id=device_id),
-            _t.as_input(k, stream=stream, device_id=device_id),
-            _t.as_input(v, stream=stream, device_id=device_id),
-            rows,
-            0.0 if scale is None else float(scale),
-            _t.as_output(out, stream, device_id),
-            stream,
-        )
+        q_arg = _t.as_input(q, stream=stream, device_id=device_id)
+        k_arg = _t.as_input(k, stream=stream, device_id=device_id)
+        v_arg = _t.as_input(v, stream=stream, device_id=device_id)
+        if rows is None:
+            shape = _t.shape_of(k_arg)
+            rows = shape[1] if len(shape) > 1 else 0
+        if out is None:
+            out = _t.empty((self._n_q_heads, self._head_dim), np.float32, self._device_type, self._device_id, like=q)
+        _c.kvret_attend(handle, q_arg, k_arg, v_arg, rows, scale, _t.as_output(out, stream, device_id), stream)
         return out
 
     def select_batch(self, sequences, layer, q, budget=None):
         """kvret_select for several distinct sequences of this context at once; q is [n, n_q_heads, head_dim].
-        Returns one int32 [n_kv_heads, count] array of positions per sequence."""
+        Returns one int32 [n_kv_heads, count] array of positions per sequence (an empty list for no sequences)."""
+        handle = self._live()
         sequences = list(sequences)
+        for i, sequence in enumerate(sequences):
+            if not isinstance(sequence, Sequence):
+                raise TypeError(f"kvret: sequences[{i}] is a {type(sequence).__name__}, not a kvret.Sequence")
+        layer = _args.layer(layer)
+        budget_arg = _args.budget(budget)
         with contextlib.ExitStack() as locks:
             for sequence in sorted(set(sequences), key=id):
                 locks.enter_context(sequence._lock)
-            width = max([_width(s._handle, layer, budget) for s in sequences] + [1])
-            budget_arg = _budget_arg(budget)
+            handles = [s._live(f"sequences[{i}]") for i, s in enumerate(sequences)]
+            width = max([_width(h, layer, budget) for h in handles] + [1])
             out = np.empty((len(sequences), self._n_kv_heads, width), dtype=np.int32)
             counts = np.zeros(len(sequences), dtype=np.int32)
             _c.kvret_select_batch(
-                self._handle,
-                [s._handle for s in sequences],
-                layer,
-                _t.as_input(q, device_id=self._device_id),
-                budget_arg,
-                out,
-                counts,
+                handle, handles, layer, _t.as_input(q, device_id=self._device_id), budget_arg, out, counts
             )
         return [out[i, :, : counts[i]] for i in range(len(sequences))]
 
     def synchronize(self, stream=None):
         """Waits for the work kvret enqueued on `stream` (a no-op on the CPU backend)."""
-        _c.kvret_synchronize(self._handle, _t.stream_handle(stream))
+        handle = self._live()
+        _c.kvret_synchronize(handle, _t.stream_handle(stream))
 
     def stats(self):
         """The context's statistics as a dict (see kvret_stats)."""
+        handle = self._live()
         stats = _c.kvret_stats()
         _c.kvret_stats_init(stats)
-        _c.kvret_context_stats(self._handle, stats)
+        _c.kvret_context_stats(handle, stats)
         return stats_dict(stats)
 
     # ---- helpers of Sequence ----

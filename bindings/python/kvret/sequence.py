@@ -1,11 +1,11 @@
 """Sequence: one request or conversation whose keys and values kvret stores, indexes and retrieves."""
 
 import collections
-import operator
 import threading
 
 import numpy as np
 
+from . import _args
 from . import kvret_swig as _c
 from . import tensors as _t
 from .errors import KvretError, Status
@@ -27,7 +27,8 @@ class Sequence(Resource):
     def __init__(self, context, _handle=None):
         self._context = context
         self._lock = threading.Lock()
-        self._handle = _c.kvret_seq_open(context._handle) if _handle is None else _handle
+        self._closed_message = "the sequence is closed"
+        self._handle = _c.kvret_seq_open(context._live()) if _handle is None else _handle
         context._sequences.add(self)
 
     # ---- lifetime ----
@@ -41,10 +42,25 @@ class Sequence(Resource):
 
     def close(self):
         """Waits for the sequence's background work and frees it. Closing twice is a no-op."""
+        self._close("the sequence is closed")
+
+    def _close(self, message):
         with self._lock:
             handle, self._handle = self._handle, None
-            if handle is not None and self._context._handle is not None:
-                _c.kvret_seq_close(handle)
+            if handle is not None:
+                self._closed_message = message
+                if self._context._handle is not None:
+                    _c.kvret_seq_close(handle)
+
+    def _live(self, name="the sequence"):
+        """The handle (call with the lock held); KvretError (Status.INVALID_HANDLE) once the sequence is closed."""
+        handle = self._handle
+        if handle is None:
+            message = self._closed_message
+            if name != "the sequence":
+                message = message.replace("the sequence", name, 1)
+            raise KvretError(Status.INVALID_HANDLE, message)
+        return handle
 
     def __repr__(self):
         return f"<kvret.Sequence {'closed' if self.closed else 'open'}>"
@@ -53,52 +69,58 @@ class Sequence(Resource):
     def append_prefill(self, layer, k, v):
         """Appends prefill tokens to `layer`: k, v are [T, n_kv_heads, head_dim] (f16/bf16/f32; other float dtypes
         are converted to float32). Schedules the layer's index build (in the background by default)."""
+        layer = _args.layer(layer)
         with self._lock:
-            _c.kvret_append_prefill(self._handle, layer, _t.as_input(k), _t.as_input(v))
+            _c.kvret_append_prefill(self._live(), layer, _t.as_input(k), _t.as_input(v))
 
     def append_decode(self, layer, k, v):
         """Appends one decode token ([n_kv_heads, head_dim] or [1, n_kv_heads, head_dim]) to `layer`."""
+        layer = _args.layer(layer)
         with self._lock:
-            _c.kvret_append_decode(self._handle, layer, _t.as_input(k), _t.as_input(v))
+            _c.kvret_append_decode(self._live(), layer, _t.as_input(k), _t.as_input(v))
 
     def wait_index(self, layer=-1):
         """Waits until the index of `layer` (every layer when -1) is built."""
+        layer = _args.layer(layer)
         with self._lock:
-            _c.kvret_wait_index(self._handle, layer)
+            _c.kvret_wait_index(self._live(), layer)
 
     def fork(self):
         """A new sequence holding what this one holds (every layer's tokens and index), for beam search, parallel
         sampling or several continuations of one prompt. The two share their KV pages copy on write and are
         independent from then on (see kvret_seq_fork)."""
         with self._lock:
-            handle = _c.kvret_seq_fork(self._handle)
+            handle = _c.kvret_seq_fork(self._live())
         return Sequence(self._context, _handle=handle)
 
     def truncate(self, length):
         """Rolls the sequence back to its first `length` tokens in every layer (speculative decoding: drop the
         rejected draft tokens; regeneration). The sequence is then as if the dropped tokens had never been
         appended; on failure nothing changes. `length` is a non-negative integer (see kvret_seq_truncate)."""
-        length = operator.index(length)  # an int, not a float rounded to one
+        length = _args.index(length, "length")  # an int, not a float rounded to one
         if length < 0:
-            raise ValueError(f"length must be >= 0, got {length}")
+            raise ValueError(f"kvret: length must be >= 0, got {length}")
         with self._lock:
-            _c.kvret_seq_truncate(self._handle, min(length, 2**63 - 1))
+            _c.kvret_seq_truncate(self._live(), min(length, _args.INT64[1]))  # beyond every layer: a no-op
 
     # ---- queries ----
     def length(self, layer):
         """Tokens stored for `layer` (sink + middle + local)."""
+        layer = _args.layer(layer)
         with self._lock:
-            return _c.kvret_seq_length(self._handle, layer)
+            return _c.kvret_seq_length(self._live(), layer)
 
     def budget(self, layer):
         """The budget select uses by default for `layer` at its current length."""
+        layer = _args.layer(layer)
         with self._lock:
-            return _c.kvret_seq_budget(self._handle, layer)
+            return _c.kvret_seq_budget(self._live(), layer)
 
     def working_set_capacity(self, layer, budget=None):
         """Upper bound of the working-set rows for `layer` at `budget` (None: the default budget)."""
+        layer, budget = _args.layer(layer), _args.budget(budget)
         with self._lock:
-            return _c.kvret_working_set_capacity(self._handle, layer, _budget_arg(budget))
+            return _c.kvret_working_set_capacity(self._live(), layer, budget)
 
     def stats(self):
         """This sequence's statistics as a dict (see kvret_stats)."""
@@ -107,7 +129,7 @@ class Sequence(Resource):
         stats = _c.kvret_stats()
         _c.kvret_stats_init(stats)
         with self._lock:
-            _c.kvret_seq_stats(self._handle, stats)
+            _c.kvret_seq_stats(self._live(), stats)
         return stats_dict(stats)
 
     # ---- retrieval ----
@@ -117,11 +139,13 @@ class Sequence(Resource):
         Returns int32 positions [n_kv_heads, count], ascending per head (a view of `out` when given: int32
         [n_kv_heads, >= budget]). budget None means the sequence's default budget."""
         ctx = self._context
+        layer, budget_arg = _args.layer(layer), _args.budget(budget)
         with self._lock:
+            handle = self._live()
             if out is None:
-                out = np.empty((ctx._n_kv_heads, _width(self._handle, layer, budget)), dtype=np.int32)
+                out = np.empty((ctx._n_kv_heads, _width(handle, layer, budget)), dtype=np.int32)
             count = _c.kvret_select(
-                self._handle, layer, _t.as_input(q, device_id=ctx._device_id), _budget_arg(budget), _t.as_output(out)
+                handle, layer, _t.as_input(q, device_id=ctx._device_id), budget_arg, _t.as_output(out)
             )
         return out[:, :count]
 
@@ -131,16 +155,20 @@ class Sequence(Resource):
         Returns (positions, scores): int32 and float32 [n_kv_heads, count], aligned; views of `out` = (positions,
         scores) when given (int32 and float32 [n_kv_heads, >= budget])."""
         ctx = self._context
+        layer, budget_arg = _args.layer(layer), _args.budget(budget)
+        if out is not None and not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("kvret: out must be a tuple (positions, scores)")
         with self._lock:
+            handle = self._live()
             if out is None:
-                width = _width(self._handle, layer, budget)
+                width = _width(handle, layer, budget)
                 out = (np.empty((ctx._n_kv_heads, width), np.int32), np.empty((ctx._n_kv_heads, width), np.float32))
             positions, scores = out
             count = _c.kvret_select_scored(
-                self._handle,
+                handle,
                 layer,
                 _t.as_input(q, device_id=ctx._device_id),
-                _budget_arg(budget),
+                budget_arg,
                 _t.as_output(positions),
                 _t.as_output(scores),
             )
@@ -151,16 +179,17 @@ class Sequence(Resource):
         fetch and attention inside kvret (see kvret_seq_attend). Returns out, float32 [n_q_heads, head_dim] (written
         in place when given). budget None: the default budget; scale None: 1/sqrt(head_dim)."""
         ctx = self._context
+        layer, budget, scale = _args.layer(layer), _args.budget(budget), _args.scale(scale)
+        stream = _t.stream_handle(stream)
         if out is None:
             out = _t.empty((ctx._n_q_heads, ctx._head_dim), np.float32, ctx._device_type, ctx._device_id, like=q)
-        stream = _t.stream_handle(stream)
         with self._lock:
             _c.kvret_seq_attend(
-                self._handle,
+                self._live(),
                 layer,
                 _t.as_input(q, stream=stream, device_id=ctx._device_id),
-                _budget_arg(budget),
-                0.0 if scale is None else float(scale),
+                budget,
+                scale,
                 _t.as_output(out, stream, ctx._device_id),
                 stream,
             )
@@ -174,15 +203,21 @@ class Sequence(Resource):
         given, else of new arrays (NumPy on a CPU context; dtype defaults to the KV dtype, float32 for bf16).
         On a CUDA context the copy is enqueued on `stream`: synchronize before reading it."""
         ctx = self._context
-        if count is None:
-            count = int(positions.shape[1])
+        layer = _args.layer(layer)
         stream = _t.stream_handle(stream)
+        if out is not None and not (isinstance(out, tuple) and len(out) == 3):
+            raise TypeError("kvret: out must be a tuple (k, v, positions)")
+        positions = _t.as_input(positions, "int32")
+        if count is None:
+            shape = _t.shape_of(positions)
+            count = shape[1] if len(shape) > 1 else 0  # a wrong shape is the library's to refuse
+        count = _args.int32(count, "count")
         with self._lock:
+            handle = self._live()
             if out is None:
-                if count > 0:
-                    capacity = _c.kvret_working_set_capacity(self._handle, layer, count)
-                else:
-                    capacity = _c.kvret_seq_length(self._handle, layer)
+                length = _c.kvret_seq_length(handle, layer)
+                # count is the library's to judge (the middle tokens bound it), by fetch itself, with its message.
+                capacity = _c.kvret_working_set_capacity(handle, layer, min(count, length)) if count > 0 else length
                 out = ctx._empty_working_set(capacity, dtype)
             k, v, rows_positions = out
             working_set = (
@@ -190,49 +225,39 @@ class Sequence(Resource):
                 _t.as_output(v, stream, ctx._device_id),
                 _t.as_output(rows_positions, stream, ctx._device_id),
             )
-            rows = _c.kvret_fetch_async(
-                self._handle, layer, _t.as_input(positions, "int32"), count, working_set, stream
-            )
+            rows = _c.kvret_fetch_async(handle, layer, positions, count, working_set, stream)
         return WorkingSet(k[:, :rows], v[:, :rows], rows_positions[:, :rows])
 
     def prefetch(self, layer, q_guess, budget=None, stream=None):
         """Experimental: selects with a guessed next query and loads those blocks into the GPU block cache."""
         ctx = self._context
+        layer, budget = _args.layer(layer), _args.budget(budget)
         stream = _t.stream_handle(stream)
         with self._lock:
             _c.kvret_prefetch_async(
-                self._handle,
-                layer,
-                _t.as_input(q_guess, stream=stream, device_id=ctx._device_id),
-                _budget_arg(budget),
-                stream,
+                self._live(), layer, _t.as_input(q_guess, stream=stream, device_id=ctx._device_id), budget, stream
             )
 
     def read(self, layer, begin, end, dtype=None):
         """Experimental: the stored keys and values of positions [begin, end) as (k, v), each
         [end - begin, n_kv_heads, head_dim] (dtype defaults to the KV dtype, float32 for bf16)."""
         ctx = self._context
-        shape = (max(int(end) - int(begin), 0), ctx._n_kv_heads, ctx._head_dim)
-        k = np.empty(shape, dtype=dtype or ctx._kv_numpy_dtype)
-        v = np.empty(shape, dtype=dtype or ctx._kv_numpy_dtype)
+        layer, begin, end = _args.layer(layer), _args.int64(begin, "begin"), _args.int64(end, "end")
         with self._lock:
-            _c.kvret_seq_read(self._handle, layer, begin, end, k, v)
+            handle = self._live()
+            # Sized only once the library agrees with the range (an absurd one allocates nothing).
+            length = _c.kvret_seq_length(handle, layer)
+            rows = end - begin if 0 <= begin <= end <= length else 0
+            k = np.empty((rows, ctx._n_kv_heads, ctx._head_dim), dtype=dtype or ctx._kv_numpy_dtype)
+            v = np.empty((rows, ctx._n_kv_heads, ctx._head_dim), dtype=dtype or ctx._kv_numpy_dtype)
+            _c.kvret_seq_read(handle, layer, begin, end, k, v)
         return k, v
-
-
-def _budget_arg(budget):
-    """The budget for the C call: an integer (a float is refused, never rounded) that fits an int32."""
-    if budget is None:
-        return _c.KVRET_BUDGET_DEFAULT
-    budget = operator.index(budget)
-    if not -(2**31) <= budget < 2**31:
-        raise KvretError(Status.BUDGET, f"budget {budget} does not fit an int32")
-    return budget
 
 
 def _width(handle, layer, budget):
     """Columns of the positions buffer select needs: the budget, but never more than the layer holds (so that an
-    absurd budget is refused by the library, with its message, before anything large is allocated)."""
+    absurd budget is refused by the library, with its message, before anything large is allocated). layer and budget
+    are checked already."""
     if budget is None:
         return max(_c.kvret_seq_budget(handle, layer), 1)
-    return max(min(_budget_arg(budget), _c.kvret_seq_length(handle, layer)), 1)
+    return max(min(_args.budget(budget), _c.kvret_seq_length(handle, layer)), 1)

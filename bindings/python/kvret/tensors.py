@@ -19,6 +19,7 @@ import collections
 
 import numpy as np
 
+from . import _args
 from . import kvret_swig as _c
 from .errors import KvretError, Status
 
@@ -56,13 +57,17 @@ dtype (code, bits) with a KVRET_DTYPE_* code, device (device_type, device_id).""
 
 def stream_handle(stream):
     """None, an int (a cudaStream_t value), a torch.cuda.Stream or a cupy Stream -> None or an int."""
-    if stream is None or isinstance(stream, int):
-        return stream
-    for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
-        value = getattr(stream, attribute, None)
-        if isinstance(value, int):
-            return value
-    raise TypeError(f"kvret: cannot use {type(stream).__name__} as a CUDA stream")
+    if stream is None:
+        return None
+    if not isinstance(stream, int):
+        for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+            value = getattr(stream, attribute, None)
+            if isinstance(value, int):
+                stream = value
+                break
+        else:
+            raise TypeError(f"kvret: cannot use {type(stream).__name__} as a CUDA stream")
+    return _args.integer(stream, "stream", (0, 2**64 - 1), "a cudaStream_t")
 
 
 def _numpy_code(dtype):

@@ -161,6 +161,12 @@ def test_select_batch(context, rng):
         seq.close()
 
 
+def test_select_batch_of_no_sequences(context, rng):
+    # n = 0 is allowed by kvret_select_batch and does nothing
+    assert context.select_batch([], 0, np.zeros((0, N_Q, D), np.float32)) == []
+    assert context.select_batch((), 1, np.zeros((0, N_Q, D), np.float32), budget=8) == []
+
+
 def test_stats_and_config(sequence, rng):
     sequence.append_prefill(0, *random_kv(rng))
     sequence.select(0, rng.standard_normal((N_Q, D), dtype=np.float32))
