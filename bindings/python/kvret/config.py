@@ -4,6 +4,9 @@ Every field of kvret_config is a keyword of the same name (n_layers=..., budget=
 names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", device_type="cuda". The extra
 keyword device="cuda:1" sets device_type and device_id together. Values are checked as the calls' arguments are (see
 kvret._args): integers from integers only, within their C type (else KvretError, Status.INVALID_ARGUMENT).
+
+The config dicts this module returns (Context.config, defaults()) give enumerated fields by name (the first name
+below: "f16", "exact", ...), so that Context(**ctx.config) makes a context of the same config.
 """
 
 import os
@@ -32,6 +35,11 @@ _ENUM_NAMES = {
         "quant": _c.KVRET_INDEX_QUANT,
     },
     "cache_policy": {"lru": _c.KVRET_CACHE_LRU, "lfu": _c.KVRET_CACHE_LFU},
+}
+
+# Each value's name in a config dict: the first name listed for it above.
+_ENUM_VALUES = {
+    field: {value: name for name, value in reversed(list(names.items()))} for field, names in _ENUM_NAMES.items()
 }
 
 # The settable fields, in struct order, straight from the SWIG proxy (so they follow kvret.h).
@@ -112,6 +120,10 @@ def defaults():
 
 
 def to_dict(config):
+    """The fields of a kvret_config as a dict; enumerated fields by name (a number this version has no name for stays
+    a number)."""
     values = {name: getattr(config, name) for name in FIELDS if name != "disk_path"}
+    for name, names in _ENUM_VALUES.items():
+        values[name] = names.get(values[name], values[name])
     values["disk_path"] = _c.kvret_swig_config_disk_path(config)
     return values

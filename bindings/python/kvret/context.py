@@ -55,7 +55,8 @@ class Context(Resource):
     # ---- lifetime ----
     @property
     def config(self):
-        """The effective config (a dict of kvret_config fields)."""
+        """The effective config: a dict of kvret_config fields, enumerated ones by name (kv_dtype "f16", index_kind
+        "exact", ...) as the constructor takes them, so that Context(**ctx.config) makes a context like this one."""
         return dict(self._config)
 
     @property

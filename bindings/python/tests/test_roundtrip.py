@@ -167,6 +167,27 @@ def test_select_batch_of_no_sequences(context, rng):
     assert context.select_batch((), 1, np.zeros((0, N_Q, D), np.float32), budget=8) == []
 
 
+def test_config_gives_enumerated_fields_by_name(rng):
+    options = dict(kv_dtype="bf16", index_kind="page", gqa_fold="max_logit", cache_policy="lfu", device="cpu")
+    with make_context(**options) as ctx:
+        config = ctx.config
+        assert (config["kv_dtype"], config["index_kind"], config["gqa_fold"]) == ("bf16", "page", "max_logit")
+        assert (config["cache_policy"], config["device_type"], config["device_id"]) == ("lfu", "cpu", 0)
+        assert "index_kind=page" in repr(ctx)
+        with kvret.Context(**config) as again:  # a config dict makes a context of the same config
+            assert again.config == config
+    names = {"kv_dtype": "f16", "index_kind": "pq", "gqa_fold": "sum_prob", "cache_policy": "lru", "device_type": "cpu"}
+    defaults = kvret.config.defaults()
+    assert {name: defaults[name] for name in names} == names
+    for number, name in ((0, "f16"), (1, "bf16"), (2, "f32")):  # numbers are still taken, and shown by name
+        with make_context(kv_dtype=number) as ctx:
+            assert ctx.config["kv_dtype"] == name
+    raw = kvret.kvret_swig.kvret_config()
+    kvret.kvret_swig.kvret_config_init(raw)
+    raw.index_kind = 99  # a number this version has no name for stays a number
+    assert kvret.config.to_dict(raw)["index_kind"] == 99
+
+
 def test_stats_and_config(sequence, rng):
     sequence.append_prefill(0, *random_kv(rng))
     sequence.select(0, rng.standard_normal((N_Q, D), dtype=np.float32))
@@ -175,7 +196,7 @@ def test_stats_and_config(sequence, rng):
     assert sequence.context.stats()["selections"] >= 1
     config = sequence.context.config
     assert config["n_kv_heads"] == N_KV and config["budget"] == BUDGET
-    assert config["index_kind"] == kvret.kvret_swig.KVRET_INDEX_EXACT
+    assert config["index_kind"] == "exact"
 
 
 def test_version():
