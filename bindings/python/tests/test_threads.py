@@ -71,26 +71,37 @@ def test_the_gil_is_released_during_calls():
         seq.append_prefill(0, *random_kv(rng, tokens=tokens))
         q = rng.standard_normal((GEOMETRY["n_q_heads"], GEOMETRY["head_dim"]), dtype=np.float32)
         seq.select(0, q)
-        durations = []
 
-        def selects():
-            for _ in range(5):
-                start = time.perf_counter()
-                seq.select(0, q)
-                durations.append(time.perf_counter() - start)
+        def measure():
+            durations = []
 
-        worker = threading.Thread(target=selects)
-        gaps, last = [], time.perf_counter()
-        worker.start()
-        while worker.is_alive():
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-        worker.join()
-    call = min(durations)
-    if call < 0.005:
-        return  # calls too short to tell a released GIL from a held one on this machine
-    # A held GIL stalls this thread for (nearly) the whole time the worker spends in the library; a released one
-    # only when the OS happens to preempt it.
-    stalled = sum(gap for gap in gaps if gap > 0.8 * call)
-    assert stalled < 0.5 * sum(durations), (stalled, durations)
+            def selects():
+                for _ in range(5):
+                    start = time.perf_counter()
+                    seq.select(0, q)
+                    durations.append(time.perf_counter() - start)
+
+            worker = threading.Thread(target=selects)
+            gaps, last = [], time.perf_counter()
+            worker.start()
+            while worker.is_alive():
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+            worker.join()
+            return gaps, durations
+
+        # A held GIL stalls this thread for (nearly) the whole time the worker spends in the library, every time; a
+        # released one only when the OS happens to preempt it (often, on a loaded machine): one clean try of three
+        # suffices.
+        results = []
+        for _ in range(3):
+            gaps, durations = measure()
+            call = min(durations)
+            if call < 0.005:
+                return  # calls too short to tell a released GIL from a held one on this machine
+            stalled = sum(gap for gap in gaps if gap > 0.8 * call)
+            if stalled < 0.5 * sum(durations):
+                return
+            results.append((stalled, durations))
+    raise AssertionError(f"the calling thread stalled while kvret ran, in every try: {results}")
