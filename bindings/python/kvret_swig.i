@@ -63,6 +63,32 @@ static void kvret_py_raise(kvret_status status) {
   }
 }
 
+/* A call's output (a handle, a count) replaces the None its status gives; a second one would make a list. SWIG's own
+ * SWIG_Python_AppendOutput changed in SWIG 4.3 (a third argument, and a list [None, output] for a function that does
+ * not return void, as every kvret function returns a status): this one is the same under every SWIG. */
+static PyObject* kvret_py_append_output(PyObject* result, PyObject* obj) {
+  if (obj == NULL) { /* the output's conversion failed: its exception fails the call */
+    Py_XDECREF(result);
+    return NULL;
+  }
+  if (result == NULL || result == Py_None) {
+    Py_XDECREF(result);
+    return obj;
+  }
+  if (!PyList_Check(result)) {
+    PyObject* list = PyList_New(1);
+    if (list == NULL) {
+      Py_DECREF(obj);
+      return result;
+    }
+    PyList_SET_ITEM(list, 0, result);
+    result = list;
+  }
+  PyList_Append(result, obj);
+  Py_DECREF(obj);
+  return result;
+}
+
 static int kvret_py_dtype_from_numpy(PyArrayObject* array, kvret_dtype* out) {
   PyArray_Descr* descr = PyArray_DESCR(array);
   out->lanes = 1;
@@ -439,13 +465,13 @@ static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
   $1 = &handle;
 }
 %typemap(argout) kvret_context** out {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(kvret_context*), 0));
+  $result = kvret_py_append_output($result, SWIG_NewPointerObj(*$1, $descriptor(kvret_context*), 0));
 }
 %typemap(in, numinputs = 0) kvret_seq** out (kvret_seq* handle = NULL) {
   $1 = &handle;
 }
 %typemap(argout) kvret_seq** out {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(kvret_seq*), 0));
+  $result = kvret_py_append_output($result, SWIG_NewPointerObj(*$1, $descriptor(kvret_seq*), 0));
 }
 
 /* ---- scalar outputs ---- */
@@ -454,7 +480,7 @@ static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
   $1 = &value;
 }
 %typemap(argout) TYPE* NAME {
-  $result = SWIG_Python_AppendOutput($result, PyLong_FromLongLong((long long)*$1));
+  $result = kvret_py_append_output($result, PyLong_FromLongLong((long long)*$1));
 }
 %enddef
 KVRET_PY_SCALAR_OUT(int32_t, out_count)
