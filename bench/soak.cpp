@@ -157,13 +157,15 @@ int main(int argc, char** argv) {
       SOAK_CHECK(kvret_seq_stats(seq, &s));
       int64_t length = 0;
       SOAK_CHECK(kvret_seq_length(seq, 0, &length));
+      const struct mallinfo2 heap = mallinfo2();  // what glibc holds: in use (heap and mmapped), and free in its arenas
       std::printf(
           "{\"event\": \"checkpoint\", \"step\": %lld, \"tokens\": %lld, \"us_per_step\": %.1f, "
           "\"us_append\": %.2f, \"us_select\": %.1f, \"us_fetch\": %.1f, \"rss_mib\": %.1f, \"host_mib\": %.1f, "
-          "\"index_mib\": %.2f}\n",
+          "\"index_mib\": %.2f, \"malloc_in_use_mib\": %.1f, \"malloc_free_mib\": %.1f}\n",
           static_cast<long long>(step), static_cast<long long>(length), us, append_us / n / layers,
           select_us / n / layers, fetch_us / n / layers, rss_mib(), static_cast<double>(s.host_bytes) / (1 << 20),
-          static_cast<double>(s.index_bytes) / (1 << 20));
+          static_cast<double>(s.index_bytes) / (1 << 20), static_cast<double>(heap.uordblks + heap.hblkhd) / (1 << 20),
+          static_cast<double>(heap.fordblks) / (1 << 20));
       std::fflush(stdout);
       append_us = select_us = fetch_us = 0;
     }

@@ -1,5 +1,7 @@
 #include "store/host_kv_store.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -17,9 +19,19 @@ constexpr std::align_val_t kPageAlignment{64};
 class HostPages final : public PageAllocator {
  public:
   std::byte* allocate(size_t bytes) noexcept override {
+    if (bytes >= kMappedPageBytes) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+    }
     return static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow));
   }
-  void deallocate(std::byte* p, size_t) noexcept override { ::operator delete[](p, kPageAlignment); }
+  void deallocate(std::byte* p, size_t bytes) noexcept override {
+    if (bytes >= kMappedPageBytes) {
+      munmap(p, bytes);
+      return;
+    }
+    ::operator delete[](p, kPageAlignment);
+  }
 };
 }  // namespace
 

@@ -14,7 +14,12 @@ class PageAllocator {
   virtual void deallocate(std::byte* p, size_t bytes) noexcept = 0;
 };
 
-/// Aligned operator new: the CPU backend's pages.
+/// Pages of at least this many bytes are mapped from the kernel (mmap) rather than taken from malloc's heap: their
+/// memory goes back to the system when they are freed (a closed sequence's KV leaves no free heap behind it), and
+/// they never fragment the heap the index and the caller use.
+inline constexpr size_t kMappedPageBytes = size_t{512} << 10;
+
+/// The CPU backend's pages: mapped (page-aligned) from kMappedPageBytes up, else aligned operator new (to 64).
 PageAllocator& host_page_allocator() noexcept;
 
 }  // namespace kvret

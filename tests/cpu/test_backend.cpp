@@ -139,6 +139,22 @@ TEST(Backend, TheBackendDecidesWhichMemoryACallMayUse) {
   }
 }
 
+TEST(Backend, HostPagesAreAlignedWritableAndLargeOnesMapped) {
+  PageAllocator& pages = host_page_allocator();
+  for (const size_t bytes : {size_t{4096}, size_t{256} << 10, kMappedPageBytes, size_t{1} << 20}) {
+    std::byte* p = pages.allocate(bytes);
+    ASSERT_NE(p, nullptr) << bytes;
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    EXPECT_EQ(address % 64, 0u) << bytes;
+    if (bytes >= kMappedPageBytes) {
+      EXPECT_EQ(address % 4096, 0u) << "a mapped page starts a system page";
+    }
+    for (size_t i = 0; i < bytes; i += 1024) p[i] = static_cast<std::byte>(i / 1024);
+    for (size_t i = 0; i < bytes; i += 1024) ASSERT_EQ(p[i], static_cast<std::byte>(i / 1024));
+    pages.deallocate(p, bytes);
+  }
+}
+
 TEST(Backend, TheCpuIsTheDefaultAndCudaIsRefusedHere) {
   kvret_config c = test::small_config(KVRET_INDEX_EXACT);
   EXPECT_STREQ(make_backend(c)->name(), "cpu");
