@@ -129,8 +129,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int dims[] = {8, 16, 32, 64, 12};
   c.head_dim = dims[r.below(5)];
   c.kv_dtype = static_cast<int32_t>(r.below(3));
-  const int kinds[] = {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING, KVRET_INDEX_PQ};
-  c.index_kind = kinds[r.below(5)];
+  const int kinds[] = {KVRET_INDEX_EXACT,     KVRET_INDEX_PQ, KVRET_INDEX_PAGE,
+                       KVRET_INDEX_STREAMING, KVRET_INDEX_PQ, KVRET_INDEX_CLUSTER};
+  c.index_kind = kinds[r.below(6)];
   c.n_sink = static_cast<int32_t>(r.below(6));
   c.n_local = static_cast<int32_t>(r.below(12));
   c.pq_m = 1 << r.below(3);  // 1, 2, 4: divides every head_dim above
@@ -144,6 +145,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.n_threads = 1 + static_cast<int32_t>(r.below(2));
   c.background_build = static_cast<int32_t>(r.below(2));
   c.check_finite = static_cast<int32_t>(r.below(2));
+  if (c.index_kind == KVRET_INDEX_CLUSTER) {  // small clusters and intervals: a short program makes several
+    c.cluster_tokens = 1 + static_cast<int32_t>(r.below(32));
+    c.cluster_decode_interval = 1 + static_cast<int32_t>(r.below(16));
+    c.cluster_decode_k = 1 + static_cast<int32_t>(r.below(4));
+  }
   if (r.below(16) == 0) c.head_dim = static_cast<int32_t>(r.u8()) - 8;  // now and then an invalid config
   kvret_context* ctx = nullptr;
   if (tally(kCreate, kvret_create(&c, &ctx)) != KVRET_OK) {
@@ -158,12 +164,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Seq& s = seqs[r.below(4)];
     int32_t layer = static_cast<int32_t>(r.below(static_cast<uint32_t>(L)));
     uint32_t op = r.below(10);
-    // calls past the append go, 7 times in 8, to a layer that holds tokens, if there is one
-    if (op >= 5 && s.handle && s.k[static_cast<size_t>(layer)].empty() && r.below(8) != 0)
+    // calls past the append go, 7 times in 8, to a layer that holds tokens, if there is one (the exception is a
+    // byte of 7 mod 8, not 0: a mutated input is full of zeros, and an exhausted one reads them)
+    if (op >= 5 && s.handle && s.k[static_cast<size_t>(layer)].empty() && r.below(8) != 7)
       for (int32_t other = 0; other < L; ++other)
         if (!s.k[static_cast<size_t>(other)].empty()) layer = other;
     // and a select or fetch on a sequence with no tokens there becomes, 7 times in 8, its prefill
-    if ((op == 5 || op == 6) && s.handle && s.k[static_cast<size_t>(layer)].empty() && r.below(8) != 0) op = 3;
+    if ((op == 5 || op == 6) && s.handle && s.k[static_cast<size_t>(layer)].empty() && r.below(8) != 7) op = 3;
     switch (op) {
       case 0:
       case 1: {  // open (or reopen)
