@@ -19,7 +19,7 @@ Usage:
         --lengths 2048,4096,8000 --seeds 1,2,3 --jsonl out.jsonl --markdown out.md --plot out.png
     python3 tools/needle/needle_suite.py --report out.jsonl --markdown out.md --plot out.png   (tables only)
 
-Index variants: the names exact, pq, page, streaming, or NAME:field=value,... with kvret config fields, e.g.
+Index variants: the names exact, pq, page, cluster, streaming, or NAME:field=value,... with kvret config fields, e.g.
 "pq-m4:index_kind=pq,pq_m=4" or "pq-noexact:index_kind=pq,pq_exact_fraction=0".
 --check: exit 1 unless the reference answers every case right, EXACT does at every budget, and every variant named
 by --require does at the budgets >= --require-budget (the CTest case).
@@ -42,7 +42,7 @@ import smollm2  # noqa: E402
 
 LICENSE_DIR = "/usr/share/common-licenses"
 LICENSE_ORDER = ["GPL-3", "Apache-2.0", "LGPL-2.1", "GPL-2", "MPL-2.0", "GFDL-1.3", "LGPL-3", "Artistic", "CC0-1.0"]
-TRAINED = {"pq"}  # index kinds whose build depends on the seed
+TRAINED = {"pq", "cluster"}  # index kinds whose build depends on the seed (k-means)
 DOORS = ["red", "blue", "green", "yellow"]
 INTRO = (
     "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
