@@ -293,3 +293,10 @@ fn batches_refuse_sequences_of_another_context() {
     expect_status(ctx.select_batch(&mut [&mut mine, &mut theirs], 0, &queries, None), Status::InvalidHandle);
     assert_eq!(snapshot(&theirs), before);
 }
+
+#[test]
+fn a_batch_of_no_sequences_selects_nothing() {
+    let ctx = Context::new(&config()).unwrap();
+    let mut none: [&mut Sequence<'_>; 0] = [];
+    assert!(ctx.select_batch(&mut none, 0, &[] as &[f32], None).unwrap().is_empty());
+}

@@ -133,4 +133,29 @@ public class ErrorsTest {
       assertEquals(Status.INVALID_HANDLE, e.status());
     }
   }
+
+  @Test
+  public void theCasesOfTheBadInputTable() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      Tensor ints = Tensor.allocate(DType.I32, Fixtures.TOKENS, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+      expect(Status.DTYPE, () -> seq.appendPrefill(0, ints, ints)); // integer keys are refused, not converted
+      assertEquals(0, seq.length(0));
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor q = Fixtures.query(random);
+      // a device address on the CPU backend
+      Tensor device = Tensor.ofAddress(4096, DType.F32, DeviceType.CUDA, 0, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      expect(Status.DEVICE, () -> seq.select(0, device, Fixtures.BUDGET));
+      // a read-only output is refused before the call
+      Tensor readOnly = Tensor.wrap(
+          ByteBuffer.allocateDirect(Fixtures.KV_HEADS * Fixtures.BUDGET * 4)
+              .asReadOnlyBuffer()
+              .order(ByteOrder.nativeOrder()),
+          DType.I32, Fixtures.KV_HEADS, Fixtures.BUDGET);
+      assertThrows(IllegalArgumentException.class, () -> seq.selectInto(0, q, Fixtures.BUDGET, readOnly));
+      // a batch of no sequences selects nothing
+      Tensor none = Tensor.allocate(DType.F32, 0, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      assertEquals(0, ctx.selectBatch(java.util.List.of(), 0, none, Fixtures.BUDGET).size());
+      assertEquals(Fixtures.TOKENS, seq.length(0));
+    }
+  }
 }
