@@ -23,8 +23,8 @@ class ByteWriter {
     bytes_.insert(bytes_.end(), p, p + sizeof(T));
   }
   /// The element count, then the elements.
-  template <class T>
-  void array(const std::vector<T>& v) {
+  template <class T, class A>
+  void array(const std::vector<T, A>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     value<uint64_t>(v.size());
     if (v.empty()) return;  // data() may be null
@@ -50,14 +50,14 @@ class ByteReader {
     return x;
   }
   /// An array written by ByteWriter::array, of exactly `expected` elements when expected >= 0.
-  template <class T>
-  std::vector<T> array(int64_t expected = -1) {
+  template <class T, class A = std::allocator<T>>
+  std::vector<T, A> array(int64_t expected = -1) {
     const auto n = value<uint64_t>();
     KVRET_REQUIRE(n <= left_ / sizeof(T), KVRET_ERR_CORRUPT, "saved state: an array is longer than the data left");
     KVRET_REQUIRE(
         expected < 0 || n == static_cast<uint64_t>(expected), KVRET_ERR_CORRUPT,
         "saved state: an array of " + std::to_string(n) + " elements where " + std::to_string(expected) + " belong");
-    std::vector<T> v(static_cast<size_t>(n));
+    std::vector<T, A> v(static_cast<size_t>(n));
     if (n > 0) std::memcpy(v.data(), data_, static_cast<size_t>(n) * sizeof(T));  // an empty vector's data() is null
     advance(static_cast<size_t>(n) * sizeof(T));
     return v;

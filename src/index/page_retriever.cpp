@@ -207,8 +207,8 @@ void PageRetriever::restore(const HostKvStore& store, const std::byte* data, siz
   const bool empty = base == -1 && end == -1;
   require_intact(empty || (base >= 0 && base < end && end <= store.size()), "an indexed range outside the store");
   const int64_t pages = empty ? 0 : (end - base + page_size_ - 1) / page_size_;
-  std::vector<std::vector<float>> bounds(static_cast<size_t>(n_kv_));
-  for (auto& b : bounds) b = r.array<float>(pages * 2 * d_);
+  std::vector<LargeVector<float>> bounds(static_cast<size_t>(n_kv_));
+  for (auto& b : bounds) b = r.array<float, LargeAllocator<float>>(pages * 2 * d_);
   require_intact(r.left() == 0, "trailing bytes");
   bounds_.swap(bounds);  // commit
   base_ = base;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/large_vector.hpp"
 #include "index/retriever.hpp"
 
 namespace kvret {
@@ -57,7 +58,7 @@ class PageRetriever final : public Retriever {
   int n_kv_;
   int d_;
   int page_size_;
-  std::vector<std::vector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
+  std::vector<LargeVector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
 };
 
 }  // namespace kvret

@@ -26,8 +26,8 @@ constexpr int64_t kMaxExactShare = 2;
 
 /// Grows v's capacity geometrically so that it holds `needed` elements (reserve(size() + n) at every decode step
 /// would reallocate, and copy, at every step).
-template <class T>
-void reserve_for(std::vector<T>& v, size_t needed) {
+template <class T, class A>
+void reserve_for(std::vector<T, A>& v, size_t needed) {
   // 1.5x: amortized O(1) appends with at most half the index's size held in reserve (2x held up to all of it)
   if (v.capacity() < needed) v.reserve(std::max(v.capacity() + v.capacity() / 2, needed));
 }
@@ -156,7 +156,7 @@ std::vector<float> PqRetriever::train(const HostKvStore& store, int64_t begin, i
 }
 
 void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
-                         std::vector<std::vector<uint8_t>>& out, std::vector<std::vector<float>>* errors,
+                         std::vector<LargeVector<uint8_t>>& out, std::vector<std::vector<float>>* errors,
                          int n_threads) const {
   const int64_t n = end - begin;
   const int64_t blocks = (n + kEncodeBlock - 1) / kEncodeBlock;
@@ -190,10 +190,10 @@ void PqRetriever::encode(const HostKvStore& store, const std::vector<float>& cod
   parallel_for(tasks, n_threads, blocks > 1, Schedule::kDynamic, run);
 }
 
-void PqRetriever::derive_cells(const std::vector<std::vector<uint8_t>>& codes,
-                               const std::vector<std::vector<int64_t>>& exact_pos, int64_t base, int64_t n,
+void PqRetriever::derive_cells(const std::vector<LargeVector<uint8_t>>& codes,
+                               const std::vector<LargeVector<int64_t>>& exact_pos, int64_t base, int64_t n,
                                std::vector<std::vector<int32_t>>& counts,
-                               std::vector<std::vector<uint16_t>>& cells) const {
+                               std::vector<LargeVector<uint16_t>>& cells) const {
   counts.assign(static_cast<size_t>(n_kv_), {});
   cells.assign(static_cast<size_t>(n_kv_), {});
   if (!uses_cells() || n <= 0) return;
@@ -222,14 +222,14 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
 
   if (retrain) {
     std::vector<float> codebook = train(store, base, end, n_threads);
-    std::vector<std::vector<uint8_t>> codes(static_cast<size_t>(n_kv_));
+    std::vector<LargeVector<uint8_t>> codes(static_cast<size_t>(n_kv_));
     for (auto& c : codes) c.resize(static_cast<size_t>(total) * um);
     std::vector<std::vector<float>> errors;
     if (keeps_exact()) errors.assign(static_cast<size_t>(n_kv_), std::vector<float>(static_cast<size_t>(total)));
     encode(store, codebook, base, end, codes, keeps_exact() ? &errors : nullptr, n_threads);
     // The exact set of each head: the top exact_count tokens by reconstruction error, ties to the earlier token.
-    std::vector<std::vector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
-    std::vector<std::vector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
+    std::vector<LargeVector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
+    std::vector<LargeVector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
     const DType key_dtype = store.dtype();
     const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(key_dtype);
     std::vector<float> threshold(static_cast<size_t>(n_kv_), std::numeric_limits<float>::infinity());
@@ -255,11 +255,11 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
           std::memcpy(keys.data() + static_cast<size_t>(e) * row_bytes, store.key_row(h, pos), row_bytes);
           order[static_cast<size_t>(e)] = pos;
         }
-        exact_pos[static_cast<size_t>(h)] = std::move(order);
+        exact_pos[static_cast<size_t>(h)].assign(order.begin(), order.end());
       }
     }
     std::vector<std::vector<int32_t>> counts;
-    std::vector<std::vector<uint16_t>> cells;
+    std::vector<LargeVector<uint16_t>> cells;
     derive_cells(codes, exact_pos, base, total, counts, cells);
     // commit (no throw below)
     codebook_.swap(codebook);
@@ -275,7 +275,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
   }
 
   const int64_t n = end - begin;
-  std::vector<std::vector<uint8_t>> fresh(static_cast<size_t>(n_kv_));
+  std::vector<LargeVector<uint8_t>> fresh(static_cast<size_t>(n_kv_));
   for (auto& c : fresh) c.resize(static_cast<size_t>(n) * um);
   std::vector<std::vector<float>> errors;
   if (keeps_exact()) errors.assign(static_cast<size_t>(n_kv_), std::vector<float>(static_cast<size_t>(n)));
@@ -408,24 +408,25 @@ void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_
   const int64_t n = empty ? 0 : end - base;
   std::vector<float> threshold = r.array<float>(n_kv_);
   std::vector<float> codebook = r.array<float>(empty ? 0 : static_cast<int64_t>(n_kv_) * m_ * k_ * dsub_);
-  std::vector<std::vector<uint8_t>> codes(static_cast<size_t>(n_kv_));
-  std::vector<std::vector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
-  std::vector<std::vector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
+  std::vector<LargeVector<uint8_t>> codes(static_cast<size_t>(n_kv_));
+  std::vector<LargeVector<int64_t>> exact_pos(static_cast<size_t>(n_kv_));
+  std::vector<LargeVector<std::byte>> exact_keys(static_cast<size_t>(n_kv_));
   const size_t row_bytes = static_cast<size_t>(d_) * dtype_size(store.dtype());
   for (int h = 0; h < n_kv_; ++h) {
     auto& c = codes[static_cast<size_t>(h)];
-    c = r.array<uint8_t>(n * m_);
+    c = r.array<uint8_t, LargeAllocator<uint8_t>>(n * m_);
     for (const uint8_t code : c) require_intact(code < k_, "a code past the codebook");
     auto& pos = exact_pos[static_cast<size_t>(h)];
-    pos = r.array<int64_t>();
+    pos = r.array<int64_t, LargeAllocator<int64_t>>();
     for (size_t e = 0; e < pos.size(); ++e)
       require_intact(pos[e] >= base && pos[e] < end && (e == 0 || pos[e] > pos[e - 1]),
                      "exact positions outside the index or out of order");
-    exact_keys[static_cast<size_t>(h)] = r.array<std::byte>(static_cast<int64_t>(pos.size() * row_bytes));
+    exact_keys[static_cast<size_t>(h)] =
+        r.array<std::byte, LargeAllocator<std::byte>>(static_cast<int64_t>(pos.size() * row_bytes));
   }
   require_intact(r.left() == 0, "trailing bytes");
   std::vector<std::vector<int32_t>> counts;
-  std::vector<std::vector<uint16_t>> cells;
+  std::vector<LargeVector<uint16_t>> cells;
   derive_cells(codes, exact_pos, base, n, counts, cells);
   // commit (no throw below)
   codebook_.swap(codebook);
@@ -471,7 +472,7 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
       scaled_dots(qg + j * dsub_, d_, group, centroids(h, j), dsub_, k_, dsub_, r.scale, lut + j * k_, m_ * k_);
     const uint8_t* codes = codes_[static_cast<size_t>(h)].data();
     int32_t* out = out_rows[h];
-    const std::vector<int64_t>& exact_pos = exact_pos_[static_cast<size_t>(h)];
+    const LargeVector<int64_t>& exact_pos = exact_pos_[static_cast<size_t>(h)];
     const int64_t n_exact = static_cast<int64_t>(exact_pos.size());
     const std::byte* exact_keys = exact_keys_[static_cast<size_t>(h)].data();
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/large_vector.hpp"
 #include "index/retriever.hpp"
 
 namespace kvret {
@@ -70,7 +71,7 @@ class PqRetriever final : public Retriever {
   /// pure PQ score, exact tokens included (select replaces theirs by the exact q.k).
   void approximate_logits(int head, const float* q, float* out) const;
   /// Positions (absolute, ascending) of the tokens of `head` kept exact.
-  const std::vector<int64_t>& exact_positions(int head) const noexcept { return exact_pos_[static_cast<size_t>(head)]; }
+  const LargeVector<int64_t>& exact_positions(int head) const noexcept { return exact_pos_[static_cast<size_t>(head)]; }
   /// The keys of exact_positions(head) as f32: [exact_positions(head).size(), head_dim]. They are kept in the KV
   /// store's dtype (an f16 store's exact keys take half the bytes of f32 ones and score the same).
   std::vector<float> exact_keys_f32(int head) const;
@@ -85,14 +86,14 @@ class PqRetriever final : public Retriever {
  private:
   /// The cell of every token of each head ([n]) and the cells' counts without the exact tokens ([cells]), from
   /// the codes of positions [base, base + n); empty where cells are not used.
-  void derive_cells(const std::vector<std::vector<uint8_t>>& codes, const std::vector<std::vector<int64_t>>& exact_pos,
+  void derive_cells(const std::vector<LargeVector<uint8_t>>& codes, const std::vector<LargeVector<int64_t>>& exact_pos,
                     int64_t base, int64_t n, std::vector<std::vector<int32_t>>& counts,
-                    std::vector<std::vector<uint16_t>>& cells) const;
+                    std::vector<LargeVector<uint16_t>>& cells) const;
   std::vector<float> train(const HostKvStore& store, int64_t begin, int64_t end, int n_threads) const;
   /// Codes of [begin, end) into out (per head [n, m]); when errors is not null, also each token's squared
   /// reconstruction error sum_j ||k_j - C_j[code_j]||^2 (per head [n]).
   void encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
-              std::vector<std::vector<uint8_t>>& out, std::vector<std::vector<float>>* errors, int n_threads) const;
+              std::vector<LargeVector<uint8_t>>& out, std::vector<std::vector<float>>* errors, int n_threads) const;
   bool keeps_exact() const noexcept { return params_.exact_fraction > 0.0f; }
   void lookup_table(int head, const float* q, float scale, float* lut) const;
   bool uses_cells() const noexcept { return cells_ > 0; }
@@ -111,12 +112,12 @@ class PqRetriever final : public Retriever {
   int64_t cells_;  ///< k^m when <= 65536, else 0
   Params params_;
   std::vector<float> codebook_;                     ///< [H, m, k, dsub]
-  std::vector<std::vector<uint8_t>> codes_;         ///< per head [n, m]
+  std::vector<LargeVector<uint8_t>> codes_;         ///< per head [n, m]
   std::vector<std::vector<int32_t>> cell_counts_;   ///< per head [cells]
-  std::vector<std::vector<uint16_t>> cells_of_;     ///< per head [n]: the cell of each token (cell path only;
+  std::vector<LargeVector<uint16_t>> cells_of_;     ///< per head [n]: the cell of each token (cell path only;
                                                     ///< exact tokens keep theirs but are not counted in it)
-  std::vector<std::vector<int64_t>> exact_pos_;     ///< per head: positions of the exact tokens, ascending
-  std::vector<std::vector<std::byte>> exact_keys_;  ///< per head [exact, d]: their keys, in key_dtype_
+  std::vector<LargeVector<int64_t>> exact_pos_;     ///< per head: positions of the exact tokens, ascending
+  std::vector<LargeVector<std::byte>> exact_keys_;  ///< per head [exact, d]: their keys, in key_dtype_
   DType key_dtype_ = DType::F32;                    ///< the store's dtype at the last training
   std::vector<float> exact_threshold_;              ///< per head: see exact_threshold()
   int64_t trained_on_ = 0;

@@ -313,7 +313,8 @@ TEST_P(PqShapes, ExactSetIsTheTopFractionByReconstructionError) {
   for (int h = 0; h < 2; ++h) {
     const auto err = reconstruction_errors(pq, f.k.data, 2, 64, h);
     const auto expected = top_by_error(err, count, pq.base());
-    ASSERT_EQ(pq.exact_positions(h), expected) << "head " << h;
+    const auto& got = pq.exact_positions(h);
+    ASSERT_EQ(std::vector<int64_t>(got.begin(), got.end()), expected) << "head " << h;
     double smallest = INFINITY;
     for (int64_t e = 0; e < count; ++e) {
       const int64_t pos = pq.exact_positions(h)[static_cast<size_t>(e)];
@@ -529,7 +530,8 @@ struct DirectPqIndex {
     State s{{}, {}, {}, index.size(), index.bytes()};
     for (int h = 0; h < 2; ++h) {
       s.codes.emplace_back(index.codes(h), index.codes(h) + index.size() * index.m());
-      s.exact.push_back(index.exact_positions(h));
+      const auto& exact = index.exact_positions(h);
+      s.exact.emplace_back(exact.begin(), exact.end());
       s.keys.push_back(index.exact_keys_f32(h));
     }
     return s;
