@@ -267,13 +267,13 @@ impl Config {
         self
     }
 
-    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill; default 80
+    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill (ceil(n / this) clusters); default 80
     pub fn cluster_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_tokens = self.int_field("cluster_tokens", value);
         self
     }
 
-    /// `kvret_config.cluster_decode_interval`: re-cluster decoded tokens every this many; default 320
+    /// `kvret_config.cluster_decode_interval`: decode tokens clustered at a time (scored exactly until then); default 320
     pub fn cluster_decode_interval(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_decode_interval = self.int_field("cluster_decode_interval", value);
         self

@@ -155,12 +155,18 @@ public final class Config {
     return fields.getPq_train_sample();
   }
 
-  /** kvret_config.cluster_tokens: tokens per cluster at prefill; default 80 */
+  /**
+   * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
+   * 80
+   */
   public int clusterTokens() {
     return fields.getCluster_tokens();
   }
 
-  /** kvret_config.cluster_decode_interval: re-cluster decoded tokens every this many; default 320 */
+  /**
+   * kvret_config.cluster_decode_interval: decode tokens clustered at a time (scored exactly until
+   * then); default 320
+   */
   public int clusterDecodeInterval() {
     return fields.getCluster_decode_interval();
   }
@@ -401,13 +407,19 @@ public final class Config {
       return this;
     }
 
-    /** kvret_config.cluster_tokens: tokens per cluster at prefill; default 80 */
+    /**
+     * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
+     * 80
+     */
     public Builder clusterTokens(int value) {
       fields.setCluster_tokens(value);
       return this;
     }
 
-    /** kvret_config.cluster_decode_interval: re-cluster decoded tokens every this many; default 320 */
+    /**
+     * kvret_config.cluster_decode_interval: decode tokens clustered at a time (scored exactly until
+     * then); default 320
+     */
     public Builder clusterDecodeInterval(int value) {
       fields.setCluster_decode_interval(value);
       return this;
