@@ -5,7 +5,8 @@
 //    64^4 code tuples, too many for cells, so every token is scored from its own codes);
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
-//  - working-set fetch against plain memcpy of the same bytes.
+//  - working-set fetch against plain memcpy of the same bytes;
+//  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend).
 // Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
 #include <benchmark/benchmark.h>
 
@@ -113,6 +114,45 @@ void select_bench(benchmark::State& state, int index_kind, float exact_fraction 
   }
 }
 
+/// The append of one decode token (store + the index entry of the token leaving the local window) after a 1024-token
+/// prefill and `state.range(0)` decoded tokens, PQ at its defaults: flat in the sequence's length (the index arrays
+/// grow geometrically, nothing is copied per step).
+void BM_DecodeAppend(benchmark::State& state) {
+  const int64_t decoded = state.range(0);
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 1;
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  if (kvret_create(&c, &ctx) != KVRET_OK || kvret_seq_open(ctx, &seq) != KVRET_OK) {
+    state.SkipWithError(kvret_last_error());
+    return;
+  }
+  constexpr int64_t kPrefill = 1024;
+  kvret::workload::Config wc;
+  wc.n_layers = 1;
+  wc.n_prefill = kPrefill;
+  kvret::workload::Workload w(wc);
+  std::vector<float> k(static_cast<size_t>(kPrefill * kKvHeads * kDim)), v(k.size());
+  w.keys_values(0, 0, kPrefill, k.data(), v.data());
+  Tensor kt(k.data(), {kPrefill, kKvHeads, kDim}, kF32), vt(v.data(), {kPrefill, kKvHeads, kDim}, kF32);
+  kvret_append_prefill(seq, 0, &kt.t, &vt.t);
+  kvret_wait_index(seq, -1);
+  // decode tokens: the prefill's keys again, one at a time
+  auto step = [&](int64_t i) {
+    const int64_t t = i % kPrefill;
+    Tensor k1(k.data() + t * kKvHeads * kDim, {kKvHeads, kDim}, kF32);
+    Tensor v1(v.data() + t * kKvHeads * kDim, {kKvHeads, kDim}, kF32);
+    return kvret_append_decode(seq, 0, &k1.t, &v1.t);
+  };
+  for (int64_t i = 0; i < decoded; ++i) step(i);
+  int64_t i = decoded;
+  for (auto _ : state)
+    if (step(i++) != KVRET_OK) state.SkipWithError(kvret_last_error());
+  state.counters["decoded"] = static_cast<double>(decoded);
+  kvret_destroy(ctx);
+}
+
 // PQ at the library's defaults (m = 4, 2% exact outliers), without the exact outliers, with 5%; and m = 2 (the cell
 // path), with the default exact outliers and without (PQCache's setting).
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
@@ -190,6 +230,7 @@ BENCHMARK(BM_BuildPq)
     ->UseManualTime()
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeAppend)->Arg(1000)->Arg(10000)->Arg(100000)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
