@@ -1,7 +1,7 @@
 #pragma once
 // A retriever indexes the middle tokens of one (sequence, layer) and selects, per KV head, the `budget` middle
-// positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), page (Quest),
-// streaming (none).
+// positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), page (Quest), cluster
+// (ClusterKV), streaming (none).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
