@@ -1,50 +1,9 @@
 //! prefill -> select -> fetch -> attend through slices, errors as `Err`, RAII and threads.
 
-use kvret::{Config, Context, IndexKind, KvDtype, Sequence, Status, TensorRef, F16};
+mod common;
 
-const LAYERS: usize = 2;
-const Q_HEADS: usize = 8;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 64;
-const SINK: usize = 4;
-const LOCAL: usize = 16;
-const BUDGET: usize = 32;
-const TOKENS: usize = 400;
-
-fn config() -> Config {
-    Config::new()
-        .n_layers(LAYERS)
-        .n_q_heads(Q_HEADS)
-        .n_kv_heads(KV_HEADS)
-        .head_dim(HEAD_DIM)
-        .kv_dtype(KvDtype::F32)
-        .index_kind(IndexKind::Exact)
-        .n_sink(SINK)
-        .n_local(LOCAL)
-        .budget(BUDGET)
-}
-
-/// A small deterministic generator (xorshift + Box-Muller), so the tests need no crates.
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    fn gaussian(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| ((-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()) as f32)
-            .collect()
-    }
-}
-
-fn kv(rng: &mut Rng) -> (Vec<f32>, Vec<f32>) {
-    (rng.gaussian(TOKENS * KV_HEADS * HEAD_DIM), rng.gaussian(TOKENS * KV_HEADS * HEAD_DIM))
-}
+use common::*;
+use kvret::{Context, KvDtype, Sequence, Status, TensorRef, F16};
 
 fn reference_attention(q: &[f32], k: &[f32], v: &[f32], rows: usize, capacity: usize) -> Vec<f64> {
     let group = Q_HEADS / KV_HEADS;
