@@ -11,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
+#include "index/kmeans.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 
@@ -123,18 +124,7 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
   std::vector<float> xn(static_cast<size_t>(n) * d);
   normalize_rows(x, n, d, xn.data());
 
-  // Forgy init: a partial Fisher-Yates shuffle of the point indices.
-  uint64_t state = seed;
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-  const int64_t distinct = std::min<int64_t>(n, k);
-  for (int64_t i = 0; i < distinct; ++i) {
-    const int64_t j = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(n - i));
-    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-  }
-  for (int j = 0; j < k; ++j)
-    std::memcpy(&r.directions[static_cast<size_t>(j) * d], xn.data() + order[static_cast<size_t>(j % distinct)] * d,
-                sizeof(float) * static_cast<size_t>(d));
+  forgy_init(xn.data(), n, d, d, k, seed, r.directions.data());  // the seeds: k of the points, drawn without repeats
 
   r.labels.assign(static_cast<size_t>(n), -1);
   std::vector<float> cosine(static_cast<size_t>(n));

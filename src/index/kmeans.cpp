@@ -153,14 +153,9 @@ void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const fl
 template void assign_nearest<uint8_t>(const float*, int64_t, int, int64_t, const float*, int, uint8_t*, float*, bool);
 template void assign_nearest<int32_t>(const float*, int64_t, int, int64_t, const float*, int, int32_t*, float*, bool);
 
-KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const KmeansOptions& o) {
-  KmeansResult r;
-  const int k = std::clamp(o.k, 1, kMaxK);
-  r.centroids.assign(static_cast<size_t>(k) * d, 0.0f);
-  if (n <= 0) return r;
-
-  // Forgy init: a partial Fisher-Yates shuffle of the point indices.
-  uint64_t state = o.seed;
+void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint64_t seed, float* out) {
+  // a partial Fisher-Yates shuffle of the point indices; with fewer points than centroids they repeat
+  uint64_t state = seed;
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
   const int64_t distinct = std::min<int64_t>(n, k);
@@ -169,8 +164,17 @@ KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const Km
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
   for (int j = 0; j < k; ++j)
-    std::memcpy(&r.centroids[static_cast<size_t>(j) * d], x + order[static_cast<size_t>(j % distinct)] * x_stride,
+    std::memcpy(out + static_cast<size_t>(j) * d, x + order[static_cast<size_t>(j % distinct)] * x_stride,
                 sizeof(float) * static_cast<size_t>(d));
+}
+
+KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const KmeansOptions& o) {
+  KmeansResult r;
+  const int k = std::clamp(o.k, 1, kMaxK);
+  r.centroids.assign(static_cast<size_t>(k) * d, 0.0f);
+  if (n <= 0) return r;
+
+  forgy_init(x, n, d, x_stride, k, o.seed, r.centroids.data());
 
   std::vector<int32_t> assign(static_cast<size_t>(n));
   std::vector<float> dist(static_cast<size_t>(n));

@@ -30,6 +30,10 @@ struct KmeansResult {
 /// Clusters n points of dimension d (row i at x + i * x_stride).
 KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const KmeansOptions& options);
 
+/// Forgy initialization: out [k, d] = k of the n points (rows of x, x_stride apart) drawn without repeats by a
+/// partial Fisher-Yates shuffle seeded with `seed` (points repeat, in the same order, when n < k).
+void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint64_t seed, float* out);
+
 /// For each of n points (row i at x + i * x_stride) the index of the nearest of k centroids ([k, d] row-major),
 /// written to codes[i]; the squared distance to it to distances[i] when distances is not NULL.
 template <class Code>
