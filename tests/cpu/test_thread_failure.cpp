@@ -7,9 +7,11 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/error.hpp"
 #include "engine/build_queue.hpp"
@@ -33,9 +35,22 @@ int thread_count() {
   return n;
 }
 
+/// thread_count() once it has held still for 20 ms: a thread an earlier test joined may still be listed for a
+/// moment while the kernel finishes its exit.
+int settled_thread_count() {
+  int last = thread_count();
+  for (int still = 0, tries = 0; still < 4 && tries < 200; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const int now = thread_count();
+    still = now == last ? still + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
 TEST(ThreadFailure, CreateReportsOutOfMemoryAndLeavesNothing) {
   kvret_config c = test::small_config();
-  const int before = thread_count();
+  const int before = settled_thread_count();
   ASSERT_GT(before, 0);
   kvret_context* ctx = reinterpret_cast<kvret_context*>(&c);  // a sentinel the failed call must overwrite
   g_worker_starts_until_failure = 0;
@@ -45,7 +60,7 @@ TEST(ThreadFailure, CreateReportsOutOfMemoryAndLeavesNothing) {
   EXPECT_EQ(status, KVRET_ERR_OUT_OF_MEMORY) << kvret_status_string(status) << ": " << kvret_last_error();
   EXPECT_EQ(ctx, nullptr);
   EXPECT_NE(std::string(kvret_last_error()).find("background build thread"), std::string::npos) << kvret_last_error();
-  EXPECT_EQ(thread_count(), before);  // the leak check is the sanitizers'
+  EXPECT_LE(settled_thread_count(), before);  // no thread left behind (the leak check is the sanitizers')
 
   // the next create starts its worker, and a background build runs on it
   c.background_build = 1;
@@ -66,7 +81,7 @@ TEST(ThreadFailure, CreateReportsOutOfMemoryAndLeavesNothing) {
 }
 
 TEST(ThreadFailure, AQueueWhoseSecondWorkerFailsJoinsTheFirst) {
-  const int before = thread_count();
+  const int before = settled_thread_count();
   g_worker_starts_until_failure = 1;  // the first worker starts, the second does not
   try {
     BuildQueue queue(3);
@@ -75,7 +90,7 @@ TEST(ThreadFailure, AQueueWhoseSecondWorkerFailsJoinsTheFirst) {
     EXPECT_EQ(e.status(), KVRET_ERR_OUT_OF_MEMORY) << e.what();
   }
   g_worker_starts_until_failure = -1;
-  EXPECT_EQ(thread_count(), before);
+  EXPECT_LE(settled_thread_count(), before);  // the first worker was joined
 }
 
 /// In this process: the threads that a prefill, select, fetch and attend of a context with n_threads added to the
