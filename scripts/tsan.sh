@@ -20,11 +20,6 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDeb
   -DCMAKE_EXE_LINKER_FLAGS="$link" -DCMAKE_SHARED_LINKER_FLAGS="$link" \
   -DCMAKE_CXX_STANDARD_LIBRARIES="-lstdc++ -lm" >/dev/null
 cmake --build "$dir" --target test_cpu
-# One known report is suppressed until its fix lands: HostKvStore::append decides whether a KV page is still shared
-# by a fork with shared_ptr::use_count(), a relaxed load, so writing into a page that another fork's thread has just
-# copied and dropped is not ordered after that copy's reads (Fork.BranchesRunOnTheirOwnThreads reports it). The
-# suppression hides every race with append in its stacks: delete it with the fix.
-printf 'race:kvret::HostKvStore::append\n' >"$dir/tsan.supp"
 # second_deadlock_stack: a lock-order report names both acquisitions
-TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$dir/tsan.supp" \
+TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1" \
   timeout 900 "$dir/bin/test_cpu" --gtest_brief=1

@@ -77,6 +77,16 @@ HostKvStore HostKvStore::fork() const {
   return copy;
 }
 
+namespace {
+/// Whether another store holds `page`. use_count() is a relaxed load: a count of 1 would not order this store's
+/// writes after the last reads of an owner that dropped the page on another thread (a data race). Dropping a copy
+/// of the handle does: its decrement, an acquire, reads the count through the release of every earlier owner's.
+bool shared(const std::shared_ptr<std::byte>& page) noexcept {
+  { const std::shared_ptr<std::byte> probe = page; }
+  return page.use_count() > 1;
+}
+}  // namespace
+
 void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t tokens, bool tokens_dim) {
   const int64_t grow = bytes_to_grow(tokens);
   require(grow < INT64_MAX, KVRET_ERR_OUT_OF_MEMORY,
@@ -91,7 +101,7 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
   const auto last = std::min(pages_.size(), static_cast<size_t>(total / kPageTokens + (total % kPageTokens != 0)));
   std::vector<std::pair<size_t, Page>> copies;
   for (size_t p = first; p < last; ++p) {
-    if (pages_[p].use_count() <= 1) continue;
+    if (!shared(pages_[p])) continue;
     Page page = new_page();
     std::memcpy(page.get(), pages_[p].get(), static_cast<size_t>(page_bytes_));
     copies.emplace_back(p, std::move(page));
