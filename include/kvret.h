@@ -237,7 +237,8 @@ typedef struct kvret_seq kvret_seq;
  *  backend, where every call completes before it returns. */
 typedef struct kvret_stream_opaque* kvret_stream;
 
-/** Creates a context from *config (NULL = defaults). Validates the whole config; on failure *out is NULL. */
+/** Creates a context from *config (NULL = defaults). Validates the whole config; on failure *out is NULL.
+ *  KVRET_ERR_OUT_OF_MEMORY also when the context's background build thread cannot be started. */
 KVRET_API kvret_status kvret_create(const kvret_config* config, kvret_context** out);
 /** Waits for background work, closes every open sequence and frees the context. NULL is a no-op (KVRET_OK). */
 KVRET_API kvret_status kvret_destroy(kvret_context* ctx);
