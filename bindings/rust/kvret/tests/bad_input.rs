@@ -300,3 +300,17 @@ fn a_batch_of_no_sequences_selects_nothing() {
     let mut none: [&mut Sequence<'_>; 0] = [];
     assert!(ctx.select_batch(&mut none, 0, &[] as &[f32], None).unwrap().is_empty());
 }
+
+#[test]
+fn select_scored_refuses_what_select_refuses() {
+    let ctx = Context::new(&config()).unwrap();
+    let (mut seq, q, _) = prefilled(&ctx);
+    let before = snapshot(&seq);
+    for len in wrong_lengths(Q_LEN, HEAD_DIM) {
+        expect_status(seq.select_scored(0, &vec![0f32; len], None), Status::Shape);
+    }
+    expect_status(seq.select_scored(0, &q, Some(0)), Status::Budget);
+    expect_status(seq.select_scored(0, &q, Some(usize::MAX)), Status::Budget);
+    expect_status(seq.select_scored(LAYERS, &q, None), Status::OutOfRange);
+    assert_eq!(snapshot(&seq), before);
+}

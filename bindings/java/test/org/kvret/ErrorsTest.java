@@ -152,6 +152,10 @@ public class ErrorsTest {
               .order(ByteOrder.nativeOrder()),
           DType.I32, Fixtures.KV_HEADS, Fixtures.BUDGET);
       assertThrows(IllegalArgumentException.class, () -> seq.selectInto(0, q, Fixtures.BUDGET, readOnly));
+      // selectScored refuses what select refuses, and changes nothing
+      expect(Status.BUDGET, () -> seq.selectScored(0, q, 0));
+      expect(Status.SHAPE, () -> seq.selectScored(0, Tensor.allocate(DType.F32, Fixtures.Q_HEADS, 3), 8));
+      expect(Status.DEVICE, () -> seq.selectScored(0, device, 8));
       // a batch of no sequences selects nothing
       Tensor none = Tensor.allocate(DType.F32, 0, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
       assertEquals(0, ctx.selectBatch(java.util.List.of(), 0, none, Fixtures.BUDGET).size());
