@@ -1,0 +1,42 @@
+#pragma once
+// Checks and clamps of where the kernels read keys and values: 16-byte alignment of host-store rows and page bases
+// (the gather, the block-cache fill and decode attention move 16-byte pieces), and the rows a sequence really has.
+#include "../kv_source.h"
+#include "hd.h"
+
+namespace kvret::cuda::math {
+
+/// True when every row of a host store described by `view` is 16-byte aligned: every page base (given here as the
+/// host's copy of the page-pointer array, which view.k_pages / v_pages point to on the device side) is a multiple
+/// of 16, and so are token_stride and head_stride. Also checks that the pages cover n_tokens. A builder of a
+/// HostKvView calls this before handing it to a launch; false means the view must not be used (the launchers
+/// answer cudaErrorInvalidValue for such a view).
+inline bool host_kv_view_aligned(const HostKvView& view, const void* const* k_pages_host,
+                                 const void* const* v_pages_host, int64_t n_pages) {
+  if (view.page_tokens <= 0 || view.n_tokens < 0 || n_pages < 0) return false;
+  if (view.token_stride % 16 != 0 || view.head_stride % 16 != 0) return false;
+  if (view.n_tokens > 0 && (n_pages == 0 || view.n_tokens > n_pages * view.page_tokens)) return false;
+  if (n_pages > 0 && (k_pages_host == nullptr || v_pages_host == nullptr)) return false;
+  for (int64_t i = 0; i < n_pages; ++i) {
+    if (!aligned16(k_pages_host[i]) || !aligned16(v_pages_host[i])) return false;
+  }
+  return true;
+}
+
+/// True when a dense [heads, capacity, head_dim] buffer of `row_bytes`-byte rows can be read 16 bytes at a time.
+KVRET_HD bool dense_rows_aligned(const void* base, int64_t row_bytes) { return aligned16(base) && row_bytes % 16 == 0; }
+
+/// The rows decode attention attends for a sequence: n_rows clamped to [0, min(kv_capacity, max_rows)] (the launch
+/// sizes its chunks by max_rows; rows at or beyond kv_capacity belong to the next head).
+KVRET_HD int32_t attention_clamp_rows(int32_t n_rows, int64_t kv_capacity, int32_t max_rows) {
+  int64_t hi = kv_capacity < max_rows ? kv_capacity : max_rows;
+  return static_cast<int32_t>(clamp_i64(n_rows, 0, hi < 0 ? 0 : hi));
+}
+
+/// The rows the gather writes for a sequence: n_rows clamped to [0, min(out_capacity, max_rows)].
+KVRET_HD int32_t gather_clamp_rows(int32_t n_rows, int64_t out_capacity, int32_t max_rows) {
+  int64_t hi = out_capacity < max_rows ? out_capacity : max_rows;
+  return static_cast<int32_t>(clamp_i64(n_rows, 0, hi < 0 ? 0 : hi));
+}
+
+}  // namespace kvret::cuda::math
