@@ -71,12 +71,13 @@ struct HeadTail {
 };
 
 void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRetriever::Segment& seg, uint64_t seed,
-                     int max_iters, HeadTail& out) {
+                     const ClusterRetriever::Params& params, HeadTail& out) {
   const int64_t n = seg.end - seg.begin;
   const int k = seg.clusters;
   std::vector<float> keys(static_cast<size_t>(n) * d);
   store.keys_f32(head, seg.begin, seg.end, keys.data());
-  const CosineKmeansResult km = cosine_kmeans(keys.data(), n, d, k, seed, max_iters);
+  const int64_t sample = static_cast<int64_t>(params.sample_per_cluster) * k;
+  const CosineKmeansResult km = cosine_kmeans(keys.data(), n, d, k, seed, params.max_iters, sample);
 
   std::vector<int32_t> sizes(static_cast<size_t>(k), 0);
   for (const int32_t l : km.labels) ++sizes[static_cast<size_t>(l)];
@@ -116,7 +117,8 @@ void reserve_for(std::vector<T>& v, size_t needed) {
 
 }  // namespace
 
-CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters) {
+CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters,
+                                 int64_t sample) {
   CosineKmeansResult r;
   k = std::max(1, k);
   r.directions.assign(static_cast<size_t>(k) * d, 0.0f);
@@ -124,17 +126,37 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
   std::vector<float> xn(static_cast<size_t>(n) * d);
   normalize_rows(x, n, d, xn.data());
 
-  forgy_init(xn.data(), n, d, d, k, seed, r.directions.data());  // the seeds: k of the points, drawn without repeats
+  // the training points: all of them, or a sample of at least k drawn without repeats, in their order
+  const int64_t m = sample > 0 ? std::min(n, std::max<int64_t>(sample, k)) : n;
+  std::vector<float> drawn;
+  if (m < n) {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    uint64_t state = seed ^ 0x73616d706c65ull;  // another stream than forgy_init's
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t j = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(n - i));
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+    }
+    std::sort(order.begin(), order.begin() + m);
+    drawn.resize(static_cast<size_t>(m) * d);
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(drawn.data() + i * d, xn.data() + order[static_cast<size_t>(i)] * d,
+                  sizeof(float) * static_cast<size_t>(d));
+  }
+  const float* train = m < n ? drawn.data() : xn.data();
+  r.trained = m;
 
-  r.labels.assign(static_cast<size_t>(n), -1);
-  std::vector<float> cosine(static_cast<size_t>(n));
+  forgy_init(train, m, d, d, k, seed, r.directions.data());  // the seeds: k of the points, drawn without repeats
+
+  std::vector<int32_t> labels(static_cast<size_t>(m), -1);
+  std::vector<float> cosine(static_cast<size_t>(m));
   std::vector<float> scratch;
   std::vector<double> sums(static_cast<size_t>(k) * d);
   std::vector<int64_t> counts(static_cast<size_t>(k));
   const int iters = std::max(1, max_iters);
   for (int it = 0; it < iters; ++it) {
     const int64_t changed =
-        assign_max_cosine(xn.data(), n, d, r.directions.data(), k, r.labels.data(), cosine.data(), scratch);
+        assign_max_cosine(train, m, d, r.directions.data(), k, labels.data(), cosine.data(), scratch);
     double objective = 0;
     for (const float c : cosine) objective += c;
     r.objective.push_back(objective);
@@ -143,10 +165,10 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
 
     std::fill(sums.begin(), sums.end(), 0.0);
     std::fill(counts.begin(), counts.end(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const size_t c = static_cast<size_t>(r.labels[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < m; ++i) {
+      const size_t c = static_cast<size_t>(labels[static_cast<size_t>(i)]);
       ++counts[c];
-      const float* xi = xn.data() + i * d;
+      const float* xi = train + i * d;
       double* s = &sums[c * static_cast<size_t>(d)];
       for (int t = 0; t < d; ++t) s[t] += xi[t];
     }
@@ -165,16 +187,23 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
         continue;
       }
       if (lowest.empty()) {
-        lowest.resize(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) lowest[static_cast<size_t>(i)] = i;
+        lowest.resize(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i) lowest[static_cast<size_t>(i)] = i;
         std::sort(lowest.begin(), lowest.end(), [&](int64_t a, int64_t b) {
           return cosine[static_cast<size_t>(a)] < cosine[static_cast<size_t>(b)] ||
                  (cosine[static_cast<size_t>(a)] == cosine[static_cast<size_t>(b)] && a < b);
         });
       }
       const int64_t p = lowest[next_low++ % lowest.size()];
-      std::memcpy(c, xn.data() + p * d, sizeof(float) * static_cast<size_t>(d));
+      std::memcpy(c, train + p * d, sizeof(float) * static_cast<size_t>(d));
     }
+  }
+  if (m == n) {
+    r.labels = std::move(labels);
+  } else {  // every point, once, to the max-cosine of the trained directions
+    r.labels.assign(static_cast<size_t>(n), -1);
+    cosine.resize(static_cast<size_t>(n));
+    assign_max_cosine(xn.data(), n, d, r.directions.data(), k, r.labels.data(), cosine.data(), scratch);
   }
   return r;
 }
@@ -189,6 +218,8 @@ ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& p
       ids_(static_cast<size_t>(n_kv_heads)) {
   require(params.cluster_tokens >= 1 && params.decode_interval >= 1 && params.decode_k >= 1, KVRET_ERR_INVALID_ARGUMENT,
           "cluster_tokens, cluster_decode_interval and cluster_decode_k must be >= 1");
+  require(params.segment_tokens >= 0 && params.sample_per_cluster >= 0, KVRET_ERR_INVALID_ARGUMENT,
+          "segment_tokens and sample_per_cluster must be >= 0");
   require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim above kMaxHeadDim");
 }
 
@@ -221,9 +252,13 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
     next_cluster += k;
     clustered = seg_end;
   };
-  if (may_retrain) {  // a prefill: everything not yet clustered, pending decode tokens included
-    const int64_t n = end - clustered;
-    if (n > 0) add(end, (n + params_.cluster_tokens - 1) / params_.cluster_tokens);
+  if (may_retrain) {  // a prefill: everything not yet clustered, pending decode tokens included, in equal segments
+    const int64_t start = clustered, n = end - start;
+    const int64_t parts = params_.segment_tokens > 0 ? (n + params_.segment_tokens - 1) / params_.segment_tokens : 1;
+    for (int64_t i = 1; i <= parts && n > 0; ++i) {
+      const int64_t seg_end = start + n * i / parts;
+      add(seg_end, (seg_end - clustered + params_.cluster_tokens - 1) / params_.cluster_tokens);
+    }
   } else {  // decode: every full interval of pending tokens
     while (end - clustered >= params_.decode_interval) add(clustered + params_.decode_interval, params_.decode_k);
   }
@@ -231,13 +266,12 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
 
   // Cluster aside; everything that may throw happens before the commit.
   std::vector<HeadTail> tails(static_cast<size_t>(n_kv_));
-  parallel_for(n_kv_, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic,
-               [&](int64_t h_i) {
-                 const auto h = static_cast<int>(h_i);
-                 for (const Segment& seg : fresh)
-                   cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_.max_iters,
-                                   tails[static_cast<size_t>(h)]);
-               });
+  parallel_for(
+      n_kv_, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
+        const auto h = static_cast<int>(h_i);
+        for (const Segment& seg : fresh)
+          cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_, tails[static_cast<size_t>(h)]);
+      });
   const auto total_clusters = static_cast<size_t>(next_cluster);
   const auto total_ids = static_cast<size_t>(clustered - base);
   reserve_for(segments_, segments_.size() + fresh.size());

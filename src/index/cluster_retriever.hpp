@@ -5,7 +5,8 @@
 //
 // The indexed range is cut into segments of consecutive positions, each clustered once and never again:
 //   - a prefill extend (may_retrain) clusters every not yet clustered token up to its end (the pending decode
-//     tokens before it included) into ceil(n / cluster_tokens) clusters (at most n);
+//     tokens before it included): n tokens make ceil(n / segment_tokens) segments of equal length (one when
+//     segment_tokens is 0), each of ceil(len / cluster_tokens) clusters (at most len), so the build is linear in n;
 //   - decode tokens wait in a pending tail; every cluster_decode_interval of them become one segment of
 //     min(cluster_decode_k, interval) clusters. The prefill clusters stay as they are.
 // Pending tokens are selectable: each is a group of its own, scored by its exact q . k (at most interval - 1 keys
@@ -32,22 +33,30 @@ namespace kvret {
 /// the cosines), then moves each centroid to the normalized mean of its points' unit vectors (the maximizer of the
 /// cluster's sum of cosines); an emptied centroid is re-seeded at the point of lowest cosine, so the objective does
 /// not fall (up to float rounding). Stops when no assignment changed, or after max_iters iterations.
+///
+/// With 0 < sample < n the iterations run on `sample` of the points (at least k), drawn without repeats with the
+/// seed and kept in their order, and every point is then assigned once to the max-cosine of the trained directions
+/// (the cost of an iteration falls from n to sample points; the final assignment is one pass over n).
 struct CosineKmeansResult {
   std::vector<float> directions;  ///< [k, d]: the unit centroids the last assignment used
-  std::vector<int32_t> labels;    ///< [n]
-  std::vector<double> objective;  ///< after each iteration's assignment
+  std::vector<int32_t> labels;    ///< [n]: every point's max-cosine direction
+  std::vector<double> objective;  ///< after each iteration's assignment, over the training points
   int iterations = 0;
+  int64_t trained = 0;  ///< the training points: n, or the sample
 };
-CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters);
+CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters,
+                                 int64_t sample = 0);
 
 class ClusterRetriever final : public Retriever {
  public:
   struct Params {
-    int cluster_tokens = 80;    ///< tokens per cluster at prefill
-    int decode_interval = 320;  ///< pending decode tokens clustered at a time
-    int decode_k = 4;           ///< clusters per decode interval
-    int max_iters = 10;         ///< k-means iteration cap
-    uint64_t seed = 42;         ///< the layer's seed (config.seed and the layer)
+    int cluster_tokens = 80;      ///< tokens per cluster at prefill
+    int decode_interval = 320;    ///< pending decode tokens clustered at a time
+    int decode_k = 4;             ///< clusters per decode interval
+    int max_iters = 10;           ///< k-means iteration cap
+    int segment_tokens = 8192;    ///< most tokens one prefill k-means clusters (0: no limit)
+    int sample_per_cluster = 16;  ///< k-means trains on at most this many keys per cluster (0: on every key)
+    uint64_t seed = 42;           ///< the layer's seed (config.seed and the layer)
   };
   /// One clustered run of positions [begin, end), owning clusters [first_cluster, first_cluster + clusters).
   struct Segment {

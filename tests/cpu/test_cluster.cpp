@@ -336,6 +336,88 @@ TEST(Cluster, KmeansIsDeterministicAndSeeded) {
   EXPECT_EQ(one.iterations, 1);
 }
 
+// Training on a sample: every point (sampled or not) is at its max-cosine direction of the trained directions; the
+// objective over the training points never falls; a sample of n or more is the plain k-means, bit for bit.
+TEST(Cluster, SampledKmeansAssignsEveryPointToItsMaxCosineDirection) {
+  constexpr int64_t n = 3000;
+  constexpr int k = 30;
+  F32 keys({n, 1, kD}), values({n, 1, kD});
+  test::clustered_kv(n, 1, kD, 21, keys, values);
+  const CosineKmeansResult r = cosine_kmeans(keys.data.data(), n, kD, k, 3, 10, 16 * k);
+  ASSERT_EQ(r.trained, 16 * k);
+  ASSERT_EQ(static_cast<int64_t>(r.labels.size()), n);
+  ASSERT_EQ(static_cast<int>(r.objective.size()), r.iterations);
+  ASSERT_LE(r.iterations, 10);
+  for (size_t i = 1; i < r.objective.size(); ++i)
+    ASSERT_GE(r.objective[i], r.objective[i - 1] - 1e-6 * std::fabs(r.objective[i - 1])) << "iteration " << i;
+  std::vector<int64_t> sizes(k, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto x = unit(keys.data.data() + i * kD, kD);
+    double best = -2;
+    for (int j = 0; j < k; ++j) best = std::max(best, dotd(x.data(), &r.directions[static_cast<size_t>(j) * kD], kD));
+    const int32_t l = r.labels[static_cast<size_t>(i)];
+    ASSERT_GE(l, 0);
+    ASSERT_LT(l, k);
+    ASSERT_GE(dotd(x.data(), &r.directions[static_cast<size_t>(l) * kD], kD), best - 1e-5) << "point " << i;
+    ++sizes[static_cast<size_t>(l)];
+  }
+  EXPECT_GT(*std::min_element(sizes.begin(), sizes.end()), 0) << "a trained direction no point chose";
+
+  const auto again = cosine_kmeans(keys.data.data(), n, kD, k, 3, 10, 16 * k);
+  EXPECT_EQ(again.labels, r.labels);
+  EXPECT_EQ(again.directions, r.directions);
+  const auto other_seed = cosine_kmeans(keys.data.data(), n, kD, k, 4, 10, 16 * k);
+  EXPECT_NE(other_seed.directions, r.directions);
+  const auto whole = cosine_kmeans(keys.data.data(), n, kD, k, 3, 10);
+  for (const int64_t sample : {n, n + 1, int64_t{0}}) {
+    const auto same = cosine_kmeans(keys.data.data(), n, kD, k, 3, 10, sample);
+    EXPECT_EQ(same.trained, n);
+    EXPECT_EQ(same.labels, whole.labels);
+    EXPECT_EQ(same.directions, whole.directions);
+  }
+  EXPECT_EQ(cosine_kmeans(keys.data.data(), n, kD, k, 3, 10, 5).trained, k) << "at least k training points";
+}
+
+// A long prefill is cut into segments of equal length, at most segment_tokens each, each of ceil(len /
+// cluster_tokens) clusters, with the layout properties; the build does not depend on the thread count.
+TEST(Cluster, LongPrefillIsClusteredInSegmentsOfAtMostSegmentTokens) {
+  ClusterFixture f(3000, 11);
+  f.prefill(0, 3000);
+  const ClusterRetriever& whole = f.index();
+  const int64_t mb = whole.indexed_begin(), me = whole.indexed_end(), n = me - mb;
+  ASSERT_EQ(whole.segments().size(), 1u) << "below the default segment_tokens: one segment";
+  for (const int cap : {500, 1000, 2920, 2919}) {
+    ClusterRetriever::Params p = whole.params();
+    p.segment_tokens = cap;
+    ClusterRetriever idx(kH, kD, p);
+    idx.extend(f.sequence().store(0), mb, me, true, 1);
+    const int64_t parts = (n + cap - 1) / cap;
+    ASSERT_EQ(static_cast<int64_t>(idx.segments().size()), parts) << "cap " << cap;
+    int64_t clusters = 0;
+    for (const auto& seg : idx.segments()) {
+      const int64_t len = seg.end - seg.begin;
+      EXPECT_LE(len, cap);
+      EXPECT_GE(len, n / parts);
+      EXPECT_LE(len, n / parts + 1);
+      EXPECT_EQ(seg.clusters, (len + 79) / 80);
+      EXPECT_EQ(seg.first_cluster, clusters);
+      clusters += seg.clusters;
+    }
+    EXPECT_EQ(idx.segments().front().begin, mb);
+    EXPECT_EQ(idx.segments().back().end, me);
+    EXPECT_EQ(idx.clusters(), clusters);
+    expect_layout(idx, kH);
+    // the same selections as the sequence's own index would make with this cap: a cut inside a segment rebuilds
+    // with one prefill extend, which is this build
+    ClusterRetriever again(kH, kD, p);
+    again.extend(f.sequence().store(0), mb, me, true, 2);
+    for (int h = 0; h < kH; ++h) {
+      EXPECT_EQ(again.sorted_ids(h), idx.sorted_ids(h));
+      EXPECT_EQ(again.centroids(h), idx.centroids(h));
+    }
+  }
+}
+
 // ---- select -------------------------------------------------------------------------------------------------------
 
 // Every budget: budget positions per head, strictly ascending, in the middle; scores aligned (a cluster's tokens
