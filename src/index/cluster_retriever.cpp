@@ -63,7 +63,7 @@ int64_t assign_max_cosine(const float* xn, int64_t n, int d, const float* direct
   return changed;
 }
 
-/// One segment's clusters for one head, appended to the head's new tail.
+/// One segment's clusters for one head.
 struct HeadTail {
   std::vector<float> centroids;
   std::vector<int32_t> sizes;
@@ -265,13 +265,16 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   if (fresh.empty()) return;  // the new tokens wait in the pending tail
 
   // Cluster aside; everything that may throw happens before the commit.
-  std::vector<HeadTail> tails(static_cast<size_t>(n_kv_));
-  parallel_for(
-      n_kv_, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
-        const auto h = static_cast<int>(h_i);
-        for (const Segment& seg : fresh)
-          cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_, tails[static_cast<size_t>(h)]);
-      });
+  // one task per (head, segment): a long prefill's segments keep more threads busy than its heads alone
+  const auto n_fresh = static_cast<int64_t>(fresh.size());
+  std::vector<HeadTail> tails(static_cast<size_t>(n_kv_ * n_fresh));  // [head][segment]
+  parallel_for(n_kv_ * n_fresh, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic,
+               [&](int64_t task) {
+                 const auto h = static_cast<int>(task / n_fresh);
+                 const Segment& seg = fresh[static_cast<size_t>(task % n_fresh)];
+                 cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_,
+                                 tails[static_cast<size_t>(task)]);
+               });
   const auto total_clusters = static_cast<size_t>(next_cluster);
   const auto total_ids = static_cast<size_t>(clustered - base);
   reserve_for(segments_, segments_.size() + fresh.size());
@@ -287,11 +290,13 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   segments_.insert(segments_.end(), fresh.begin(), fresh.end());
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
-    const HeadTail& t = tails[i];
-    centroids_[i].insert(centroids_[i].end(), t.centroids.begin(), t.centroids.end());
-    sizes_[i].insert(sizes_[i].end(), t.sizes.begin(), t.sizes.end());
-    for (const int32_t s : t.sizes) offsets_[i].push_back(offsets_[i].back() + s);
-    ids_[i].insert(ids_[i].end(), t.ids.begin(), t.ids.end());
+    for (int64_t f = 0; f < n_fresh; ++f) {  // the head's segments in order
+      const HeadTail& t = tails[static_cast<size_t>(h * n_fresh + f)];
+      centroids_[i].insert(centroids_[i].end(), t.centroids.begin(), t.centroids.end());
+      sizes_[i].insert(sizes_[i].end(), t.sizes.begin(), t.sizes.end());
+      for (const int32_t s : t.sizes) offsets_[i].push_back(offsets_[i].back() + s);
+      ids_[i].insert(ids_[i].end(), t.ids.begin(), t.ids.end());
+    }
   }
 }
 
