@@ -23,13 +23,6 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-/// Maps a float to a uint32 whose unsigned order is the float's order (-inf < ... < -0 < +0 < ... < +inf; NaNs
-/// land beyond the infinities, by their bit pattern).
-__device__ __forceinline__ uint32_t float_order_key(float f) {
-  const uint32_t bits = __float_as_uint(f);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
 /// The 16-byte unit every copy kernel moves.
 using Vec16 = uint4;
 

@@ -19,6 +19,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "device_util.cuh"
+#include "math/topk_math.h"
 #include "topk_select.h"
 
 namespace kvret::cuda::topk_detail {
@@ -28,22 +29,25 @@ inline constexpr int kThreads = 512;
 inline constexpr int kLoadUnroll = 4;  // histogram: keys loaded per thread before their atomics
 inline constexpr int kItemsPerThread = 8;
 inline constexpr int kTile = kThreads * kItemsPerThread;  // compaction tile; < 2^16 (packed scan)
-inline constexpr int kPasses = 3;
+inline constexpr int kPasses = math::kTopkPasses;
 inline constexpr int kBins = 1 << 11;
 inline constexpr int kBinsPerThread = kBins / kThreads;
 static_assert(kBinsPerThread * kThreads == kBins);
 
-__device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
-__device__ __forceinline__ int pass_bits(int pass) { return pass == 2 ? 10 : 11; }
+using Scan = cub::BlockScan<int, kThreads>;
+using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+union TempStorage {
+  typename Scan::TempStorage scan;
+  typename Reduce::TempStorage reduce;
+};
+/// Static shared memory of the kernel: the scan/reduce storage, the double-buffered histograms, four scalars.
+inline constexpr size_t kStaticSmemBytes =
+    sizeof(TempStorage) + sizeof(int) * 2 * kBins + 3 * sizeof(int) + sizeof(unsigned long long);
+static_assert(kStaticSmemBytes <= 24 * 1024, "top-k: static shared memory over its 24 KiB budget");
 
 __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads) topk_positions_kernel(TopkParams p) {
   namespace cg = cooperative_groups;
-  using Scan = cub::BlockScan<int, kThreads>;
-  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
-  __shared__ union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } temp;
+  __shared__ TempStorage temp;
   __shared__ int hist[2][kBins];
   __shared__ int s_digit;
   __shared__ int s_digit_count;
@@ -56,7 +60,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   const int s = row / p.n_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
-  const int n = p.n_tokens[s];
+  const int n = math::topk_clamp_count(p.n_tokens[s], p.score_stride);  // never past the row
   const int kk = min(p.k, n);
   if (rank == 0 && row % p.n_kv_heads == 0 && tid == 0 && p.counts != nullptr) p.counts[s] = kk;
   if (kk <= 0) return;  // the whole cluster returns: no distributed shared memory was touched
@@ -70,8 +74,8 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   uint32_t mask = 0;
   int need = kk;
   for (int pass = 0; pass < kPasses && kk < n; ++pass) {
-    const int shift = pass_shift(pass);
-    const uint32_t digit_mask = (1u << pass_bits(pass)) - 1u;
+    const int shift = math::topk_pass_shift(pass);
+    const uint32_t digit_mask = math::topk_digit_mask(pass);
     int* my_hist = hist[pass & 1];
     for (int b = tid; b < kBins; b += kThreads) my_hist[b] = 0;
     __syncthreads();
@@ -80,13 +84,13 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kLoadUnroll; ++u) {
         const int idx = base + u * kThreads + tid;
-        keys[u] = idx < end ? float_order_key(scores[idx]) : 0u;
+        keys[u] = idx < end ? math::topk_order_key(scores[idx]) : 0u;
       }
 #pragma unroll
       for (int u = 0; u < kLoadUnroll; ++u) {
         const int idx = base + u * kThreads + tid;
         const int bin =
-            idx < end && (keys[u] & mask) == prefix ? static_cast<int>((keys[u] >> shift) & digit_mask) : -1;
+            idx < end && (keys[u] & mask) == prefix ? static_cast<int>(math::topk_digit(keys[u], pass)) : -1;
         const unsigned peers = __match_any_sync(0xffffffffu, bin);  // lanes with the same bin add once
         if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&my_hist[bin], __popc(peers));
       }
@@ -104,7 +108,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     Scan(temp.scan).InclusiveSum(total, at_or_above);
 #pragma unroll
     for (int i = 0; i < kBinsPerThread; ++i) {
-      if (at_or_above[i] >= need && at_or_above[i] - total[i] < need) {
+      if (math::radix_bin_holds(at_or_above[i], total[i], need)) {
         s_digit = kBins - 1 - (tid * kBinsPerThread + i);
         s_digit_count = total[i];
         s_count_above = at_or_above[i] - total[i];
@@ -122,7 +126,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   // ---- 2. this block's keys above / equal to the threshold, exchanged across the cluster ----
   unsigned long long mine = 0;
   for (int idx = begin + tid; idx < end; idx += kThreads) {
-    const uint32_t key = float_order_key(scores[idx]) & mask;
+    const uint32_t key = math::topk_order_key(scores[idx]) & mask;
     mine += key > prefix ? 1ull : key == prefix ? (1ull << 32) : 0ull;
   }
   mine = Reduce(temp.reduce).Sum(mine);
@@ -158,7 +162,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kItemsPerThread; ++i) {  // blocked: thread tid owns indices base + tid*8 + i
       const int idx = base + tid * kItemsPerThread + i;
-      const uint32_t key = idx < end ? float_order_key(scores[idx]) & mask : 0u;
+      const uint32_t key = idx < end ? math::topk_order_key(scores[idx]) & mask : 0u;
       above[i] = idx < end && key > prefix;
       equal[i] = idx < end && key == prefix;
       n_above += above[i] ? 1 : 0;

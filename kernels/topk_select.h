@@ -10,15 +10,16 @@ namespace kvret::cuda {
 /// Inputs and outputs of launch_topk_positions. Every pointer is device memory.
 ///
 /// Row (s, h) holds n = n_tokens[s] scores. With kk = min(k, n), the row's selection is the kk indices with the
-/// largest scores; among equal scores the lower index ranks higher (so the selection is unique). Scores compare
-/// as floats with -0 < +0 and NaNs above +inf. The selection is written ascending, each index plus
-/// position_offset[s], to positions[(s * n_kv_heads + h) * positions_stride + 0 .. kk).
+/// largest scores; among equal scores the lower index ranks higher (so the selection is unique). Scores order as
+/// in the CPU selection (select/topk.hpp): every NaN counts as -inf, whatever its sign and payload, and -0 counts
+/// as +0 (math::topk_order_key). n is clamped to [0, score_stride] on the device. The selection is written
+/// ascending, each index plus position_offset[s], to positions[(s * n_kv_heads + h) * positions_stride + 0 .. kk).
 struct TopkParams {
   int32_t n_seqs = 0;
   int32_t n_kv_heads = 0;
   const float* scores = nullptr;  ///< [n_seqs, n_kv_heads, score_stride]
   int64_t score_stride = 0;
-  const int32_t* n_tokens = nullptr;  ///< [n_seqs] valid scores per row of that sequence (<= score_stride)
+  const int32_t* n_tokens = nullptr;  ///< [n_seqs] valid scores per row of that sequence (clamped to score_stride)
   int32_t k = 0;                      ///< the budget; >= 0
 
   const int32_t* position_offset = nullptr;  ///< optional [n_seqs], added to every written index (e.g. n_sink)

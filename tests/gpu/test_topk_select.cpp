@@ -1,4 +1,5 @@
-// launch_topk_positions against a CPU sort: exact equality of the selected positions, ties included.
+// launch_topk_positions against a CPU sort by the CPU selection's order (select/topk.hpp: NaN as -inf, -0 as +0,
+// ties to the lower index): exact equality of the selected positions, ties included.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,16 +8,14 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "select/topk.hpp"
 #include "topk_select.h"
 
 namespace kvret::cuda::testing {
 namespace {
 
-uint32_t order_key(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
+/// Ascending in the CPU selection's order of scores.
+uint32_t order_key(float f) { return ~kvret::descending_rank(f); }
 
 /// The documented rule: the min(k, n) largest scores, equal scores ranked by lower index, written ascending.
 std::vector<int32_t> reference_topk(const float* scores, int n, int k, int32_t offset) {
@@ -106,7 +105,7 @@ TEST_F(TopkSelectTest, BudgetAtOrAboveLengthTakesEverything) {
   run_case(c, normal_scores(3 * 2 * 256, 13), 256);
 }
 
-TEST_F(TopkSelectTest, SpecialValuesOrderAsFloats) {
+TEST_F(TopkSelectTest, SpecialValuesOrderAsOnTheCpu) {
   const TopkCase c{1, {4096}, {}, 100};
   auto scores = normal_scores(4096, 14);
   const float inf = std::numeric_limits<float>::infinity();
@@ -115,7 +114,12 @@ TEST_F(TopkSelectTest, SpecialValuesOrderAsFloats) {
   for (int i = 2; i < 4096; i += 211) scores[i] = inf;
   for (int i = 3; i < 4096; i += 101) scores[i] = -inf;
   for (auto& x : scores) x = x > 0 && x < 1.0f ? -x : x;  // many negatives
+  // NaNs of both signs and several payloads count as -inf: never above a number
+  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu};
+  for (int i = 4; i < 4096; i += 53) std::memcpy(&scores[i], &nans[(i / 53) % 4], sizeof(float));
   run_case(c, scores, 4096);
+  const TopkCase all{1, {4096}, {}, 4000};  // deep enough to reach the NaNs, -inf and the ties among them
+  run_case(all, scores, 4096);
 }
 
 TEST_F(TopkSelectTest, SoftmaxLikeScoresAt128kTokens) {
