@@ -1,10 +1,22 @@
 #pragma once
-// Kernels of launch_pq_scores (see pq_scores.h). One thread block per (sequence, KV head, chunk of
-// kPqScoreChunkTokens tokens): it builds the lookup table of its KV group in shared memory, then reads the chunk's
-// codes coalesced (consecutive threads, consecutive tokens).
+// Kernels of launch_pq_scores (see pq_scores.h).
+//
+// 1. lut_kernel builds every lookup table once per launch, into the workspace: one block per (sub-space, KV head,
+//    sequence) stages its group's query sub-vectors and tiles of the sub-space's centroids in shared memory (the
+//    centroids of a sub-space are contiguous, so consecutive threads read consecutive floats), computes the entries
+//    with math::pq_lut_entry (the CPU index's bits) and writes them coalesced (consecutive threads, consecutive
+//    centroids).
+// 2. One block per (sequence, KV head, chunk of kPqScoreChunkTokens tokens) copies its group's tables from the
+//    workspace into shared memory (coalesced) and scores the chunk's tokens from their codes (read coalesced:
+//    consecutive threads, consecutive tokens) with math::pq_token_logit. Both passes of kSumProb read the same
+//    tables; nothing is rebuilt per chunk.
+// Every per-sequence count is clamped on the device to the launch's max_tokens (math::pq_scores_clamp_tokens).
 #include <cub/block/block_reduce.cuh>
 
 #include "device_util.cuh"
+#include "math/pq_math.h"
+#include "math/pq_scores_layout.h"
+#include "math/softmax_math.h"
 #include "pq_scores.h"
 
 namespace kvret::cuda::pq_scores_detail {
@@ -12,79 +24,80 @@ namespace kvret::cuda::pq_scores_detail {
 inline constexpr int kThreads = 256;
 inline constexpr int kTokensPerThread = kPqScoreChunkTokens / kThreads;
 static_assert(kTokensPerThread * kThreads == kPqScoreChunkTokens);
+static_assert(math::kPqChunkTokens == kPqScoreChunkTokens);
 
-/// Softmax statistics of a set of logits: their max and sum(exp(logit - max)).
-struct SoftmaxPartial {
-  float max;
-  float sum;
-};
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ SoftmaxPartial combine(SoftmaxPartial a, SoftmaxPartial b) {
-  if (a.max == neg_inf()) return b;
-  if (b.max == neg_inf()) return a;
-  const float m = fmaxf(a.max, b.max);
-  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
-}
+using SoftmaxPartial = math::SoftmaxPartial;
+using Reduce = cub::BlockReduce<SoftmaxPartial, kThreads>;
+/// Static shared memory of softmax_partials_kernel (the others have none): the block reduction's storage.
+static_assert(sizeof(typename Reduce::TempStorage) <= 1024, "pq_scores: static shared memory over its 1 KiB budget");
 
 struct CombinePartials {
   __device__ __forceinline__ SoftmaxPartial operator()(const SoftmaxPartial& a, const SoftmaxPartial& b) const {
-    return combine(a, b);
+    return math::softmax_combine(a, b);
   }
 };
 
-/// Shared memory of one block: the group's queries [g][head_dim], then the table [g][pq_m][2^pq_bits], then (for
-/// the sum-prob pass) the per-head softmax max and 1/sum [g] each.
-__host__ __device__ inline size_t smem_floats(int group, int head_dim, int pq_m, int pq_bits) {
-  return static_cast<size_t>(group) * head_dim + static_cast<size_t>(group) * pq_m * (1 << pq_bits) +
-         2 * static_cast<size_t>(group);
-}
-
-/// Fills lut[(qh * pq_m + j) * K + c] = scale * q[qh, j-th sub-vector] . centroid[h, j, c] for the group of KV
-/// head h of sequence s. Ends with a barrier.
-__device__ void build_lut(const PqScoreParams& p, int s, int h, int group, float scale, float* q_s, float* lut) {
+/// lut[((s * n_q_heads + q) * pq_m + j) * K + c] = pq_lut_entry(q's j-th sub-vector, centroid (h, j, c), scale)
+/// for the query heads q of KV head h's group. Grid (pq_m, n_kv_heads, n_seqs); dynamic shared memory
+/// math::pq_lut_smem_floats(group, sub, K) floats.
+__global__ void __launch_bounds__(kThreads) lut_kernel(PqScoreParams p, float scale, float* lut) {
+  extern __shared__ float smem[];
+  const int j = static_cast<int>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
+  const int s = static_cast<int>(blockIdx.z);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int group = p.n_q_heads / p.n_kv_heads;
   const int n_centroids = 1 << p.pq_bits;
   const int sub = p.head_dim / p.pq_m;
-  const float* q = p.queries + (static_cast<size_t>(s) * p.n_q_heads + static_cast<size_t>(h) * group) * p.head_dim;
-  for (int i = threadIdx.x; i < group * p.head_dim; i += blockDim.x) q_s[i] = q[i];
-  __syncthreads();
-  const float* cent = p.centroids[s] + static_cast<size_t>(h) * p.pq_m * n_centroids * sub;
-  const int entries = group * p.pq_m * n_centroids;
-  for (int e = threadIdx.x; e < entries; e += blockDim.x) {
-    const int c = e % n_centroids;
-    const int j = (e / n_centroids) % p.pq_m;
-    const int qh = e / (n_centroids * p.pq_m);
-    const float* cv = cent + (static_cast<size_t>(j) * n_centroids + c) * sub;
-    const float* qv = q_s + qh * p.head_dim + j * sub;
-    float dot = 0.0f;
-    for (int d = 0; d < sub; ++d) dot = fmaf(qv[d], cv[d], dot);
-    lut[e] = scale * dot;
+  const int pitch = sub + 1;  // odd for the even sub-vector lengths: consecutive centroids hit distinct banks
+  const int tile = math::pq_lut_tile_centroids(sub, n_centroids);
+  float* q_s = smem;                // [group][sub]
+  float* c_s = smem + group * sub;  // [tile][pitch]
+
+  const float* q = p.queries + (static_cast<size_t>(s) * p.n_q_heads + static_cast<size_t>(h) * group) * p.head_dim +
+                   static_cast<size_t>(j) * sub;
+  for (int i = tid; i < group * sub; i += kThreads) q_s[i] = q[static_cast<size_t>(i / sub) * p.head_dim + i % sub];
+  const float* cent = p.centroids[s] + (static_cast<size_t>(h) * p.pq_m + j) * n_centroids * sub;  // [K][sub]
+  float* out = lut + ((static_cast<size_t>(s) * p.n_q_heads + static_cast<size_t>(h) * group) * p.pq_m + j) *
+                         static_cast<size_t>(n_centroids);
+  const size_t head_stride = static_cast<size_t>(p.pq_m) * n_centroids;
+  for (int c0 = 0; c0 < n_centroids; c0 += tile) {
+    const int n_c = min(tile, n_centroids - c0);
+    __syncthreads();  // q_s is written (first tile) / c_s is no longer read (later tiles)
+    const float* tile_src = cent + static_cast<size_t>(c0) * sub;
+    for (int i = tid; i < n_c * sub; i += kThreads) c_s[(i / sub) * pitch + i % sub] = tile_src[i];
+    __syncthreads();
+    for (int e = tid; e < group * n_c; e += kThreads) {
+      const int qh = e / n_c;
+      const int c = e % n_c;
+      out[qh * head_stride + c0 + c] = math::pq_lut_entry(q_s + qh * sub, c_s + c * pitch, sub, scale);
+    }
   }
+}
+
+/// Copies the tables of KV head h's group ([group][pq_m][K] floats, contiguous in the workspace) into shared
+/// memory. Ends with a barrier.
+__device__ __forceinline__ void load_tables(const PqScoreParams& p, const float* lut, int s, int h, int group,
+                                            float* lut_s) {
+  const int floats = group * p.pq_m * (1 << p.pq_bits);
+  const float* src = lut + (static_cast<size_t>(s) * p.n_q_heads + static_cast<size_t>(h) * group) *
+                               static_cast<size_t>(p.pq_m) * (1 << p.pq_bits);
+  for (int i = static_cast<int>(threadIdx.x); i < floats; i += kThreads) lut_s[i] = src[i];
   __syncthreads();
 }
 
-/// The approximate logit of one token for one query head: the sum of its pq_m table entries.
-__device__ __forceinline__ float token_logit(const float* lut_head, const uint8_t* token_codes, int pq_m,
-                                             int n_centroids) {
-  float logit = 0.0f;
-  for (int j = 0; j < pq_m; ++j) logit += lut_head[j * n_centroids + token_codes[j]];
-  return logit;
-}
-
-/// kMaxLogit: scores = max over the group of the logits.
-__global__ void __launch_bounds__(kThreads) max_logit_kernel(PqScoreParams p, float scale) {
+/// kMaxLogit: scores = max over the group of the logits. Dynamic shared memory: the group's tables.
+__global__ void __launch_bounds__(kThreads) max_logit_kernel(PqScoreParams p, const float* lut) {
   const int s = blockIdx.z;
   const int h = blockIdx.y;
-  const int n = p.n_tokens[s];
+  const int n = math::pq_scores_clamp_tokens(p.n_tokens[s], p.max_tokens);
   const int begin = blockIdx.x * kPqScoreChunkTokens;
   if (begin >= n) return;  // uniform over the block
   const int group = p.n_q_heads / p.n_kv_heads;
   const int n_centroids = 1 << p.pq_bits;
   extern __shared__ float smem[];
-  float* q_s = smem;
-  float* lut = q_s + group * p.head_dim;
-  build_lut(p, s, h, group, scale, q_s, lut);
+  float* lut_s = smem;
+  load_tables(p, lut, s, h, group, lut_s);
 
   const uint8_t* codes = p.codes[static_cast<size_t>(s) * p.n_kv_heads + h];
   float* out = p.scores + (static_cast<size_t>(s) * p.n_kv_heads + h) * p.score_stride;
@@ -93,9 +106,9 @@ __global__ void __launch_bounds__(kThreads) max_logit_kernel(PqScoreParams p, fl
     const int t = begin + i * kThreads + static_cast<int>(threadIdx.x);
     if (t >= n) break;
     const uint8_t* token_codes = codes + static_cast<size_t>(t) * p.pq_m;
-    float best = neg_inf();
+    float best = math::neg_inf();
     for (int qh = 0; qh < group; ++qh) {
-      best = fmaxf(best, token_logit(lut + qh * p.pq_m * n_centroids, token_codes, p.pq_m, n_centroids));
+      best = fmaxf(best, math::pq_token_logit(lut_s + qh * p.pq_m * n_centroids, token_codes, p.pq_m, n_centroids));
     }
     out[t] = best;
   }
@@ -104,41 +117,37 @@ __global__ void __launch_bounds__(kThreads) max_logit_kernel(PqScoreParams p, fl
 /// kSumProb, pass 1: each block writes, per query head of its group, the softmax statistics of its chunk to
 /// partials[(s * n_q_heads + q) * n_chunks + chunk].
 __global__ void __launch_bounds__(kThreads)
-    softmax_partials_kernel(PqScoreParams p, float scale, SoftmaxPartial* partials, int n_chunks) {
+    softmax_partials_kernel(PqScoreParams p, const float* lut, SoftmaxPartial* partials, int n_chunks) {
   const int s = blockIdx.z;
   const int h = blockIdx.y;
-  const int n = p.n_tokens[s];
+  const int n = math::pq_scores_clamp_tokens(p.n_tokens[s], p.max_tokens);
   const int begin = blockIdx.x * kPqScoreChunkTokens;
   if (begin >= n) return;
   const int group = p.n_q_heads / p.n_kv_heads;
   const int n_centroids = 1 << p.pq_bits;
   extern __shared__ float smem[];
-  float* q_s = smem;
-  float* lut = q_s + group * p.head_dim;
-  build_lut(p, s, h, group, scale, q_s, lut);
+  float* lut_s = smem;
+  load_tables(p, lut, s, h, group, lut_s);
 
-  using Reduce = cub::BlockReduce<SoftmaxPartial, kThreads>;
   __shared__ typename Reduce::TempStorage reduce_storage;
   const uint8_t* codes = p.codes[static_cast<size_t>(s) * p.n_kv_heads + h];
   for (int qh = 0; qh < group; ++qh) {
-    const float* lut_head = lut + qh * p.pq_m * n_centroids;
+    const float* lut_head = lut_s + qh * p.pq_m * n_centroids;
     float logits[kTokensPerThread];
-    float local_max = neg_inf();
+    float local_max = math::neg_inf();
 #pragma unroll
     for (int i = 0; i < kTokensPerThread; ++i) {
       const int t = begin + i * kThreads + static_cast<int>(threadIdx.x);
-      logits[i] = neg_inf();
+      logits[i] = math::neg_inf();
       if (t < n) {
-        logits[i] = token_logit(lut_head, codes + static_cast<size_t>(t) * p.pq_m, p.pq_m, n_centroids);
+        logits[i] = math::pq_token_logit(lut_head, codes + static_cast<size_t>(t) * p.pq_m, p.pq_m, n_centroids);
         local_max = fmaxf(local_max, logits[i]);
       }
     }
     float local_sum = 0.0f;
-    if (local_max != neg_inf()) {
+    if (local_max != math::neg_inf()) {
 #pragma unroll
-      for (int i = 0; i < kTokensPerThread; ++i) {
-        if (logits[i] != neg_inf()) local_sum += expf(logits[i] - local_max);
-      }
+      for (int i = 0; i < kTokensPerThread; ++i) local_sum += math::softmax_weight(logits[i], local_max);
     }
     const SoftmaxPartial block = Reduce(reduce_storage).Reduce(SoftmaxPartial{local_max, local_sum}, CombinePartials{});
     if (threadIdx.x == 0) {
@@ -152,41 +161,41 @@ __global__ void __launch_bounds__(kThreads)
 /// kSumProb, pass 2: combines the partials of each query head over the sequence's chunks, then writes
 /// sum_q exp(logit_q - max_q) / sum_q for every token of the block's chunk.
 __global__ void __launch_bounds__(kThreads)
-    sum_prob_kernel(PqScoreParams p, float scale, const SoftmaxPartial* partials, int n_chunks) {
+    sum_prob_kernel(PqScoreParams p, const float* lut, const SoftmaxPartial* partials, int n_chunks) {
   const int s = blockIdx.z;
   const int h = blockIdx.y;
-  const int n = p.n_tokens[s];
+  const int n = math::pq_scores_clamp_tokens(p.n_tokens[s], p.max_tokens);
   const int begin = blockIdx.x * kPqScoreChunkTokens;
   if (begin >= n) return;
   const int group = p.n_q_heads / p.n_kv_heads;
   const int n_centroids = 1 << p.pq_bits;
   extern __shared__ float smem[];
-  float* q_s = smem;
-  float* lut = q_s + group * p.head_dim;
-  float* head_max = lut + group * p.pq_m * n_centroids;
+  float* lut_s = smem;
+  float* head_max = lut_s + group * p.pq_m * n_centroids;
   float* head_inv_sum = head_max + group;
 
-  // The softmax statistics of each head over the whole sequence: one warp per head.
+  // The softmax statistics of each head over the whole sequence: one warp per head. The clamped count never
+  // reaches past the n_chunks partials of a head.
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int seq_chunks = (n + kPqScoreChunkTokens - 1) / kPqScoreChunkTokens;
+  const int seq_chunks = min((n + kPqScoreChunkTokens - 1) / kPqScoreChunkTokens, n_chunks);
   for (int qh = warp; qh < group; qh += kThreads / 32) {
     const SoftmaxPartial* head_partials =
         partials + (static_cast<size_t>(s) * p.n_q_heads + static_cast<size_t>(h) * group + qh) * n_chunks;
-    SoftmaxPartial acc{neg_inf(), 0.0f};
-    for (int c = lane; c < seq_chunks; c += 32) acc = combine(acc, head_partials[c]);
+    SoftmaxPartial acc{math::neg_inf(), 0.0f};
+    for (int c = lane; c < seq_chunks; c += 32) acc = math::softmax_combine(acc, head_partials[c]);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       const SoftmaxPartial other{__shfl_xor_sync(0xffffffffu, acc.max, offset),
                                  __shfl_xor_sync(0xffffffffu, acc.sum, offset)};
-      acc = combine(acc, other);
+      acc = math::softmax_combine(acc, other);
     }
     if (lane == 0) {
       head_max[qh] = acc.max;
       head_inv_sum[qh] = acc.sum > 0.0f ? 1.0f / acc.sum : 0.0f;
     }
   }
-  build_lut(p, s, h, group, scale, q_s, lut);  // its barriers also publish head_max / head_inv_sum
+  load_tables(p, lut, s, h, group, lut_s);  // its barrier also publishes head_max / head_inv_sum
 
   const uint8_t* codes = p.codes[static_cast<size_t>(s) * p.n_kv_heads + h];
   float* out = p.scores + (static_cast<size_t>(s) * p.n_kv_heads + h) * p.score_stride;
@@ -197,8 +206,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* token_codes = codes + static_cast<size_t>(t) * p.pq_m;
     float score = 0.0f;
     for (int qh = 0; qh < group; ++qh) {
-      const float logit = token_logit(lut + qh * p.pq_m * n_centroids, token_codes, p.pq_m, n_centroids);
-      score += expf(logit - head_max[qh]) * head_inv_sum[qh];
+      const float logit = math::pq_token_logit(lut_s + qh * p.pq_m * n_centroids, token_codes, p.pq_m, n_centroids);
+      score += math::softmax_weight(logit, head_max[qh]) * head_inv_sum[qh];
     }
     out[t] = score;
   }

@@ -17,7 +17,11 @@ namespace kvret::cuda {
 /// with sub = head_dim / pq_m, and
 ///   kSumProb:  scores[s, h, t] = sum_q softmax_t(logit_q)(t)   (softmax over t in [0, n_tokens[s]))
 ///   kMaxLogit: scores[s, h, t] = max_q logit_q(t)
-/// Entries t >= n_tokens[s] of a score row are left untouched.
+/// Entries t >= n_tokens[s] of a score row are left untouched. n_tokens[s] is clamped to [0, max_tokens] on the
+/// device, so a bad count never writes past score_stride.
+///
+/// The table entries and each token's logit have the CPU index's bits (math::pq_lut_entry, math::pq_token_logit);
+/// the exponentials are the CPU's exp_nonpositive (math::exp_nonpositive).
 struct PqScoreParams {
   int32_t n_seqs = 0;
   int32_t n_q_heads = 0;
@@ -42,11 +46,14 @@ struct PqScoreParams {
 /// Tokens one thread block scores; the softmax of kSumProb reduces per-chunk partials over the chunks.
 inline constexpr int32_t kPqScoreChunkTokens = 2048;
 
-/// Device workspace launch_pq_scores needs (0 for kMaxLogit).
+/// Device workspace launch_pq_scores needs (math::pq_scores_layout): the lookup tables of every (sequence, query
+/// head), [n_seqs, n_q_heads, pq_m, 2^pq_bits] floats, built once per launch, then for kSumProb the per-chunk
+/// softmax statistics. 0 when there is nothing to score or the geometry is invalid.
 size_t pq_scores_workspace_bytes(const PqScoreParams& params) noexcept;
 
-/// Enqueues the scores on `stream` (one kernel for kMaxLogit, two for kSumProb). Returns cudaErrorInvalidValue
-/// for an inconsistent geometry or a too-small workspace, else the launch status.
+/// Enqueues the scores on `stream`: the table kernel, then one scoring kernel for kMaxLogit or two for kSumProb.
+/// Returns cudaErrorInvalidValue for an inconsistent geometry or a too-small or not 16-byte aligned workspace,
+/// else the launch status.
 cudaError_t launch_pq_scores(const PqScoreParams& params, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace kvret::cuda

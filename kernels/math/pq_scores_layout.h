@@ -53,7 +53,7 @@ constexpr size_t pq_score_smem_floats(int32_t group, int32_t pq_m, int32_t pq_bi
 }
 
 /// Centroids per tile of the table kernel for sub-vectors of `sub` floats (rows padded to sub + 1 floats).
-constexpr int32_t pq_lut_tile_centroids(int32_t sub, int32_t n_centroids) {
+KVRET_HD constexpr int32_t pq_lut_tile_centroids(int32_t sub, int32_t n_centroids) {
   const int64_t fit = kPqLutTileFloats / (static_cast<int64_t>(sub) + 1);
   const int64_t tile = fit < 1 ? 1 : fit;
   return static_cast<int32_t>(tile < n_centroids ? tile : n_centroids);
