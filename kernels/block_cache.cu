@@ -27,7 +27,8 @@ cudaError_t launch(const BlockCacheUpdateParams& p, bool prefetch, void* workspa
   }
   const int64_t pairs = pairs_of(p);
   if (pairs == 0) return cudaSuccess;
-  if (p.seqs == nullptr || pairs > 65535 || workspace == nullptr || workspace_bytes < block_cache_workspace_bytes(p)) {
+  if (p.seqs == nullptr || pairs > 65535 || workspace == nullptr || !math::aligned16(workspace) ||
+      workspace_bytes < block_cache_workspace_bytes(p)) {
     return cudaErrorInvalidValue;
   }
   auto* loads = static_cast<BlockLoad*>(workspace);
@@ -36,8 +37,8 @@ cudaError_t launch(const BlockCacheUpdateParams& p, bool prefetch, void* workspa
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
   cudaError_t err = prepare_dynamic_smem<bookkeeping_kernel>(smem);
   if (err != cudaSuccess) return err;
-  bookkeeping_kernel<<<static_cast<unsigned>(pairs), kBookThreads, smem, stream>>>(p.seqs, p.geo, p.policy, p.max_admit,
-                                                                                   prefetch, loads, load_counts);
+  bookkeeping_kernel<<<static_cast<unsigned>(pairs), kBookThreads, smem, stream>>>(
+      p.seqs, p.geo, p.policy, p.max_admit, p.max_blocks, prefetch, loads, load_counts);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
   const int64_t vecs = kv_row_bytes(p.geo) / 16;

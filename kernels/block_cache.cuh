@@ -11,6 +11,8 @@
 
 #include "block_cache.h"
 #include "kv_source.cuh"
+#include "math/block_cache_math.h"
+#include "math/topk_math.h"
 
 namespace kvret::cuda::block_cache_detail {
 
@@ -18,8 +20,8 @@ inline constexpr int kBookThreads = 512;
 inline constexpr int kSlotsPerThread = kBlockCacheMaxSlots / kBookThreads;
 static_assert(kSlotsPerThread * kBookThreads == kBlockCacheMaxSlots);
 inline constexpr int kBlocksPerThread = 4;  // compaction tile
-inline constexpr int kCountBins = 256;
-inline constexpr uint32_t kPinned = 0xffffffffu;  // eviction key of a slot this call must keep
+inline constexpr int kCountBins = math::kBlockCacheCountBins;
+inline constexpr uint32_t kPinned = math::kBlockCachePinned;  // eviction key of a slot this call must keep
 
 inline constexpr int kCopyThreads = 256;
 inline constexpr int kCopyUnroll = 4;
@@ -30,21 +32,30 @@ struct BlockLoad {
   int32_t block;
 };
 
+using Sort = cub::BlockRadixSort<uint32_t, kBookThreads, kSlotsPerThread, int32_t>;
+using Scan = cub::BlockScan<int, kBookThreads>;
+union BookTemp {
+  typename Sort::TempStorage sort;
+  typename Scan::TempStorage scan;
+};
+/// Static shared memory of bookkeeping_kernel: sort/scan storage, the count histogram, the admitted blocks and
+/// their victims, two scalars. The dynamic part is the block counts, [launch max_blocks] ints.
+inline constexpr size_t kBookStaticSmemBytes =
+    sizeof(BookTemp) + sizeof(int) * (kCountBins + 2 * kBlockCacheMaxSlots + 2);
+static_assert(kBookStaticSmemBytes <= 40 * 1024, "block cache: static shared memory over its 40 KiB budget");
+
+/// One block per (sequence, KV head). launch_max_blocks is the launch's host-side bound: the block counts in
+/// shared memory have that many entries, and a cache's device-side max_blocks is clamped to it.
 __global__ void __launch_bounds__(kBookThreads, 1)
     bookkeeping_kernel(const BlockCacheUpdateSeq* seqs, KvGeometry geo, CachePolicy policy, int max_admit,
-                       bool prefetch, BlockLoad* loads, int32_t* load_counts) {
-  using Sort = cub::BlockRadixSort<uint32_t, kBookThreads, kSlotsPerThread, int32_t>;
-  using Scan = cub::BlockScan<int, kBookThreads>;
-  __shared__ union {
-    typename Sort::TempStorage sort;
-    typename Scan::TempStorage scan;
-  } temp;
+                       int launch_max_blocks, bool prefetch, BlockLoad* loads, int32_t* load_counts) {
+  __shared__ BookTemp temp;
   __shared__ int hist[kCountBins];
   __shared__ int admitted[kBlockCacheMaxSlots];
   __shared__ int victims[kBlockCacheMaxSlots];
   __shared__ int s_threshold;
   __shared__ int s_need_equal;
-  extern __shared__ int block_count[];  // [cache.max_blocks]
+  extern __shared__ int block_count[];  // [launch_max_blocks]; the first max_blocks are used
 
   const int pair = static_cast<int>(blockIdx.x);
   const int s = pair / geo.n_kv_heads;
@@ -52,11 +63,15 @@ __global__ void __launch_bounds__(kBookThreads, 1)
   const int tid = static_cast<int>(threadIdx.x);
   const BlockCacheUpdateSeq& q = seqs[s];
   const BlockCacheView& cache = q.cache;
-  const int max_blocks = cache.max_blocks;
-  int32_t* table = cache.block_table + h * max_blocks;
-  int32_t* slot_block = cache.slot_block + h * cache.n_slots;
-  uint32_t* stamp = cache.slot_stamp + h * cache.n_slots;
-  uint8_t* prefetched = cache.slot_prefetched != nullptr ? cache.slot_prefetched + h * cache.n_slots : nullptr;
+  const int table_stride = max(cache.max_blocks, 0);                                           // the table's real size
+  const int max_blocks = math::block_cache_clamp_blocks(cache.max_blocks, launch_max_blocks);  // blocks considered
+  const int n_slots = math::block_cache_clamp_slots(cache.n_slots);
+  const int slot_stride = max(cache.n_slots, 0);
+  int32_t* table = cache.block_table + static_cast<int64_t>(h) * table_stride;
+  int32_t* slot_block = cache.slot_block + static_cast<int64_t>(h) * slot_stride;
+  uint32_t* stamp = cache.slot_stamp + static_cast<int64_t>(h) * slot_stride;
+  uint8_t* prefetched =
+      cache.slot_prefetched != nullptr ? cache.slot_prefetched + static_cast<int64_t>(h) * slot_stride : nullptr;
 
   // 1. selected tokens per block
   for (int b = tid; b < max_blocks; b += kBookThreads) block_count[b] = 0;
@@ -85,22 +100,14 @@ __global__ void __launch_bounds__(kBookThreads, 1)
     const int slot = tid * kSlotsPerThread + i;
     keys[i] = kPinned;
     slots[i] = -1;
-    if (slot >= cache.n_slots) continue;
+    if (slot >= n_slots) continue;
     slots[i] = slot;
     const int32_t block = slot_block[slot];
-    if (block < 0) {
-      keys[i] = 0;
-    } else if (block < max_blocks && block_count[block] > 0) {
-      if (!prefetch) {
-        if (policy == CachePolicy::kLru) {
-          stamp[slot] = q.step;
-        } else if (stamp[slot] < kPinned - 1) {
-          stamp[slot] += 1;
-        }
-        if (prefetched != nullptr) prefetched[slot] = 0;
-      }
-    } else {
-      keys[i] = min(stamp[slot], kPinned - 2) + 1;
+    const bool used = block >= 0 && block < max_blocks && block_count[block] > 0;
+    keys[i] = math::block_cache_evict_key(block, used, block < 0 ? 0u : stamp[slot]);
+    if (used && !prefetch) {
+      stamp[slot] = math::block_cache_used_stamp(policy, stamp[slot], q.step);
+      if (prefetched != nullptr) prefetched[slot] = 0;
     }
     evictable += keys[i] != kPinned ? 1 : 0;
   }
@@ -108,8 +115,9 @@ __global__ void __launch_bounds__(kBookThreads, 1)
   // 3. candidates: selected, not cached, complete; histogram of their (saturated) counts
   for (int b = tid; b < max_blocks; b += kBookThreads) {
     const int count = block_count[b];
-    const bool complete = (static_cast<int64_t>(b) + 1) * geo.block_tokens <= q.host.n_tokens;
-    if (count > 0 && table[b] < 0 && complete) atomicAdd(&hist[min(count, kCountBins - 1)], 1);
+    if (math::block_cache_candidate(count, table[b], b, geo.block_tokens, q.host.n_tokens)) {
+      atomicAdd(&hist[math::block_cache_count_bin(count)], 1);
+    }
   }
   int unused = 0;
   int n_evictable = 0;
@@ -121,8 +129,8 @@ __global__ void __launch_bounds__(kBookThreads, 1)
   int at_or_above = 0;
   int n_candidates = 0;
   Scan(temp.scan).InclusiveSum(bin_count, at_or_above, n_candidates);
-  const int n_admit = min(min(max_admit, n_candidates), min(n_evictable, cache.n_slots));
-  if (tid < kCountBins && n_admit > 0 && at_or_above >= n_admit && at_or_above - bin_count < n_admit) {
+  const int n_admit = min(min(max_admit, n_candidates), min(n_evictable, n_slots));
+  if (tid < kCountBins && n_admit > 0 && math::radix_bin_holds(at_or_above, bin_count, n_admit)) {
     s_threshold = kCountBins - 1 - tid;
     s_need_equal = n_admit - (at_or_above - bin_count);
   }
@@ -143,9 +151,8 @@ __global__ void __launch_bounds__(kBookThreads, 1)
       above[i] = false;
       equal[i] = false;
       if (b < max_blocks) {
-        const int count = min(block_count[b], kCountBins - 1);
-        const bool candidate =
-            count > 0 && table[b] < 0 && (static_cast<int64_t>(b) + 1) * geo.block_tokens <= q.host.n_tokens;
+        const int count = math::block_cache_count_bin(block_count[b]);
+        const bool candidate = math::block_cache_candidate(count, table[b], b, geo.block_tokens, q.host.n_tokens);
         above[i] = candidate && count > threshold;
         equal[i] = candidate && count == threshold;
       }
@@ -195,10 +202,10 @@ __global__ void __launch_bounds__(kBookThreads, 1)
     const int slot = victims[r];
     const int block = admitted[r];
     const int32_t old = slot_block[slot];
-    if (old >= 0 && old < max_blocks) table[old] = -1;
+    if (old >= 0 && old < table_stride) table[old] = -1;
     slot_block[slot] = block;
     table[block] = slot;
-    stamp[slot] = policy == CachePolicy::kLru ? q.step : 1u;
+    stamp[slot] = math::block_cache_admit_stamp(policy, q.step);
     if (prefetched != nullptr) prefetched[slot] = prefetch ? 1 : 0;
     pair_loads[r] = BlockLoad{slot, block};
   }
@@ -233,8 +240,11 @@ __global__ void __launch_bounds__(kCopyThreads)
     const int row = static_cast<int>(in_load / kVecs);
     const int vec = static_cast<int>(in_load % kVecs);
     const int64_t position = static_cast<int64_t>(load.block) * geo.block_tokens + row;
-    key_piece[u] = *reinterpret_cast<const Vec16*>(host_row(q.host, q.host.k_pages, position, h) + vec * 16);
-    value_piece[u] = *reinterpret_cast<const Vec16*>(host_row(q.host, q.host.v_pages, position, h) + vec * 16);
+    const char* key_row = host_row(q.host, q.host.k_pages, position, h);
+    const char* value_row = host_row(q.host, q.host.v_pages, position, h);
+    if (!math::aligned16(key_row) || !math::aligned16(value_row)) continue;  // a view the host check rejects
+    key_piece[u] = *reinterpret_cast<const Vec16*>(key_row + vec * 16);
+    value_piece[u] = *reinterpret_cast<const Vec16*>(value_row + vec * 16);
     dst[u] = cache_row_offset(q.cache, h, load.slot, row, geo.block_tokens, kRowBytes) + vec * 16;
   }
 #pragma unroll

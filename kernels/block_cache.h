@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kv_source.h"
+#include "math/block_cache_math.h"
 
 namespace kvret::cuda {
 
@@ -27,11 +28,14 @@ struct BlockCacheUpdateParams {
   KvGeometry geo;
   CachePolicy policy = CachePolicy::kLru;
   int32_t max_admit = 0;   ///< blocks admitted per (sequence, head) and call, 1 .. kBlockCacheMaxSlots
-  int32_t max_blocks = 0;  ///< host-side upper bound of cache.max_blocks over the sequences
+  int32_t max_blocks = 0;  ///< host-side upper bound of cache.max_blocks over the sequences: sizes the kernel's
+                           ///< shared counts; a cache's device-side max_blocks is clamped to it (blocks beyond it
+                           ///< are neither counted nor admitted)
 };
 
-/// The largest n_slots a cache may have (the victim choice sorts the slots in one thread block).
-inline constexpr int32_t kBlockCacheMaxSlots = 2048;
+/// The largest n_slots a cache may have (the victim choice sorts the slots in one thread block); a larger n_slots
+/// is clamped to it on the device.
+inline constexpr int32_t kBlockCacheMaxSlots = math::kBlockCacheSlots;
 
 /// Device workspace of launch_block_cache_update / launch_block_cache_prefetch.
 size_t block_cache_workspace_bytes(const BlockCacheUpdateParams& params) noexcept;
