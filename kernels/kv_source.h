@@ -37,7 +37,8 @@ struct BlockCacheView {
 /// (cudaHostAlloc(..., cudaHostAllocMapped) and cudaHostGetDevicePointer). Row (position p, head h) is at
 ///   page[p / page_tokens] + (p % page_tokens) * token_stride + h * head_stride        (bytes)
 /// in k_pages (keys) and v_pages (values). One page of page_tokens >= n_tokens describes a flat store.
-/// Rows must be 16-byte aligned.
+/// Rows must be 16-byte aligned: whoever builds a view checks it with math::host_kv_view_aligned (math/kv_math.h)
+/// and does not launch with a view that fails it.
 struct HostKvView {
   const void* const* k_pages = nullptr;  ///< device-readable array of device pointers, one per page
   const void* const* v_pages = nullptr;

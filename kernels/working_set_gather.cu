@@ -17,16 +17,16 @@ cudaError_t launch_working_set_gather(const WorkingSetGatherSeq* seqs, int32_t n
   const dim3 grid(static_cast<unsigned>(ceil_div(max_rows * vecs, kPiecesPerBlock)), static_cast<unsigned>(pairs));
   switch (vecs) {
     case 8:
-      gather_kernel<8><<<grid, kThreads, 0, stream>>>(seqs, geo);
+      gather_kernel<8><<<grid, kThreads, 0, stream>>>(seqs, geo, max_rows);
       break;
     case 16:
-      gather_kernel<16><<<grid, kThreads, 0, stream>>>(seqs, geo);
+      gather_kernel<16><<<grid, kThreads, 0, stream>>>(seqs, geo, max_rows);
       break;
     case 32:
-      gather_kernel<32><<<grid, kThreads, 0, stream>>>(seqs, geo);
+      gather_kernel<32><<<grid, kThreads, 0, stream>>>(seqs, geo, max_rows);
       break;
     case 64:
-      gather_kernel<64><<<grid, kThreads, 0, stream>>>(seqs, geo);
+      gather_kernel<64><<<grid, kThreads, 0, stream>>>(seqs, geo, max_rows);
       break;
     default:
       return cudaErrorInvalidValue;

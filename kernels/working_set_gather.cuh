@@ -6,6 +6,7 @@
 // kGatherUnroll pieces of keys and of values, then stores them: 2 * kGatherUnroll * 16 bytes in flight per thread,
 // which is what hides the latency of reads over PCIe from mapped pinned memory.
 #include "kv_source.cuh"
+#include "math/kv_math.h"
 #include "working_set_gather.h"
 
 namespace kvret::cuda::gather_detail {
@@ -15,14 +16,15 @@ inline constexpr int kGatherUnroll = 4;
 inline constexpr int kPiecesPerBlock = kThreads * kGatherUnroll;
 
 template <int kVecs>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const WorkingSetGatherSeq* seqs, KvGeometry geo) {
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const WorkingSetGatherSeq* seqs, KvGeometry geo, int32_t max_rows) {
   constexpr int64_t kRowBytes = int64_t{kVecs} * 16;
   __shared__ unsigned block_counts[3];
   const int pair = static_cast<int>(blockIdx.y);
   const int s = pair / geo.n_kv_heads;
   const int h = pair % geo.n_kv_heads;
   const WorkingSetGatherSeq& q = seqs[s];
-  const int64_t n_rows = min(static_cast<int64_t>(q.n_rows), q.out_capacity);
+  const int64_t n_rows = math::gather_clamp_rows(q.n_rows, q.out_capacity, max_rows);
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kPiecesPerBlock;
   if (first >= n_rows * kVecs) return;  // uniform over the block
@@ -63,6 +65,11 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const WorkingSetGather
     } else {
       key_src = host_row(q.host, q.host.k_pages, position, h);
       value_src = host_row(q.host, q.host.v_pages, position, h);
+      if (!math::aligned16(key_src) || !math::aligned16(value_src)) {  // a view the host check rejects: zero row
+        if (vec == 0 && q.out_positions != nullptr)
+          q.out_positions[h * q.out_capacity + row] = static_cast<int32_t>(position);
+        continue;
+      }
     }
     key_piece[u] = *reinterpret_cast<const Vec16*>(key_src + vec * 16);
     value_piece[u] = *reinterpret_cast<const Vec16*>(value_src + vec * 16);

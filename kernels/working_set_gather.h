@@ -27,7 +27,9 @@ struct WorkingSetGatherSeq {
 /// Enqueues the gather of n_seqs sequences (`seqs` is a device array) on `stream`. Each thread moves 16-byte
 /// pieces of rows, kGatherUnroll of them (keys and values) in flight before its first store; consecutive threads
 /// take consecutive pieces of a row, so every warp reads whole rows. A position outside [0, host.n_tokens) gives
-/// a zero row. max_rows (host) bounds n_rows of every sequence and sizes the grid.
+/// a zero row. max_rows (host) sizes the grid; each sequence's n_rows is clamped on the device to
+/// [0, min(out_capacity, max_rows)]. Host rows must be 16-byte aligned (math::host_kv_view_aligned checks a view
+/// when it is built); a misaligned host row is never loaded and gives a zero row.
 cudaError_t launch_working_set_gather(const WorkingSetGatherSeq* seqs, int32_t n_seqs, int32_t max_rows,
                                       const KvGeometry& geo, cudaStream_t stream);
 
