@@ -5,6 +5,7 @@
 #include "decode_attention.cuh"
 #include "decode_attention.h"
 #include "dispatch.cuh"
+#include "math/kv_math.h"
 
 namespace kvret::cuda {
 
@@ -47,7 +48,8 @@ cudaError_t launch_decode_attention(const DecodeAttentionParams& params, void* w
   const DecodeAttentionParams& p = params;
   if (!valid(p)) return cudaErrorInvalidValue;
   if (p.n_seqs == 0) return cudaSuccess;
-  if (p.seqs == nullptr || workspace == nullptr || workspace_bytes < decode_attention_workspace_bytes(p)) {
+  if (p.seqs == nullptr || workspace == nullptr || !math::aligned16(workspace) ||
+      workspace_bytes < decode_attention_workspace_bytes(p)) {
     return cudaErrorInvalidValue;
   }
   const int rows_per_split = decode_attention_rows_per_split(p);
@@ -65,8 +67,11 @@ cudaError_t launch_decode_attention(const DecodeAttentionParams& params, void* w
     constexpr int kHeadDim = decltype(head_dim)::value;
     return dispatch_elem_type(p.kv_type, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      chunk_kernel<kHeadDim, T><<<chunk_grid, kThreads, 0, stream>>>(p, scale, rows_per_split, splits, partials);
-      cudaError_t err = cudaGetLastError();
+      const size_t smem = math::attention_kv_smem_bytes(kHeadDim, static_cast<int32_t>(sizeof(T)));
+      cudaError_t err = prepare_dynamic_smem<chunk_kernel<kHeadDim, T>>(smem);
+      if (err != cudaSuccess) return err;
+      chunk_kernel<kHeadDim, T><<<chunk_grid, kThreads, smem, stream>>>(p, scale, rows_per_split, splits, partials);
+      err = cudaGetLastError();
       if (err != cudaSuccess) return err;
       merge_kernel<kHeadDim><<<merge_grid, kThreads, 0, stream>>>(p, rows_per_split, splits, partials);
       return cudaGetLastError();

@@ -17,11 +17,14 @@ struct DecodeAttentionSeq {
   const void* k = nullptr;   ///< [n_kv_heads, kv_capacity, head_dim]
   const void* v = nullptr;   ///< same layout and type as k
   int64_t kv_capacity = 0;   ///< rows between consecutive heads of k and v
-  int32_t n_rows = 0;        ///< rows attended (<= kv_capacity); 0 gives a zero output
+  int32_t n_rows = 0;        ///< rows attended, clamped on the device to [0, min(kv_capacity, max_rows)]; 0 gives a
+                             ///< zero output, and so do k or v not 16-byte aligned (rows move in 16-byte pieces)
   float* out = nullptr;      ///< [n_q_heads, head_dim]
 };
 
 /// out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first n_rows rows, g(h) = h / (n_q_heads / n_kv_heads).
+/// The exponentials are the CPU core's exp_nonpositive (math::exp_nonpositive); the online-softmax step and the
+/// merge of the chunks are math::online_softmax_step / softmax_weight / merge_weight.
 struct DecodeAttentionParams {
   const DecodeAttentionSeq* seqs = nullptr;  ///< device array [n_seqs]
   int32_t n_seqs = 0;

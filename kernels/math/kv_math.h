@@ -33,6 +33,23 @@ KVRET_HD int32_t attention_clamp_rows(int32_t n_rows, int64_t kv_capacity, int32
   return static_cast<int32_t>(clamp_i64(n_rows, 0, hi < 0 ? 0 : hi));
 }
 
+/// Rows per tile of decode attention's chunk kernel, and tiles in flight (cp.async double buffering).
+inline constexpr int32_t kAttentionTileRows = 32;
+inline constexpr int32_t kAttentionStages = 2;
+
+/// Dynamic shared memory of decode attention's chunk kernel: kAttentionStages x (a K tile and a V tile) of
+/// kAttentionTileRows rows of head_dim elements of elem_bytes bytes, loaded 16 bytes at a time.
+constexpr size_t attention_kv_smem_bytes(int32_t head_dim, int32_t elem_bytes) {
+  return static_cast<size_t>(kAttentionStages) * 2 * kAttentionTileRows * static_cast<size_t>(head_dim) *
+         static_cast<size_t>(elem_bytes);
+}
+
+/// The rows decode attention attends for a sequence, as both of its kernels see them: attention_clamp_rows, or 0
+/// when k or v is not 16-byte aligned (the chunks load 16-byte pieces; such a sequence gets a zero output).
+KVRET_HD int32_t attention_rows(int32_t n_rows, int64_t kv_capacity, int32_t max_rows, const void* k, const void* v) {
+  return aligned16(k) && aligned16(v) ? attention_clamp_rows(n_rows, kv_capacity, max_rows) : 0;
+}
+
 /// The rows the gather writes for a sequence: n_rows clamped to [0, min(out_capacity, max_rows)].
 KVRET_HD int32_t gather_clamp_rows(int32_t n_rows, int64_t out_capacity, int32_t max_rows) {
   int64_t hi = out_capacity < max_rows ? out_capacity : max_rows;

@@ -62,4 +62,27 @@ TEST(KvMath, RowClamps) {
   EXPECT_EQ(gather_clamp_rows(-2, 400, 32), 0);
 }
 
+TEST(KvMath, AttentionRowsZeroForMisalignedBases) {
+  alignas(16) static std::byte k[64], v[64];
+  EXPECT_EQ(attention_rows(300, 200, 400, k, v), 200);    // the clamp
+  EXPECT_EQ(attention_rows(300, 200, 400, k + 2, v), 0);  // two-byte aligned K: no 16-byte pieces, zero output
+  EXPECT_EQ(attention_rows(300, 200, 400, k, v + 8), 0);
+}
+
+TEST(KvMath, AttentionTilesFitTheSharedMemory) {
+  // two stages of a K and a V tile of 32 rows
+  EXPECT_EQ(attention_kv_smem_bytes(128, 2), size_t{2} * 2 * 32 * 256);
+  for (int head_dim : {64, 128, 256}) {
+    for (int elem : {2, 4}) {
+      const size_t bytes = attention_kv_smem_bytes(head_dim, elem);
+      EXPECT_EQ(bytes % 16, 0u);  // every piece is 16 bytes
+      EXPECT_EQ(bytes / (static_cast<size_t>(kAttentionStages) * 2 * kAttentionTileRows),
+                static_cast<size_t>(head_dim) * static_cast<size_t>(elem));
+      // with the kernel's static part (16 query heads of head_dim floats, the weights, 1 KiB reserved) within an
+      // H100's 227 KiB per block
+      EXPECT_LE(bytes + 4 * (16 * static_cast<size_t>(head_dim) + 16 * 32 + 48) + 1024, size_t{227} * 1024);
+    }
+  }
+}
+
 }  // namespace
