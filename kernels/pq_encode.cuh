@@ -2,8 +2,10 @@
 // Kernel of launch_pq_encode (see pq_encode.h). A thread block takes kTokensPerBlock tokens of one (KV head,
 // sub-space): their sub-vectors sit in shared memory, and the sub-space's centroids stream through shared memory in
 // tiles of 32, stored transposed and padded so that lane l reads centroid l without bank conflicts. Each warp owns
-// kTokensPerWarp tokens; each lane keeps its best centroid per token, and a warp argmin ends the search.
+// kTokensPerWarp tokens; each lane keeps its best centroid per token, and a warp argmin ends the search. The
+// distance and the nearest-centroid rule are math::pq_squared_distance and math::nearer_centroid.
 #include "device_util.cuh"
+#include "math/pq_math.h"
 #include "pq_encode.h"
 
 namespace kvret::cuda::pq_encode_detail {
@@ -15,7 +17,8 @@ inline constexpr int kTokensPerBlock = kWarps * kTokensPerWarp;
 inline constexpr int kCentroidTile = 32;
 inline constexpr int kTilePitch = kCentroidTile + 1;  // padding: column e of consecutive centroids hits distinct banks
 
-/// Shared memory: tokens [kTokensPerBlock][sub], centroid tile [sub][kTilePitch].
+/// Shared memory: tokens [kTokensPerBlock][sub], centroid tile [sub][kTilePitch]. Dynamic; the kernel has no
+/// static shared memory.
 __host__ __device__ inline size_t smem_bytes(int sub) {
   return (static_cast<size_t>(kTokensPerBlock) * sub + static_cast<size_t>(sub) * kTilePitch) * sizeof(float);
 }
@@ -64,12 +67,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kTokensPerWarp; ++u) {
         const float* x = x_s + (warp * kTokensPerWarp + u) * sub;
-        float dist = 0.0f;
-        for (int e = 0; e < sub; ++e) {
-          const float diff = __fsub_rn(x[e], c_s[e * kTilePitch + lane]);
-          dist = __fadd_rn(dist, __fmul_rn(diff, diff));
-        }
-        if (dist < best_dist[u]) {  // centroids visit a lane in increasing order: ties keep the lower index
+        const float dist = math::pq_squared_distance(x, c_s + lane, sub, kTilePitch);
+        if (math::nearer_centroid(dist, c0 + lane, best_dist[u], best_code[u])) {
           best_dist[u] = dist;
           best_code[u] = c0 + lane;
         }
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int offset = 16; offset > 0; offset >>= 1) {
       const float other_dist = __shfl_xor_sync(0xffffffffu, dist, offset);
       const int other_code = __shfl_xor_sync(0xffffffffu, code, offset);
-      if (other_dist < dist || (other_dist == dist && other_code < code)) {
+      if (math::nearer_centroid(other_dist, other_code, dist, code)) {
         dist = other_dist;
         code = other_code;
       }

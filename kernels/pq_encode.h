@@ -13,8 +13,9 @@ namespace kvret::cuda {
 ///
 /// codes[h * code_head_stride + t * pq_m + j] = argmin_c sum_e (x[e] - centroids[h, j, c, e])^2 with
 /// x = keys[t * key_token_stride + h * key_head_stride + j * sub + (0 .. sub)] converted to f32 and sub =
-/// head_dim / pq_m. The distance is accumulated in f32 over e = 0, 1, ... in that order with no fused multiply-add,
-/// so a plain CPU loop computes the same bits; an exact tie goes to the lower centroid index.
+/// head_dim / pq_m. The distance is the CPU core's squared_distance (core/vec_math.hpp) operation for operation:
+/// eight f32 partial sums with no fused multiply-add (math::pq_squared_distance), so the CPU computes the same
+/// bits; an exact tie goes to the lower centroid index (math::nearer_centroid).
 struct PqEncodeParams {
   int32_t n_tokens = 0;
   int32_t n_kv_heads = 0;

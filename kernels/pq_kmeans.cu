@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "dispatch.cuh"
+#include "math/handle_binding.h"
 #include "pq_kmeans.cuh"
 #include "pq_kmeans.h"
 
@@ -54,6 +55,19 @@ bool valid(const KmeansParams& p) {
          p.k <= 65535 && p.iters >= 0 && p.iter_offset >= 0;
 }
 
+/// cuBLAS for math::ScopedHandleBinding: the caller's handle gets its stream and pointer mode back on every exit.
+struct CublasApi {
+  using Handle = cublasHandle_t;
+  using Stream = cudaStream_t;
+  using Mode = cublasPointerMode_t;
+  using Status = cublasStatus_t;
+  static constexpr Status kSuccess = CUBLAS_STATUS_SUCCESS;
+  static Status get_stream(Handle h, Stream* s) { return cublasGetStream(h, s); }
+  static Status set_stream(Handle h, Stream s) { return cublasSetStream(h, s); }
+  static Status get_mode(Handle h, Mode* m) { return cublasGetPointerMode(h, m); }
+  static Status set_mode(Handle h, Mode m) { return cublasSetPointerMode(h, m); }
+};
+
 cudaError_t from_cublas(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS:
@@ -102,9 +116,9 @@ cudaError_t launch_kmeans(cublasHandle_t cublas, const KmeansParams& params, voi
   }
   if (p.iters == 0) return cudaSuccess;
 
-  err = from_cublas(cublasSetStream(cublas, stream));
-  if (err != cudaSuccess) return err;
-  err = from_cublas(cublasSetPointerMode(cublas, CUBLAS_POINTER_MODE_HOST));
+  // The caller's stream and pointer mode are saved here and restored by `binding` on every return below.
+  math::ScopedHandleBinding<CublasApi> binding(cublas);
+  err = from_cublas(binding.bind(stream, CUBLAS_POINTER_MODE_HOST));
   if (err != cudaSuccess) return err;
 
   const int64_t n_point_rows = static_cast<int64_t>(p.n_problems) * p.n_points;
@@ -151,7 +165,7 @@ cudaError_t launch_kmeans(cublasHandle_t cublas, const KmeansParams& params, voi
                                                                                   ws.objective_sum);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  return cudaSuccess;
+  return from_cublas(binding.restore());
 }
 
 cudaError_t launch_pq_training_points(const PqTrainingPointsParams& params, cudaStream_t stream) {

@@ -3,6 +3,7 @@
 // launcher; these kernels do the parts around them: norms, the argmin that also rewrites the distance block as a
 // one-hot matrix (the input of the centroid-sum GEMM), the centroid update with reseeding, and the point gather.
 #include "device_util.cuh"
+#include "math/pq_math.h"
 #include "pq_kmeans.h"
 
 namespace kvret::cuda::kmeans_detail {
@@ -51,8 +52,8 @@ __global__ void __launch_bounds__(kThreads)
     float best = __int_as_float(0x7f800000);
     int best_c = p.k;
     for (int c = lane; c < p.k; c += 32) {
-      const float dist = xnorm - 2.0f * row[c] + cnorm[c];
-      if (dist < best) {
+      const float dist = math::kmeans_distance(xnorm, row[c], cnorm[c]);
+      if (math::nearer_centroid(dist, c, best, best_c)) {
         best = dist;
         best_c = c;
       }
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int offset = 16; offset > 0; offset >>= 1) {
       const float other = __shfl_xor_sync(0xffffffffu, best, offset);
       const int other_c = __shfl_xor_sync(0xffffffffu, best_c, offset);
-      if (other < best || (other == best && other_c < best_c)) {
+      if (math::nearer_centroid(other, other_c, best, best_c)) {
         best = other;
         best_c = other_c;
       }

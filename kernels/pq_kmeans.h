@@ -53,7 +53,10 @@ int32_t kmeans_chunk_points(const KmeansParams& params) noexcept;
 size_t kmeans_workspace_bytes(const KmeansParams& params) noexcept;
 
 /// Enqueues `iters` Lloyd iterations on `stream`. `cublas` is a handle of the current device; the launcher binds it
-/// to `stream` (cublasSetStream) and uses its math mode as set (the default is full-precision f32). Errors of
+/// to `stream` with the host pointer mode for its GEMMs and gives it back with the caller's stream and pointer mode
+/// on every return (math::ScopedHandleBinding); it uses the handle's math mode as set (the default is
+/// full-precision f32). The assignment distance and its tie rule are math::kmeans_distance and
+/// math::nearer_centroid. Errors of
 /// cuBLAS come back as cudaErrorUnknown (cudaErrorMemoryAllocation for its allocation failures). For an adaptive
 /// stop, call it with iters = 1 and init_indices = nullptr after the first call, reading the objective in between.
 cudaError_t launch_kmeans(cublasHandle_t cublas, const KmeansParams& params, void* workspace, size_t workspace_bytes,

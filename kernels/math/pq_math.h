@@ -43,8 +43,9 @@ KVRET_HD float pq_token_logit(const float* lut_head, const uint8_t* codes, int p
 }
 
 /// The encoder's squared distance of a sub-vector to a centroid in the order of the CPU's squared_distance():
-/// eight partial sums of (a - b)^2, combined as in dot_cpu_order, then the tail.
-KVRET_HD float pq_squared_distance(const float* x, const float* c, int sub) {
+/// eight partial sums of (a - b)^2, combined as in dot_cpu_order, then the tail. The centroid's elements are
+/// c[0], c[c_stride], ... (the encoder reads them from a transposed tile in shared memory).
+KVRET_HD float pq_squared_distance(const float* x, const float* c, int sub, int c_stride = 1) {
   float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   int i = 0;
   for (; i + 8 <= sub; i += 8) {
@@ -52,14 +53,14 @@ KVRET_HD float pq_squared_distance(const float* x, const float* c, int sub) {
 #pragma unroll
 #endif
     for (int l = 0; l < 8; ++l) {
-      const float d = sub_rn(x[i + l], c[i + l]);
+      const float d = sub_rn(x[i + l], c[(i + l) * c_stride]);
       acc[l] = add_rn(acc[l], mul_rn(d, d));
     }
   }
   float s = add_rn(add_rn(add_rn(acc[0], acc[4]), add_rn(acc[1], acc[5])),
                    add_rn(add_rn(acc[2], acc[6]), add_rn(acc[3], acc[7])));
   for (; i < sub; ++i) {
-    const float d = sub_rn(x[i], c[i]);
+    const float d = sub_rn(x[i], c[i * c_stride]);
     s = add_rn(s, mul_rn(d, d));
   }
   return s;
