@@ -135,7 +135,7 @@ typedef enum kvret_index_kind {
   KVRET_INDEX_STREAMING = 2, /**< no retrieval: the working set is sink + local only (the baseline) */
   KVRET_INDEX_PAGE = 3,      /**< per-page min/max key bounds (Quest): pages of page_size tokens, best bound first */
   KVRET_INDEX_CLUSTER = 4,   /**< cosine k-means clusters of keys (ClusterKV; CPU): whole clusters, best first */
-  KVRET_INDEX_QUANT = 5      /**< low-bit resident copy of K (SpeCache); reserved, not yet implemented */
+  KVRET_INDEX_QUANT = 5      /**< KIVI 1- or 2-bit copy of K and V (SpeCache; CPU): tokens scored from its keys */
 } kvret_index_kind;
 
 /** How the query heads of one KV group are folded into one score per token. */
@@ -185,8 +185,8 @@ typedef struct kvret_config {
   /* Quest pages (the page index) */
   int32_t page_size; /**< tokens per page; default 16 */
 
-  /* SpeCache quantized copy (reserved for the quant index) */
-  int32_t quant_bits; /**< 1 or 2; default 2 */
+  /* SpeCache quantized copy (the quant index, docs/quant.md; quant_group_size and quant_residual are at the end) */
+  int32_t quant_bits; /**< bits per quantized key and value element: 1 or 2; default 2 */
 
   /* KVCrush hamming grouping (reserved) */
   float hamming_fraction;  /**< part of the budget spent on bucket representatives; default 0 (off) */
@@ -219,6 +219,13 @@ typedef struct kvret_config {
                                 exceeds the smallest error in the exact set, while the set holds less than twice its
                                 share. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range
                                 [0, 0.5]; default 0.05 */
+
+  /* SpeCache quantized copy, continued (appended: older, smaller structs get the defaults) */
+  int32_t quant_group_size; /**< elements per quantization group of the quant index (keys: tokens of one channel,
+                                 values: channels of one token), each with its own f16 min and max: 32 or 64;
+                                 default 64 */
+  int32_t quant_residual;   /**< most recent middle tokens the quant index keeps in f16 (KIVI's residual window;
+                                 up to quant_group_size - 1 more wait for a full key group): 0..65536; default 64 */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

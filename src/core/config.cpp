@@ -46,6 +46,8 @@ void config_defaults(kvret_config* c) noexcept {
   c->check_finite = 0;
   c->seed = 42;
   c->pq_exact_fraction = kDefaultPqExactFraction;
+  c->quant_group_size = 64;
+  c->quant_residual = 64;
 }
 
 namespace {
@@ -70,7 +72,7 @@ void unsupported(bool ok, const std::string& what) {
           X(cluster_tokens) X(cluster_decode_interval) X(cluster_decode_k) X(page_size) X(quant_bits)                 \
               X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
-                      X(check_finite) X(seed) X(pq_exact_fraction)
+                      X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)
 // clang-format on
 
 namespace {
@@ -159,7 +161,11 @@ void validate_config(const kvret_config& c) {
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
   check(c.page_size >= 1 && c.page_size <= 65536, "page_size",
         "must be in 1..65536, got " + std::to_string(c.page_size));
-  check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2");
+  check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2, got " + std::to_string(c.quant_bits));
+  check(c.quant_group_size == 32 || c.quant_group_size == 64, "quant_group_size",
+        "must be 32 or 64, got " + std::to_string(c.quant_group_size));
+  check(c.quant_residual >= 0 && c.quant_residual <= 65536, "quant_residual",
+        "must be in 0..65536, got " + std::to_string(c.quant_residual));
   check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction", "must be in [0, 1)");
   unsupported(c.hamming_fraction == 0.0f, "hamming grouping (config.hamming_fraction > 0)");
   check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");

@@ -10,6 +10,7 @@
 #include "index/exact_retriever.hpp"
 #include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
+#include "index/quant_retriever.hpp"
 
 namespace kvret {
 
@@ -110,6 +111,7 @@ struct KindRegistry {
       {KVRET_INDEX_PQ, std::make_shared<PqKind>()},
       {KVRET_INDEX_PAGE, std::make_shared<PageKind>()},
       {KVRET_INDEX_CLUSTER, make_cluster_kind()},
+      {KVRET_INDEX_QUANT, make_quant_kind()},
   };
 };
 

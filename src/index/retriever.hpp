@@ -1,7 +1,7 @@
 #pragma once
 // A retriever indexes the middle tokens of one (sequence, layer) and selects, per KV head, the `budget` middle
 // positions that matter most for a query. Implementations: exact (oracle), pq (PQCache), page (Quest), cluster
-// (ClusterKV), streaming (none).
+// (ClusterKV), quant (SpeCache's low-bit copy), streaming (none).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -113,8 +113,8 @@ struct SelectJob {
 
 /// An index kind, the value of kvret_config.index_kind: it makes every layer's retriever and selects for many
 /// layers (of many sequences) in one call, which a GPU kind turns into one batched launch. The built-in kinds are
-/// EXACT, PQ, PAGE and STREAMING; another kind is added with register_retriever_kind, without touching the
-/// sequence or the C layer.
+/// EXACT, PQ, PAGE, CLUSTER, QUANT and STREAMING; another kind is added with register_retriever_kind, without touching
+/// the sequence or the C layer.
 class RetrieverKind {
  public:
   virtual ~RetrieverKind() = default;

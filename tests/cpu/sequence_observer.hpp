@@ -116,6 +116,8 @@ inline std::string kind_name(int kind) {
       return "Page";
     case KVRET_INDEX_CLUSTER:
       return "Cluster";
+    case KVRET_INDEX_QUANT:
+      return "Quant";
     default:
       return "Streaming";
   }

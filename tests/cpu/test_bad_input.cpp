@@ -394,7 +394,9 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
       {[](kvret_config& c) { c.pq_bits = 9; }, KVRET_ERR_INVALID_ARGUMENT, "pq_bits"},
       {[](kvret_config& c) { c.budget_ratio = 0; }, KVRET_ERR_INVALID_ARGUMENT, "budget_ratio"},
       {[](kvret_config& c) { c.gqa_fold = 7; }, KVRET_ERR_INVALID_ARGUMENT, "gqa_fold"},
-      {[](kvret_config& c) { c.index_kind = KVRET_INDEX_QUANT; }, KVRET_ERR_UNSUPPORTED, "QUANT"},
+      {[](kvret_config& c) { c.quant_bits = 3; }, KVRET_ERR_INVALID_ARGUMENT, "quant_bits"},
+      {[](kvret_config& c) { c.quant_group_size = 48; }, KVRET_ERR_INVALID_ARGUMENT, "quant_group_size"},
+      {[](kvret_config& c) { c.quant_residual = -1; }, KVRET_ERR_INVALID_ARGUMENT, "quant_residual"},
       {[](kvret_config& c) { c.device_type = KVRET_DEVICE_CUDA; }, KVRET_ERR_UNSUPPORTED, "CUDA"},
       {[](kvret_config& c) { c.struct_size = 4; }, KVRET_ERR_VERSION, "struct_size"},
   };

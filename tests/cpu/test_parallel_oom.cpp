@@ -35,7 +35,7 @@ int run_until_ok(Call&& call, Check&& check) {
 }
 
 TEST(ParallelOutOfMemory, BuildSelectFetchAndAttendReportItAndChangeNothing) {
-  for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_EXACT, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER}) {
+  for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_EXACT, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT}) {
     SCOPED_TRACE("index kind " + std::to_string(kind));
     kvret_config c = test::small_config(kind);
     c.n_layers = 1;

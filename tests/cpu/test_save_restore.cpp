@@ -104,8 +104,8 @@ TEST_P(SaveRestore, DamagedStateIsRefusedAndChangesNothing) {
   auto magic = state;
   magic[0] ^= std::byte{0xff};
   refused(magic, "magic");
-  for (const int other :
-       {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING, KVRET_INDEX_CLUSTER}) {
+  for (const int other : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING,
+                          KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT}) {
     if (other == config.index_kind) continue;
     kvret_config c = config;
     c.index_kind = other;
@@ -113,7 +113,7 @@ TEST_P(SaveRestore, DamagedStateIsRefusedAndChangesNothing) {
   }
   // a restore into a store holding fewer tokens than the state indexes
   if (config.index_kind == KVRET_INDEX_PQ || config.index_kind == KVRET_INDEX_PAGE ||
-      config.index_kind == KVRET_INDEX_CLUSTER) {
+      config.index_kind == KVRET_INDEX_CLUSTER || config.index_kind == KVRET_INDEX_QUANT) {
     HostKvStore shorter(kHeads, kDim, DType::F32);
     EXPECT_THROW(fresh->restore(shorter, state.data(), state.size()), Error);
     ASSERT_EQ(fresh->save(), empty);
@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, SaveRestore,
                                            Setting{KVRET_INDEX_PQ, 2, 0.05f}, Setting{KVRET_INDEX_PQ, 2, 0.0f},
                                            Setting{KVRET_INDEX_PAGE, 4, 0.05f},
                                            Setting{KVRET_INDEX_STREAMING, 4, 0.05f},
-                                           Setting{KVRET_INDEX_CLUSTER, 4, 0.05f}),
+                                           Setting{KVRET_INDEX_CLUSTER, 4, 0.05f},
+                                           Setting{KVRET_INDEX_QUANT, 4, 0.05f}),
                          [](const ::testing::TestParamInfo<Setting>& i) {
                            return kind_name(i.param.kind) + "M" + std::to_string(i.param.pq_m) +
                                   (i.param.exact_fraction > 0 ? "Exact" : "Plain");

@@ -114,7 +114,7 @@ TEST_P(SelectScores, RankTheSelectionAndDoNotDependOnTheBudget) {
 
 INSTANTIATE_TEST_SUITE_P(KindsAndFolds, SelectScores,
                          ::testing::Combine(::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE,
-                                                              KVRET_INDEX_CLUSTER),
+                                                              KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT),
                                             ::testing::Values(KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT)),
                          [](const ::testing::TestParamInfo<std::tuple<int, int>>& i) {
                            return kind_name(std::get<0>(i.param)) +

@@ -417,7 +417,7 @@ TEST_P(RecallVsBudget, RisesWithTheBudgetOnTheSyntheticWorkload) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Indexes, RecallVsBudget,
-                         ::testing::Values(KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER));
+                         ::testing::Values(KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT));
 #endif
 
 }  // namespace

@@ -166,7 +166,7 @@ TEST_P(Truncate, WaitsForABackgroundBuild) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Truncate,
                          ::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING,
-                                           KVRET_INDEX_CLUSTER),
+                                           KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT),
                          [](const ::testing::TestParamInfo<int>& i) { return kind_name(i.param); });
 
 }  // namespace

@@ -129,9 +129,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int dims[] = {8, 16, 32, 64, 12};
   c.head_dim = dims[r.below(5)];
   c.kv_dtype = static_cast<int32_t>(r.below(3));
-  const int kinds[] = {KVRET_INDEX_EXACT,     KVRET_INDEX_PQ, KVRET_INDEX_PAGE,
-                       KVRET_INDEX_STREAMING, KVRET_INDEX_PQ, KVRET_INDEX_CLUSTER};
-  c.index_kind = kinds[r.below(6)];
+  const int kinds[] = {KVRET_INDEX_EXACT, KVRET_INDEX_PQ,      KVRET_INDEX_PAGE, KVRET_INDEX_STREAMING,
+                       KVRET_INDEX_PQ,    KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT};
+  c.index_kind = kinds[r.below(7)];
   c.n_sink = static_cast<int32_t>(r.below(6));
   c.n_local = static_cast<int32_t>(r.below(12));
   c.pq_m = 1 << r.below(3);  // 1, 2, 4: divides every head_dim above

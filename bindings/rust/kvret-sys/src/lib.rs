@@ -143,6 +143,8 @@ pub struct kvret_config {
     pub check_finite: i32,
     pub seed: u64,
     pub pq_exact_fraction: f32,
+    pub quant_group_size: i32,
+    pub quant_residual: i32,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -291,7 +291,7 @@ impl Config {
         self
     }
 
-    /// `kvret_config.quant_bits`: 1 or 2; default 2
+    /// `kvret_config.quant_bits`: bits per quantized key and value element: 1 or 2; default 2
     pub fn quant_bits(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_bits = self.int_field("quant_bits", value);
         self
@@ -373,6 +373,20 @@ impl Config {
     /// default 0.05
     pub fn pq_exact_fraction(mut self, value: f32) -> Self {
         self.raw.pq_exact_fraction = value;
+        self
+    }
+
+    /// `kvret_config.quant_group_size`: elements per quantization group of the quant index (keys: tokens of one channel, values: channels of
+    /// one token), each with its own f16 min and max: 32 or 64; default 64
+    pub fn quant_group_size(mut self, value: impl ConfigInt) -> Self {
+        self.raw.quant_group_size = self.int_field("quant_group_size", value);
+        self
+    }
+
+    /// `kvret_config.quant_residual`: most recent middle tokens the quant index keeps in f16 (KIVI's residual window; up to
+    /// quant_group_size - 1 more wait for a full key group): 0..65536; default 64
+    pub fn quant_residual(mut self, value: impl ConfigInt) -> Self {
+        self.raw.quant_residual = self.int_field("quant_residual", value);
         self
     }
     // </generated setters>

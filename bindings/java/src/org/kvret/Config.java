@@ -181,7 +181,7 @@ public final class Config {
     return fields.getPage_size();
   }
 
-  /** kvret_config.quant_bits: 1 or 2; default 2 */
+  /** kvret_config.quant_bits: bits per quantized key and value element: 1 or 2; default 2 */
   public int quantBits() {
     return fields.getQuant_bits();
   }
@@ -268,6 +268,24 @@ public final class Config {
    */
   public float pqExactFraction() {
     return fields.getPq_exact_fraction();
+  }
+
+  /**
+   * kvret_config.quant_group_size: elements per quantization group of the quant index (keys: tokens
+   * of one channel, values: channels of one token), each with its own f16 min and max: 32 or 64;
+   * default 64
+   */
+  public int quantGroupSize() {
+    return fields.getQuant_group_size();
+  }
+
+  /**
+   * kvret_config.quant_residual: most recent middle tokens the quant index keeps in f16 (KIVI's
+   * residual window; up to quant_group_size - 1 more wait for a full key group): 0..65536; default
+   * 64
+   */
+  public int quantResidual() {
+    return fields.getQuant_residual();
   }
   // </generated getters>
 
@@ -437,7 +455,7 @@ public final class Config {
       return this;
     }
 
-    /** kvret_config.quant_bits: 1 or 2; default 2 */
+    /** kvret_config.quant_bits: bits per quantized key and value element: 1 or 2; default 2 */
     public Builder quantBits(int value) {
       fields.setQuant_bits(value);
       return this;
@@ -536,6 +554,26 @@ public final class Config {
      */
     public Builder pqExactFraction(float value) {
       fields.setPq_exact_fraction(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.quant_group_size: elements per quantization group of the quant index (keys:
+     * tokens of one channel, values: channels of one token), each with its own f16 min and max: 32
+     * or 64; default 64
+     */
+    public Builder quantGroupSize(int value) {
+      fields.setQuant_group_size(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.quant_residual: most recent middle tokens the quant index keeps in f16 (KIVI's
+     * residual window; up to quant_group_size - 1 more wait for a full key group): 0..65536;
+     * default 64
+     */
+    public Builder quantResidual(int value) {
+      fields.setQuant_residual(value);
       return this;
     }
     // </generated setters>

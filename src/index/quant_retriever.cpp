@@ -1,0 +1,149 @@
+#include "index/quant_retriever.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/serial.hpp"
+#include "core/tensor_view.hpp"
+#include "select/gqa_fold.hpp"
+#include "select/topk.hpp"
+
+namespace kvret {
+
+namespace {
+constexpr int64_t kChunk = 256;              ///< tokens read from the store at a time
+constexpr int64_t kParallelTokens = 1024;    ///< below this an extend runs on the calling thread (decode)
+constexpr uint32_t kQuantTag = 0x5155414eu;  // "QUAN"
+constexpr uint32_t kQuantVersion = 1;
+}  // namespace
+
+QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params)
+    : n_kv_(n_kv_heads), d_(head_dim), p_(params) {
+  heads_.reserve(static_cast<size_t>(n_kv_heads));
+  for (int h = 0; h < n_kv_heads; ++h) heads_.emplace_back(head_dim, params);
+}
+
+int64_t QuantRetriever::bytes() const noexcept {
+  int64_t b = 0;
+  for (const auto& h : heads_) b += h.bytes();
+  return b;
+}
+
+void QuantRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool, int n_threads) {
+  // Everything that may throw happens before the first token is appended: the heads' room and the read buffers.
+  const int64_t n = end - begin;
+  for (auto& h : heads_) h.reserve(n);
+  const int64_t chunk = std::min(kChunk, n);
+  const size_t rows = static_cast<size_t>(chunk) * d_;
+  std::vector<float> buffers(static_cast<size_t>(n_kv_) * 2 * rows);
+  parallel_for(n_kv_, n_threads, n >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
+    float* keys = buffers.data() + static_cast<size_t>(h) * 2 * rows;
+    float* values = keys + rows;
+    for (int64_t c0 = begin; c0 < end; c0 += chunk) {
+      const int64_t c1 = std::min(end, c0 + chunk);
+      store.keys_f32(h, c0, c1, keys);
+      for (int64_t pos = c0; pos < c1; ++pos)
+        load_row_f32(store.value_row(h, pos), store.dtype(), values + static_cast<size_t>(pos - c0) * d_,
+                     static_cast<size_t>(d_));
+      heads_[static_cast<size_t>(h)].append(keys, values, c1 - c0);
+    }
+  });
+}
+
+void QuantRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
+  const int64_t base = base_;
+  const int64_t n = end <= base ? 0 : end - base;
+  for (int h = 0; h < n_kv_; ++h)
+    heads_[static_cast<size_t>(h)].truncate(n, [&](int64_t t, float* key, float* value) {
+      store.keys_f32(h, base + t, base + t + 1, key);
+      load_row_f32(store.value_row(h, base + t), store.dtype(), value, static_cast<size_t>(d_));
+    });
+}
+
+int64_t QuantRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
+                               float* const* out_scores) const {
+  KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
+                "quant index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
+                    std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+  const int64_t n = r.mid_end - r.mid_begin;
+  parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
+    std::vector<float> logits(static_cast<size_t>(r.group) * n);
+    heads_[static_cast<size_t>(h)].logits(r.q + static_cast<int64_t>(h) * r.group * d_, r.group, r.scale, logits.data(),
+                                          n);
+    std::vector<float> folded(static_cast<size_t>(n));
+    fold_logits(logits.data(), r.group, n, r.fold, folded.data());
+    topk_positions(folded.data(), n, r.budget, r.mid_begin, out_rows[h]);
+    if (out_scores != nullptr)
+      for (int64_t i = 0; i < r.budget; ++i)
+        out_scores[h][i] = folded[static_cast<size_t>(out_rows[h][i] - r.mid_begin)];
+  });
+  return r.budget;
+}
+
+std::vector<std::byte> QuantRetriever::save() const {
+  ByteWriter w;
+  write_header(w, kQuantTag, kQuantVersion);
+  w.value<int32_t>(n_kv_);
+  w.value<int32_t>(d_);
+  w.value<int32_t>(p_.bits);
+  w.value<int32_t>(p_.group);
+  w.value<int32_t>(p_.residual);
+  write_range(w);
+  for (const auto& h : heads_) {
+    w.array(h.key_code_array());
+    w.array(h.key_param_array());
+    w.array(h.value_code_array());
+    w.array(h.value_param_array());
+    w.array(h.residual_key_array());
+    w.array(h.residual_value_array());
+  }
+  return std::move(w.bytes());
+}
+
+void QuantRetriever::restore(const HostKvStore& store, const std::byte* data, size_t size) {
+  ByteReader r(data, size);
+  read_header(r, kQuantTag, kQuantVersion);
+  require_intact(r.value<int32_t>() == n_kv_ && r.value<int32_t>() == d_ && r.value<int32_t>() == p_.bits &&
+                     r.value<int32_t>() == p_.group && r.value<int32_t>() == p_.residual,
+                 "another geometry or quantization than this context's");
+  const auto range = read_range(r, store);
+  const int64_t n = range.first < 0 ? 0 : range.second - range.first;
+  std::vector<KiviHead> heads;
+  heads.reserve(static_cast<size_t>(n_kv_));
+  for (int h = 0; h < n_kv_; ++h) {
+    heads.emplace_back(d_, p_);
+    auto key_codes = r.array<uint8_t, LargeAllocator<uint8_t>>();
+    auto key_params = r.array<uint16_t, LargeAllocator<uint16_t>>();
+    auto value_codes = r.array<uint8_t, LargeAllocator<uint8_t>>();
+    auto value_params = r.array<uint16_t, LargeAllocator<uint16_t>>();
+    auto res_k = r.array<uint16_t>();
+    auto res_v = r.array<uint16_t>();
+    require_intact(heads.back().restore_arrays(n, std::move(key_codes), std::move(key_params), std::move(value_codes),
+                                               std::move(value_params), std::move(res_k), std::move(res_v)),
+                   "quantized arrays that do not fit the indexed range, or a group whose min exceeds its max");
+  }
+  require_intact(r.left() == 0, "trailing bytes");
+  heads_.swap(heads);  // commit
+  set_range(range);
+}
+
+namespace {
+
+class QuantKind final : public RetrieverKind {
+ public:
+  const char* name() const noexcept override { return "quant"; }
+  std::unique_ptr<Retriever> make(const kvret_config& c, int) const override {
+    return std::make_unique<QuantRetriever>(c.n_kv_heads, c.head_dim,
+                                            KiviParams{c.quant_bits, c.quant_group_size, c.quant_residual});
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const RetrieverKind> make_quant_kind() { return std::make_shared<QuantKind>(); }
+
+}  // namespace kvret

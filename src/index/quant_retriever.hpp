@@ -1,0 +1,51 @@
+#pragma once
+// SpeCache's index: a KIVI low-bit copy of every middle key and value (core/kivi_quant: keys per channel along
+// tokens, values per token along channels, groups of 32 or 64, 1 or 2 bits, the most recent tokens in f16). A query
+// scores every middle token from the packed key codes (q . zero + (q * step) . codes per key block, no key
+// reconstructed; the f16 residual by its dot product), the query heads of a KV group are folded and the top
+// `budget` tokens are taken, as EXACT does with the exact keys.
+//
+// The copy is the resident state the engine keeps near the compute (its bytes are the index bytes): keys and values
+// at (bits + 32 / group) / 16 of their f16 size, plus the residual window. Select reads only the copy, never the
+// host store. The quantized state is a function of the indexed tokens (blocks start at the first middle position),
+// so a decode extend, a cut and a rebuild all agree. See docs/quant.md.
+#include <memory>
+#include <vector>
+
+#include "core/kivi_quant.hpp"
+#include "index/retriever.hpp"
+
+namespace kvret {
+
+class QuantRetriever final : public Retriever {
+ public:
+  QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params);
+
+  int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
+                 float* const* out_scores) const override;
+  int64_t bytes() const noexcept override;
+  /// Always: whole blocks are dropped, and the residual the cut leaves is read again from the store.
+  bool can_cut(int64_t) const noexcept override { return true; }
+  std::unique_ptr<Retriever> clone() const override { return std::make_unique<QuantRetriever>(*this); }
+  std::vector<std::byte> save() const override;
+  void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
+
+  // Introspection (tests, tools).
+  const KiviParams& params() const noexcept { return p_; }
+  const KiviHead& head(int h) const noexcept { return heads_[static_cast<size_t>(h)]; }
+
+ protected:
+  void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
+  void on_cut(const HostKvStore& store, int64_t end) noexcept override;
+
+ private:
+  int n_kv_;
+  int d_;
+  KiviParams p_;
+  std::vector<KiviHead> heads_;
+};
+
+/// The KVRET_INDEX_QUANT kind.
+std::shared_ptr<const RetrieverKind> make_quant_kind();
+
+}  // namespace kvret
