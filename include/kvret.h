@@ -93,6 +93,15 @@ typedef enum kvret_device_type {
   KVRET_DEVICE_CUDA_HOST = 3 /**< == kDLCUDAHost: pinned host memory, readable by the CPU backend */
 } kvret_device_type;
 
+/* Which memory a call's tensors may be in is the context's backend's rule, the same for every argument of every
+ * call (a tensor elsewhere is KVRET_ERR_DEVICE, naming it, and nothing changes):
+ * - CPU backend (config.device_type = KVRET_DEVICE_CPU): KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA_HOST memory.
+ * - CUDA backend (KVRET_DEVICE_CUDA): memory of the context's GPU (KVRET_DEVICE_CUDA with device_id =
+ *   config.device_id) or pinned host memory (KVRET_DEVICE_CUDA_HOST, allocated mapped, e.g. cudaHostAlloc with
+ *   cudaHostAllocMapped or PyTorch's pin_memory). Pageable KVRET_DEVICE_CPU memory is refused. Calls with a stream
+ *   argument order their device work on that stream; the others (append, select, read) copy what they read from
+ *   device memory after the work on the legacy default stream and return when their outputs are written. */
+
 typedef struct kvret_device {
   int32_t device_type; /**< a kvret_device_type value */
   int32_t device_id;
@@ -158,7 +167,8 @@ typedef struct kvret_config {
   int32_t kv_dtype;   /**< a kvret_kv_dtype; default KVRET_KV_F16 */
 
   /* where the index and working set live */
-  int32_t device_type; /**< KVRET_DEVICE_CPU (default) or KVRET_DEVICE_CUDA */
+  int32_t device_type; /**< KVRET_DEVICE_CPU (default) or KVRET_DEVICE_CUDA (KVRET_ERR_UNSUPPORTED in a build
+                            without the CUDA backend, KVRET_ERR_CUDA where no CUDA device can be used) */
   int32_t device_id;   /**< CUDA device ordinal; default 0 */
 
   /* token groups and budget */
@@ -284,7 +294,8 @@ KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
  * Appending keys and values
  *
  * k and v are [T, n_kv_heads, head_dim] (any strides whose innermost is 1, so [n_kv_heads, T, head_dim] memory
- * passes as a strided view), dtype f16, bf16 or f32 (converted to kv_dtype), on the CPU or pinned host. Keys are
+ * passes as a strided view), dtype f16, bf16 or f32 (converted to kv_dtype), in memory the backend reads (see
+ * kvret_device_type). Keys are
  * the ones attention uses: after the rotary embedding (RoPE). Queries given to select are likewise rotated and
  * unscaled: select multiplies every logit by 1/sqrt(head_dim) before folding the GQA group.
  * ------------------------------------------------------------------------------------------------------------- */
@@ -313,14 +324,14 @@ KVRET_API kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer);
 
 /** Scores the middle tokens of `layer` for query q ([n_q_heads, head_dim], f16/bf16/f32), folds each KV group,
  *  and writes the top `budget` middle positions of every KV head, ascending, into out_positions (int32,
- *  [n_kv_heads, >= count], CPU). *out_count receives the number written per head: min(budget, middle tokens),
- *  and 0 for KVRET_INDEX_STREAMING. A budget of 0, or above the layer's length, is KVRET_ERR_BUDGET.
- *  Waits for this layer's index only. Ties between equal scores go to the earlier position. */
+ *  [n_kv_heads, >= count]; elements past count are left as they were). *out_count receives the number written per head:
+ * min(budget, middle tokens), and 0 for KVRET_INDEX_STREAMING. A budget of 0, or above the layer's length, is
+ * KVRET_ERR_BUDGET. Waits for this layer's index only. Ties between equal scores go to the earlier position. */
 KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                     const kvret_tensor* out_positions, int32_t* out_count);
 
 /** kvret_select that also writes the score of each selected position into out_scores (f32, [n_kv_heads,
- *  >= count], CPU), aligned with out_positions: the folded score the index ranked it by, higher first (for
+ *  >= count]), aligned with out_positions: the folded score the index ranked it by, higher first (for
  *  KVRET_FOLD_SUM_PROB the group's summed softmax probability, estimated by the index: a PQ cell's or a page's
  *  tokens share their cell's or page's score; for KVRET_FOLD_MAX_LOGIT the largest scaled logit). Scores compare
  *  within one call; a caller may weight, merge or threshold a selection with them. */
@@ -351,9 +362,10 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  kvret_select) into *out and its row count into *out_rows. Each head's positions must be distinct middle positions
  *  at the time of this call (else KVRET_ERR_OUT_OF_RANGE / KVRET_ERR_INVALID_ARGUMENT). A selection made at an
  *  earlier length stays valid, since the middle only grows, and fetches exactly the tokens it names: it does not
- *  see the tokens that entered the middle since (select again at each decode step for those). Stream-ordered: on
- *  the CUDA backend it only enqueues on `stream`. On the CPU backend the copy is complete, and *out valid, when the
- *  call returns. */
+ *  see the tokens that entered the middle since (select again at each decode step for those). On the CUDA backend
+ *  the positions are checked on the host (read from device memory after the work on the legacy default stream)
+ *  and the gather is ordered on `stream`: *out is valid after that stream's work (kvret_synchronize). On the CPU
+ *  backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 

@@ -14,6 +14,17 @@
 
 namespace kvret {
 
+/// Memory a backend hands out for kvret's own tensors (kvret_seq_attend's working set): host memory on the CPU
+/// backend, device memory on the CUDA backend.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual std::byte* data() const noexcept = 0;
+  virtual size_t bytes() const noexcept = 0;
+  /// Where data() is, as a tensor's device field.
+  virtual kvret_device device() const noexcept = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -27,14 +38,28 @@ class Backend {
   virtual void check_stream(kvret_stream stream) const = 0;
   /// Waits for the work enqueued on `stream`.
   virtual void synchronize(kvret_stream stream) = 0;
+  /// The device field of host memory that kvret allocates itself and passes to this backend's calls (the CPU
+  /// backend: KVRET_DEVICE_CPU; the CUDA backend: KVRET_DEVICE_CUDA_HOST).
+  virtual kvret_device host_memory() const noexcept { return {KVRET_DEVICE_CPU, 0}; }
+  /// For the parts of a call that run on the CPU (checks, the index): `t` itself when the CPU can read its memory,
+  /// else a view of a copy of its extent in `storage`, taken after the work enqueued before it. Throws
+  /// KVRET_ERR_OUT_OF_MEMORY or KVRET_ERR_CUDA.
+  virtual TensorView host_readable(const TensorView& t, std::vector<std::byte>& storage);
+  /// A view the CPU may write an output `t` through: `t` itself, or a copy of it in `storage` that write_back then
+  /// copies into `t`.
+  virtual TensorView host_writable(const TensorView& t, std::vector<std::byte>& storage);
+  /// Copies what host_writable's view holds into `t` (nothing when the view is `t` itself).
+  virtual void write_back(const TensorView& host, const TensorView& t);
+  /// `bytes` of memory this backend's gather and attend write and read (throws KVRET_ERR_OUT_OF_MEMORY).
+  virtual std::unique_ptr<DeviceBuffer> allocate(size_t bytes);
   /// gather_working_set's contract: sink + selected + local rows of `store` into `out`, the row sources first.
   virtual int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                          int64_t count, const WorkingSetViews& out, int n_threads,
                          const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence,
-                         int32_t layer, int64_t* served_by_sources) = 0;
-  /// attend's contract (core/attention.hpp).
+                         int32_t layer, int64_t* served_by_sources, kvret_stream stream) = 0;
+  /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
-                      int64_t rows, float scale, const TensorView& out, int n_threads) = 0;
+                      int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;
 };
 
 /// Host pages, the OpenMP gather and the reference attention.
@@ -49,12 +74,17 @@ class CpuBackend : public Backend {
   int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                  int64_t count, const WorkingSetViews& out, int n_threads,
                  const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence, int32_t layer,
-                 int64_t* served_by_sources) override;
+                 int64_t* served_by_sources, kvret_stream stream) override;
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
-              float scale, const TensorView& out, int n_threads) override;
+              float scale, const TensorView& out, int n_threads, kvret_stream stream) override;
 };
 
-/// The backend of config.device_type: the CPU backend, or KVRET_ERR_UNSUPPORTED for a device this build lacks.
+/// The backend of config.device_type: the CPU backend; the CUDA backend (KVRET_ERR_CUDA when no CUDA device can be
+/// used); KVRET_ERR_UNSUPPORTED for a device this build lacks.
 std::unique_ptr<Backend> make_backend(const kvret_config& config);
+
+/// The CUDA backend of this build: "cuda" (built with nvcc), "thrust-omp" (Thrust's OpenMP host system, no GPU
+/// needed), or nullptr (none).
+const char* cuda_backend_system() noexcept;
 
 }  // namespace kvret

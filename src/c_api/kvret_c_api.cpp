@@ -349,6 +349,7 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
       }
     if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size(), nullptr);
     for (size_t j = 0; j < jobs.size(); ++j) prepared[owner[j]].job.count = jobs[j].count;
+    for (int32_t i = 0; i < n; ++i) batch[static_cast<size_t>(i)]->finish_select(prepared[static_cast<size_t>(i)]);
     for (int32_t i = 0; i < n; ++i) out_counts[i] = static_cast<int32_t>(prepared[static_cast<size_t>(i)].job.count);
   });
 }
@@ -367,7 +368,7 @@ kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor
     kvret::Sequence& s = sequence_of(seq);
     require_out(out_rows, "out_rows");
     s.context().backend().check_stream(stream);
-    *out_rows = s.fetch(layer, positions, count, out);
+    *out_rows = s.fetch(layer, positions, count, out, stream);
   });
 }
 
@@ -380,7 +381,7 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
     const auto kv = c.view(k, "k", kvret::kFloatTypes, {3});
     const auto vv = c.view(v, "v", kvret::kFloatTypes, {3});
     const auto ov = c.view(out, "out", {kvret::DType::F32}, {2});
-    c.backend().attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads());
+    c.backend().attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads(), stream);
   });
 }
 
@@ -389,7 +390,7 @@ kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor*
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
     s.context().backend().check_stream(stream);
-    s.attend(layer, q, budget, scale, out);
+    s.attend(layer, q, budget, scale, out, stream);
   });
 }
 

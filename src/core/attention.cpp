@@ -11,8 +11,8 @@
 
 namespace kvret {
 
-void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
-            float scale, const TensorView& out, int n_threads) {
+void check_attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
+                  int64_t rows, float scale, const TensorView& out) {
   require(rows >= 1, KVRET_ERR_INVALID_ARGUMENT, "rows must be >= 1, got " + std::to_string(rows));
   q.expect_dim(0, config.n_q_heads, "n_q_heads");
   q.expect_dim(1, config.head_dim, "head_dim");
@@ -24,8 +24,17 @@ void attend(const kvret_config& config, const TensorView& q, const TensorView& k
   out.expect_dim(0, config.n_q_heads, "n_q_heads");
   out.expect_dim(1, config.head_dim, "head_dim");
   require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
+}
+
+float attend_scale(const kvret_config& config, float scale) noexcept {
+  return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+}
+
+void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
+            float scale, const TensorView& out, int n_threads) {
+  check_attend(config, q, k, v, rows, scale, out);
   const int d = config.head_dim;
-  const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float s = attend_scale(config, scale);
   const int group = config.n_q_heads / config.n_kv_heads;
   // One KV head per task: its rows are converted to f32 once and shared by the group's query heads.
   parallel_for(config.n_kv_heads, n_threads, rows * config.n_q_heads >= 8192, Schedule::kStatic, [&](int64_t g_i) {

@@ -60,6 +60,15 @@ std::string describe_dtype(const kvret_dtype& d) {
 
 }  // namespace
 
+size_t TensorView::extent_bytes() const noexcept {
+  int64_t last = 0;  // offset of the last element, in elements
+  for (int d = 0; d < ndim_; ++d) {
+    if (shape_[d] == 0) return 0;
+    last += (shape_[d] - 1) * strides_[d];
+  }
+  return static_cast<size_t>(last + 1) * elem_size();
+}
+
 TensorView TensorView::from(const kvret_tensor* t, const char* name, DTypeSet allowed,
                             std::initializer_list<int> ranks) {
   require(t != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + ": tensor descriptor is NULL");

@@ -72,6 +72,19 @@ class TensorView {
     return v;
   }
 
+  /// The first element's address (nullptr for an empty tensor with NULL data).
+  std::byte* data() const noexcept { return base_; }
+  /// Bytes from the first element to the end of the last one: the span a copy of the tensor must cover (0 when
+  /// a dimension is 0).
+  size_t extent_bytes() const noexcept;
+  /// The same layout at another address in another memory (a copy of the extent_bytes() from data()).
+  TensorView rebased(std::byte* base, kvret_device device) const noexcept {
+    TensorView v = *this;
+    v.base_ = base;
+    v.device_ = device;
+    return v;
+  }
+
   /// Reads `n` contiguous elements starting at `p` (of this view's dtype) as f32.
   void load_f32(const std::byte* p, size_t n, float* out) const noexcept;
 

@@ -96,6 +96,8 @@ Sequence::AppendRows Sequence::check_append(int32_t layer, const kvret_tensor* k
     t->expect_dim(off, c.n_kv_heads, "n_kv_heads");
     t->expect_dim(off + 1, c.head_dim, "head_dim");
   }
+  a.k = ctx_.backend().host_readable(a.k, a.k_copy);
+  a.v = ctx_.backend().host_readable(a.v, a.v_copy);
   if (!c.check_finite) return a;
   for (int64_t t = 0; t < a.tokens; ++t)
     for (int h = 0; h < c.n_kv_heads; ++h) {
@@ -280,16 +282,29 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
                               const TensorView* scores, PreparedSelect& p) {
   const kvret_config& c = ctx_.config();
   const int64_t count = check_select(layer, q, budget, out, scores);
-  p.q = load_query(q, c.check_finite != 0);
+  Backend& backend = ctx_.backend();
+  {
+    std::vector<std::byte> q_copy;
+    p.q = load_query(backend.host_readable(q, q_copy), c.check_finite != 0);
+  }
+  p.out = out;
+  p.out_host = backend.host_writable(out, p.out_copy);
+  p.has_scores = scores != nullptr;
+  if (p.has_scores) {
+    p.scores = *scores;
+    p.scores_host = backend.host_writable(*scores, p.scores_copy);
+  }
   LayerState& l = *layers_[static_cast<size_t>(layer)];
   l.wait();
   const TokenGroups g = groups(layer);
   l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
   p.rows.resize(static_cast<size_t>(c.n_kv_heads));
-  for (int h = 0; h < c.n_kv_heads; ++h) p.rows[static_cast<size_t>(h)] = reinterpret_cast<int32_t*>(out.at({h}));
-  if (scores != nullptr) {
-    p.scores.resize(static_cast<size_t>(c.n_kv_heads));
-    for (int h = 0; h < c.n_kv_heads; ++h) p.scores[static_cast<size_t>(h)] = reinterpret_cast<float*>(scores->at({h}));
+  for (int h = 0; h < c.n_kv_heads; ++h)
+    p.rows[static_cast<size_t>(h)] = reinterpret_cast<int32_t*>(p.out_host.at({h}));
+  if (p.has_scores) {
+    p.score_rows.resize(static_cast<size_t>(c.n_kv_heads));
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      p.score_rows[static_cast<size_t>(h)] = reinterpret_cast<float*>(p.scores_host.at({h}));
   }
   stats_.selections += 1;
   SelectJob& job = p.job;
@@ -298,7 +313,7 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   job.retriever = &l.index();
   job.store = &l.store();
   job.out_rows = p.rows.data();
-  job.out_scores = scores != nullptr ? p.scores.data() : nullptr;
+  job.out_scores = p.has_scores ? p.score_rows.data() : nullptr;
   SelectRequest& r = job.request;
   r.q = p.q.data();
   r.n_q_heads = c.n_q_heads;
@@ -316,7 +331,15 @@ int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t bud
   PreparedSelect p;
   prepare_select(layer, q, budget, out, scores, p);
   if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1, nullptr);
+  finish_select(p);
   return p.job.count;
+}
+
+void Sequence::finish_select(PreparedSelect& p) {
+  if (p.job.count == 0) return;  // nothing written
+  Backend& backend = ctx_.backend();
+  backend.write_back(p.out_host, p.out);
+  if (p.has_scores) backend.write_back(p.scores_host, p.scores);
 }
 
 int64_t Sequence::select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out,
@@ -335,7 +358,8 @@ int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
   return g.mid_begin + count + (g.length - g.mid_end);
 }
 
-int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out) {
+int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out,
+                        kvret_stream stream) {
   const kvret_config& c = ctx_.config();
   const HostKvStore& store = layer_at(layer).store();
   require(out != nullptr, KVRET_ERR_INVALID_ARGUMENT, "working set (out) is NULL");
@@ -360,9 +384,11 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(c.n_kv_heads));
   std::vector<const int32_t*> rows_ptr(static_cast<size_t>(c.n_kv_heads));
   if (count > 0) {
-    const TensorView pv = ctx_.view(positions, "positions", {DType::I32}, {2});
+    TensorView pv = ctx_.view(positions, "positions", {DType::I32}, {2});
     pv.expect_dim(0, c.n_kv_heads, "n_kv_heads");
     pv.expect_dim_at_least(1, count, "selected positions per head");
+    std::vector<std::byte> positions_copy;
+    pv = ctx_.backend().host_readable(pv, positions_copy);
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const auto* p = reinterpret_cast<const int32_t*>(pv.at({h}));
       auto& s = selected[static_cast<size_t>(h)];
@@ -385,7 +411,7 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   int64_t from_sources = 0;
   ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
                         sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
-                        &from_sources);
+                        &from_sources, stream);
   stats_.fetches += 1;
   stats_.fetched_rows += rows * c.n_kv_heads;
   stats_.cache_hits += from_sources;  // rows a source before the host store served
@@ -395,21 +421,30 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
 
 namespace {
 
-/// A CPU tensor descriptor over `data` with `shape` (row-major); `shape` must outlive it.
+/// A tensor descriptor over `data` in `device`'s memory with `shape` (row-major); `shape` must outlive it.
 template <class T>
-kvret_tensor host_tensor(T* data, const std::vector<int64_t>& shape) {
+kvret_tensor own_tensor(T* data, kvret_device device, const std::vector<int64_t>& shape) {
   kvret_tensor t{};
   t.data = data;
-  t.device = {KVRET_DEVICE_CPU, 0};
+  t.device = device;
   t.ndim = static_cast<int32_t>(shape.size());
   t.dtype = std::is_same_v<T, float> ? kvret_dtype{KVRET_DTYPE_FLOAT, 32, 1} : kvret_dtype{KVRET_DTYPE_INT, 32, 1};
   t.shape = const_cast<int64_t*>(shape.data());
   return t;
 }
 
+/// `buffer` grown to at least `bytes` of the backend's memory (kept when it is large enough).
+void reserve(Backend& backend, std::unique_ptr<DeviceBuffer>& buffer, size_t bytes) {
+  if (!buffer || buffer->bytes() < bytes) {
+    buffer.reset();
+    buffer = backend.allocate(bytes);
+  }
+}
+
 }  // namespace
 
-void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out) {
+void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out,
+                      kvret_stream stream) {
   const kvret_config& c = ctx_.config();
   const TensorView qv = ctx_.view(q, "q", kFloatTypes, {2});
   const TensorView ov = ctx_.view(out, "out", {DType::F32}, {2});
@@ -425,20 +460,23 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   AttendScratch& a = attend_scratch_;
   a.selected.resize(std::max(a.selected.size(), static_cast<size_t>(c.n_kv_heads * width)));
   const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
-  const kvret_tensor st = host_tensor(a.selected.data(), selected_shape);
+  Backend& backend = ctx_.backend();
+  const kvret_tensor st = own_tensor(a.selected.data(), backend.host_memory(), selected_shape);
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   // fetch into f32 buffers of our own, then attend over them
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
-  const size_t rows_f = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim);
-  a.k.resize(std::max(a.k.size(), rows_f));
-  a.v.resize(std::max(a.v.size(), rows_f));
-  a.positions.resize(std::max(a.positions.size(), static_cast<size_t>(c.n_kv_heads * capacity)));
+  const size_t kv_bytes = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim) * sizeof(float);
+  reserve(backend, a.k, kv_bytes);
+  reserve(backend, a.v, kv_bytes);
+  reserve(backend, a.positions, static_cast<size_t>(c.n_kv_heads * capacity) * sizeof(int32_t));
   const std::vector<int64_t> kv_shape{c.n_kv_heads, capacity, c.head_dim}, pos_shape{c.n_kv_heads, capacity};
-  const kvret_working_set ws{host_tensor(a.k.data(), kv_shape), host_tensor(a.v.data(), kv_shape),
-                             host_tensor(a.positions.data(), pos_shape)};
-  const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws);
-  ctx_.backend().attend(c, qv, ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}), rows,
-                        scale, ov, ctx_.threads());
+  const kvret_working_set ws{
+      own_tensor(reinterpret_cast<float*>(a.k->data()), a.k->device(), kv_shape),
+      own_tensor(reinterpret_cast<float*>(a.v->data()), a.v->device(), kv_shape),
+      own_tensor(reinterpret_cast<int32_t*>(a.positions->data()), a.positions->device(), pos_shape)};
+  const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws, stream);
+  backend.attend(c, qv, ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}), rows, scale,
+                 ov, ctx_.threads(), stream);
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {
@@ -448,13 +486,17 @@ void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tenso
           "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") is outside the " +
               std::to_string(store.size()) + " tokens of " + layer_name(layer));
   const DTypeSet types{store.dtype(), DType::F32};
-  const TensorView kv = ctx_.view(k, "k", types, {3});
-  const TensorView vv = ctx_.view(v, "v", types, {3});
-  for (const TensorView* t : {&kv, &vv}) {
+  const TensorView k_out = ctx_.view(k, "k", types, {3});
+  const TensorView v_out = ctx_.view(v, "v", types, {3});
+  for (const TensorView* t : {&k_out, &v_out}) {
     t->expect_dim(0, end - begin, "tokens");
     t->expect_dim(1, c.n_kv_heads, "n_kv_heads");
     t->expect_dim(2, c.head_dim, "head_dim");
   }
+  Backend& backend = ctx_.backend();
+  std::vector<std::byte> k_copy, v_copy;
+  const TensorView kv = backend.host_writable(k_out, k_copy);
+  const TensorView vv = backend.host_writable(v_out, v_copy);
   for (int64_t p = begin; p < end; ++p)
     for (int h = 0; h < c.n_kv_heads; ++h) {
       convert_row(store.key_row(h, p), store.dtype(), kv.at({p - begin, h}), kv.dtype(),
@@ -462,6 +504,8 @@ void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tenso
       convert_row(store.value_row(h, p), store.dtype(), vv.at({p - begin, h}), vv.dtype(),
                   static_cast<size_t>(c.head_dim));
     }
+  backend.write_back(kv, k_out);
+  backend.write_back(vv, v_out);
 }
 
 const Retriever& Sequence::index(int32_t layer) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
 #include "engine/layer_state.hpp"
 #include "engine/stats.hpp"
@@ -66,13 +67,20 @@ class Sequence {
   /// points into (job.retriever is null when there is nothing to select).
   struct PreparedSelect {
     std::vector<float> q;
+    /// The outputs as given and the host views select writes (the same, unless the backend's memory needs a copy:
+    /// finish_select then copies them in).
+    TensorView out, out_host, scores, scores_host;
+    bool has_scores = false;
+    std::vector<std::byte> out_copy, scores_copy;
     std::vector<int32_t*> rows;
-    std::vector<float*> scores;
+    std::vector<float*> score_rows;
     SelectJob job;
   };
   /// Validates (check_select), loads q, waits for the layer's build and fills p; the kind runs p.job.
   void prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                       const TensorView* scores, PreparedSelect& p);
+  /// After the kind ran p.job: the selection into the caller's tensors (Backend::write_back).
+  void finish_select(PreparedSelect& p);
   /// Selects (after check_select) and returns the count written.
   int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                          const TensorView* scores = nullptr);
@@ -82,8 +90,10 @@ class Sequence {
 
   int64_t working_set_capacity(int32_t layer, int32_t budget) const;
   /// select + fetch + attention in one call (kvret_seq_attend).
-  void attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out);
-  int64_t fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out);
+  void attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out,
+              kvret_stream stream = nullptr);
+  int64_t fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out,
+                kvret_stream stream = nullptr);
   void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
 
   const StatCounters& stats() const noexcept { return stats_; }
@@ -95,9 +105,10 @@ class Sequence {
  private:
   /// An append's k and v, checked against the config (shapes, and finiteness when config.check_finite).
   struct AppendRows {
-    TensorView k, v;
+    TensorView k, v;  ///< host-readable (views of k_copy and v_copy when the backend's memory needs copies)
     int64_t tokens;
     bool tokens_dim;  ///< [T, Hkv, D] (else one token, [Hkv, D])
+    std::vector<std::byte> k_copy{}, v_copy{};
   };
   AppendRows check_append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill) const;
   /// Throws KVRET_ERR_STATE / KVRET_ERR_CAPACITY / KVRET_ERR_OUT_OF_MEMORY unless `tokens` more fit the layer.
@@ -111,8 +122,8 @@ class Sequence {
 
   /// attend's own selection and f32 working set, reused by every call.
   struct AttendScratch {
-    std::vector<int32_t> selected, positions;
-    std::vector<float> k, v;
+    std::vector<int32_t> selected;
+    std::unique_ptr<DeviceBuffer> k, v, positions;  ///< the backend's memory
   };
 
   Context& ctx_;

@@ -30,11 +30,15 @@ static int checks = 0;
     }                                                                                              \
   } while (0)
 
+/* KVRET_TEST_DEVICE=cuda runs the program against the CUDA backend (in a build on Thrust's OpenMP host system,
+ * where device memory is host memory) */
+static int32_t test_device = KVRET_DEVICE_CPU;
+
 static kvret_tensor f32_tensor(float* data, int ndim, const int64_t* shape) {
   kvret_tensor t;
   memset(&t, 0, sizeof t);
   t.data = data;
-  t.device.device_type = KVRET_DEVICE_CPU;
+  t.device.device_type = test_device;
   t.ndim = ndim;
   t.dtype.code = KVRET_DTYPE_FLOAT;
   t.dtype.bits = 32;
@@ -63,6 +67,8 @@ int main(void) {
   unsigned rng = 7;
   int layer;
 
+  if (getenv("KVRET_TEST_DEVICE") != NULL && strcmp(getenv("KVRET_TEST_DEVICE"), "cuda") == 0)
+    test_device = KVRET_DEVICE_CUDA;
   CHECK(kvret_version_number() == KVRET_VERSION_NUMBER);
   CHECK(strcmp(kvret_version_string(), KVRET_VERSION_STRING) == 0);
   CHECK(strcmp(kvret_status_string(KVRET_ERR_SHAPE), "KVRET_ERR_SHAPE") == 0);
@@ -75,6 +81,7 @@ int main(void) {
   config.n_kv_heads = HKV;
   config.head_dim = D;
   config.n_threads = 2;
+  config.device_type = test_device;
   CHECK_OK(kvret_create(&config, &ctx));
   CHECK_OK(kvret_seq_open(ctx, &seq));
 

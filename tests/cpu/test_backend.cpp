@@ -45,21 +45,22 @@ class CountingBackend final : public CpuBackend {
   int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                  int64_t count, const WorkingSetViews& out, int n_threads,
                  const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence, int32_t layer,
-                 int64_t* served) override {
+                 int64_t* served, kvret_stream stream) override {
     ++gathers;
     return CpuBackend::gather(store, mid_begin, mid_end, selected, count, out, n_threads, sources, sequence, layer,
-                              served);
+                              served, stream);
   }
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
-              float scale, const TensorView& out, int n_threads) override {
+              float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
     ++attends;
-    CpuBackend::attend(config, q, k, v, rows, scale, out, n_threads);
+    CpuBackend::attend(config, q, k, v, rows, scale, out, n_threads, stream);
   }
   std::shared_ptr<CountedPages> counted = std::make_shared<CountedPages>();
   std::atomic<int64_t> gathers{0}, attends{0};
 };
 
 TEST(Backend, EverythingGoesThroughTheContextsBackend) {
+  if (test::device_type() != KVRET_DEVICE_CPU) GTEST_SKIP() << "a backend of the test's own, on the CPU";
   kvret_config c = test::small_config(KVRET_INDEX_PQ);
   std::string disk;
   const kvret_config config = read_config(&c, &disk);
@@ -106,6 +107,7 @@ class DeviceLabelBackend final : public CpuBackend {
 };
 
 TEST(Backend, TheBackendDecidesWhichMemoryACallMayUse) {
+  if (test::device_type() != KVRET_DEVICE_CPU) GTEST_SKIP() << "the CPU backend's memory rule";
   kvret_config c = test::small_config(KVRET_INDEX_PQ);
   std::string disk;
   const kvret_config config = read_config(&c, &disk);
@@ -155,16 +157,38 @@ TEST(Backend, HostPagesAreAlignedWritableAndLargeOnesMapped) {
   }
 }
 
-TEST(Backend, TheCpuIsTheDefaultAndCudaIsRefusedHere) {
+TEST(Backend, TheCpuIsTheDefaultAndCudaNeedsTheBackendAndADevice) {
   kvret_config c = test::small_config(KVRET_INDEX_EXACT);
+  c.device_type = KVRET_DEVICE_CPU;
   EXPECT_STREQ(make_backend(c)->name(), "cpu");
   c.device_type = KVRET_DEVICE_CUDA;
+  const char* system = cuda_backend_system();
+  const auto expect_error = [&](kvret_status status, const char* needle) {
+    try {
+      (void)make_backend(c);
+      ADD_FAILURE() << "a CUDA backend was made";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), status) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  if (system == nullptr) {  // a build without the CUDA toolkit
+    expect_error(KVRET_ERR_UNSUPPORTED, "CUDA");
+    return;
+  }
+  c.device_id = 64;  // more devices than any machine has
+  expect_error(KVRET_ERR_CUDA, "CUDA");
+  c.device_id = 0;
+  if (std::string(system) == "thrust-omp") {  // one "device", the host
+    EXPECT_STREQ(make_backend(c)->name(), "cuda");
+    return;
+  }
+  // built with nvcc: device 0 works where a GPU is, and is refused, by name, where none is
   try {
-    (void)make_backend(c);
-    ADD_FAILURE() << "a CUDA backend was made";
+    EXPECT_STREQ(make_backend(c)->name(), "cuda");
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), KVRET_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos);
+    EXPECT_EQ(e.status(), KVRET_ERR_CUDA);
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
   }
 }
 

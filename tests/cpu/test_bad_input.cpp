@@ -221,11 +221,12 @@ TEST_F(BadInput, DtypesStridesDevices) {
 
   F32 gpu = ok;
   gpu.refresh();
-  gpu.t.device = {KVRET_DEVICE_CUDA, 0};
-  expect_rejected(KVRET_ERR_DEVICE, "device type 2", [&] { return kvret_append_prefill(seq_, 0, &gpu, &ok); });
+  gpu.t.device = test::foreign_device();
+  expect_rejected(KVRET_ERR_DEVICE, "k: device type " + std::to_string(gpu.t.device.device_type),
+                  [&] { return kvret_append_prefill(seq_, 0, &gpu, &ok); });
   F32 qgpu = q_;
   qgpu.refresh();
-  qgpu.t.device = {KVRET_DEVICE_CUDA, 0};
+  qgpu.t.device = test::foreign_device();
   expect_rejected(KVRET_ERR_DEVICE, "device type", [&] { return kvret_select(seq_, 0, &qgpu, 10, &out, &count); });
 }
 
@@ -332,7 +333,7 @@ TEST_F(BadInput, AttendCapacityConfigAndStats) {
   expect_rejected(KVRET_ERR_DTYPE, "float16",
                   [&] { return kvret_fetch_async(seq_, 0, &sel, count, &ws_half, &rows, nullptr); });
   kvret_working_set ws_gpu{*wk.get(), *wv.get(), *wp.get()};
-  ws_gpu.k.device = {KVRET_DEVICE_CUDA, 0};
+  ws_gpu.k.device = test::foreign_device();
   expect_rejected(KVRET_ERR_DEVICE, "out.k",
                   [&] { return kvret_fetch_async(seq_, 0, &sel, count, &ws_gpu, &rows, nullptr); });
   expect_rejected(KVRET_ERR_INVALID_ARGUMENT, "NULL",
@@ -397,12 +398,12 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
       {[](kvret_config& c) { c.quant_bits = 3; }, KVRET_ERR_INVALID_ARGUMENT, "quant_bits"},
       {[](kvret_config& c) { c.quant_group_size = 48; }, KVRET_ERR_INVALID_ARGUMENT, "quant_group_size"},
       {[](kvret_config& c) { c.quant_residual = -1; }, KVRET_ERR_INVALID_ARGUMENT, "quant_residual"},
-      {[](kvret_config& c) { c.device_type = KVRET_DEVICE_CUDA; }, KVRET_ERR_UNSUPPORTED, "CUDA"},
+      {[](kvret_config& c) { c.device_type = KVRET_DEVICE_CUDA_HOST; }, KVRET_ERR_INVALID_ARGUMENT, "device_type"},
       {[](kvret_config& c) { c.struct_size = 4; }, KVRET_ERR_VERSION, "struct_size"},
   };
   for (const Case& cs : cases) {
     kvret_config c;
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     cs.edit(c);
     kvret_context* ctx = reinterpret_cast<kvret_context*>(0x1);
     EXPECT_EQ(kvret_create(&c, &ctx), cs.status) << cs.field;
@@ -411,13 +412,13 @@ TEST(Config, BadConfigsAreRejectedWithTheFieldName) {
   }
   // an older, smaller struct gets defaults for the fields it lacks
   kvret_config c;
-  kvret_config_init(&c);
+  kvret::test::init_config(&c);
   c.struct_size = offsetof(kvret_config, pq_m);
   c.pq_m = 77;  // beyond the declared size: must be ignored
   kvret_context* ctx = nullptr;
   ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << kvret_last_error();
   kvret_config got;
-  kvret_config_init(&got);
+  kvret::test::init_config(&got);
   ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
   EXPECT_EQ(got.pq_m, 4);
   kvret_destroy(ctx);
@@ -431,7 +432,7 @@ TEST(Config, StructSizeInsideAFieldIsRefused) {
   for (const size_t size : {offsetof(kvret_config, disk_path) + 4, offsetof(kvret_config, disk_path) + 1,
                             offsetof(kvret_config, pq_m) + 2, offsetof(kvret_config, seed) + 4}) {
     kvret_config c;
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     c.disk_path = path.c_str();
     c.struct_size = size;
     kvret_context* ctx = reinterpret_cast<kvret_context*>(0x1);
@@ -443,7 +444,7 @@ TEST(Config, StructSizeInsideAFieldIsRefused) {
        {offsetof(kvret_config, disk_path), offsetof(kvret_config, block_tokens), offsetof(kvret_config, seed),
         offsetof(kvret_config, pq_exact_fraction), sizeof(kvret_config)}) {
     kvret_config c;
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     c.struct_size = size;
     kvret_context* ctx = nullptr;
     ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << size << ": " << kvret_last_error();
@@ -453,11 +454,11 @@ TEST(Config, StructSizeInsideAFieldIsRefused) {
 
 TEST(Config, PqExactFractionIsValidated) {
   kvret_config c;
-  kvret_config_init(&c);
+  kvret::test::init_config(&c);
   EXPECT_FLOAT_EQ(c.pq_exact_fraction, 0.05f);
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -0.01f, -0.0001f, 0.5001f, 0.75f, 1.0f,
                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     c.pq_exact_fraction = bad;
     kvret_context* ctx = reinterpret_cast<kvret_context*>(0x1);
     EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT) << bad;
@@ -467,24 +468,24 @@ TEST(Config, PqExactFractionIsValidated) {
     EXPECT_NE(message.find("[0, 0.5]"), std::string::npos) << message;
   }
   for (const float good : {0.0f, 0.001f, 0.25f, 0.5f}) {
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     c.pq_exact_fraction = good;
     kvret_context* ctx = nullptr;
     ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << good << ": " << kvret_last_error();
     kvret_config got;
-    kvret_config_init(&got);
+    kvret::test::init_config(&got);
     ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
     EXPECT_EQ(got.pq_exact_fraction, good);
     kvret_destroy(ctx);
   }
   // a struct from before the field existed gets its default
-  kvret_config_init(&c);
+  kvret::test::init_config(&c);
   c.struct_size = offsetof(kvret_config, pq_exact_fraction);
   c.pq_exact_fraction = -5.0f;  // beyond the declared size: must be ignored
   kvret_context* ctx = nullptr;
   ASSERT_EQ(kvret_create(&c, &ctx), KVRET_OK) << kvret_last_error();
   kvret_config got;
-  kvret_config_init(&got);
+  kvret::test::init_config(&got);
   ASSERT_EQ(kvret_get_config(ctx, &got), KVRET_OK);
   EXPECT_FLOAT_EQ(got.pq_exact_fraction, 0.05f);
   kvret_destroy(ctx);

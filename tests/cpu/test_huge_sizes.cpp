@@ -31,7 +31,7 @@ struct HugeSizes : ::testing::Test {
   kvret_tensor broadcast(const int64_t* shape, const int64_t* strides) {
     kvret_tensor t{};
     t.data = row.data();
-    t.device = {KVRET_DEVICE_CPU, 0};
+    t.device = test::device();
     t.ndim = 3;
     t.dtype = {KVRET_DTYPE_FLOAT, 32, 1};
     t.shape = shape;

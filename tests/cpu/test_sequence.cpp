@@ -41,7 +41,7 @@ struct Prefilled {
   }
   kvret_config config() const {
     kvret_config c;
-    kvret_config_init(&c);
+    kvret::test::init_config(&c);
     kvret_get_config(ctx.get(), &c);
     return c;
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -44,6 +45,29 @@ int fail_each_allocation(Call&& call, AfterFailure&& after_failure) {
   }
 }
 
+/// The backend the suite runs against: KVRET_TEST_DEVICE=cuda runs it on the CUDA backend (in a build that has one:
+/// on Thrust's OpenMP host system "device" memory is host memory, so the tests read their buffers directly);
+/// unset or "cpu", the CPU backend.
+inline int32_t device_type() {
+  static const int32_t type = [] {
+    const char* e = std::getenv("KVRET_TEST_DEVICE");
+    return e != nullptr && std::string(e) == "cuda" ? KVRET_DEVICE_CUDA : KVRET_DEVICE_CPU;
+  }();
+  return type;
+}
+/// Where the suite's tensors say they are.
+inline kvret_device device() { return {device_type(), 0}; }
+/// Memory the backend under test cannot reach (pageable host memory for the CUDA backend, device memory for the
+/// CPU's), for the device-check tests.
+inline kvret_device foreign_device() {
+  return device_type() == KVRET_DEVICE_CUDA ? kvret_device{KVRET_DEVICE_CPU, 0} : kvret_device{KVRET_DEVICE_CUDA, 0};
+}
+/// kvret_config_init, on the backend under test.
+inline void init_config(kvret_config* c) {
+  kvret_config_init(c);
+  c->device_type = device_type();
+}
+
 template <class T>
 struct Buffer {
   std::vector<T> data;
@@ -59,7 +83,7 @@ struct Buffer {
   }
   void refresh() {
     t.data = data.data();
-    t.device = {KVRET_DEVICE_CPU, 0};
+    t.device = device();
     t.ndim = static_cast<int32_t>(shape.size());
     if constexpr (std::is_same_v<T, float>) t.dtype = {KVRET_DTYPE_FLOAT, 32, 1};
     if constexpr (std::is_same_v<T, int32_t>) t.dtype = {KVRET_DTYPE_INT, 32, 1};
@@ -90,7 +114,7 @@ using ContextPtr = std::unique_ptr<kvret_context, ContextDeleter>;
 
 inline kvret_config small_config(int index_kind = KVRET_INDEX_PQ) {
   kvret_config c;
-  kvret_config_init(&c);
+  init_config(&c);
   c.n_layers = 2;
   c.n_q_heads = 8;
   c.n_kv_heads = 2;

@@ -1,0 +1,294 @@
+// The CUDA backend (see cuda_backend.hpp). One source, two device systems: nvcc builds it on Thrust's CUDA system;
+// KVRET_THRUST_OMP builds it with the host compiler on Thrust's OpenMP system, where the same algorithms run on the
+// CPU and "device" memory is host memory.
+#include <thrust/copy.h>
+#include <thrust/device_free.h>
+#include <thrust/device_malloc.h>
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cpp/execution_policy.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_backend.hpp"
+#include "backend/device_math.hpp"
+#include "core/attention.hpp"
+#include "core/error.hpp"
+#include "fetch/working_set.hpp"
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include <cuda_runtime_api.h>
+#define KVRET_ON_GPU 1
+#else
+#define KVRET_ON_GPU 0
+#endif
+
+namespace kvret {
+
+namespace {
+
+namespace dm = device_math;
+
+#if KVRET_ON_GPU
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so that the next call does not report it again
+  throw Error(KVRET_ERR_CUDA, what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t cuda_stream(kvret_stream s) noexcept { return reinterpret_cast<cudaStream_t>(s); }
+
+/// Makes `device` current for the scope of a call and restores the caller's current device after it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+/// f(i) for i in [0, n), in stream order on `stream`.
+template <class F>
+void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
+  thrust::for_each_n(thrust::cuda::par_nosync.on(cuda_stream(stream)), thrust::counting_iterator<int64_t>(0), n, f);
+}
+
+/// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
+/// waits for it (and for everything enqueued before it on `stream`).
+void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
+  if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
+}
+#else
+struct DeviceScope {
+  explicit DeviceScope(int) noexcept {}
+};
+
+/// f(i) for i in [0, n): on OpenMP's threads, or on the calling thread alone for a one-thread context.
+template <class F>
+void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
+  if (n_threads == 1) {
+    thrust::for_each_n(thrust::cpp::par, thrust::counting_iterator<int64_t>(0), n, f);
+  } else {
+    thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
+  }
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool) { std::memcpy(dst, src, bytes); }
+#endif
+
+/// n uninitialised elements of device memory (nothing runs on the device to make or free them); throws
+/// std::bad_alloc.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : p_(thrust::device_malloc<T>(n == 0 ? 1 : n)), n_(n) {}
+  ~DeviceArray() { thrust::device_free(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const noexcept { return thrust::raw_pointer_cast(p_); }
+  size_t size() const noexcept { return n_; }
+
+ private:
+  thrust::device_ptr<T> p_;
+  size_t n_;
+};
+
+/// KV pages the device reads in place: pinned, mapped host memory (host memory on Thrust's host system).
+class PinnedPages final : public PageAllocator {
+ public:
+  std::byte* allocate(size_t bytes) noexcept override {
+#if KVRET_ON_GPU
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;  // the store reports KVRET_ERR_OUT_OF_MEMORY and keeps what it held
+    }
+    return static_cast<std::byte*>(p);
+#else
+    return host_page_allocator().allocate(bytes);
+#endif
+  }
+  void deallocate(std::byte* p, size_t bytes) noexcept override {
+#if KVRET_ON_GPU
+    (void)bytes;
+    (void)cudaFreeHost(p);
+#else
+    host_page_allocator().deallocate(p, bytes);
+#endif
+  }
+};
+
+/// Device memory for kvret's own tensors.
+class ThrustBuffer final : public DeviceBuffer {
+ public:
+  ThrustBuffer(size_t bytes, kvret_device device) : data_(bytes), device_(device) {}
+  std::byte* data() const noexcept override { return data_.get(); }
+  size_t bytes() const noexcept override { return data_.size(); }
+  kvret_device device() const noexcept override { return device_; }
+
+ private:
+  DeviceArray<std::byte> data_;
+  kvret_device device_;
+};
+
+dm::DeviceTensor device_tensor(const TensorView& t) {
+  dm::DeviceTensor d;
+  d.base = t.data();
+  d.type = static_cast<int32_t>(t.dtype());
+  for (int i = 0; i < t.ndim() && i < 3; ++i) d.stride[i] = t.stride(i);
+  return d;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id) {}
+
+  const char* name() const noexcept override { return "cuda"; }
+  PageAllocator& pages() noexcept override { return pages_; }
+
+  void check_access(const TensorView& t) const override {
+    const kvret_device d = t.device();
+    if (d.device_type == KVRET_DEVICE_CUDA_HOST) return;
+    require(d.device_type == KVRET_DEVICE_CUDA, KVRET_ERR_DEVICE,
+            t.name() + ": device type " + std::to_string(d.device_type) +
+                " is not reachable by the CUDA backend (use memory of CUDA device " + std::to_string(device_id_) +
+                ", KVRET_DEVICE_CUDA, or pinned host memory, KVRET_DEVICE_CUDA_HOST)");
+    require(d.device_id == device_id_, KVRET_ERR_DEVICE,
+            t.name() + ": is on CUDA device " + std::to_string(d.device_id) + "; the context uses device " +
+                std::to_string(device_id_) + " (config.device_id)");
+  }
+  void check_stream(kvret_stream) const override {}
+  void synchronize(kvret_stream stream) override {
+#if KVRET_ON_GPU
+    DeviceScope scope(device_id_);
+    check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
+#else
+    (void)stream;
+#endif
+  }
+
+  kvret_device host_memory() const noexcept override { return {KVRET_DEVICE_CUDA_HOST, 0}; }
+
+  TensorView host_readable(const TensorView& t, std::vector<std::byte>& storage) override {
+    if (t.device().device_type != KVRET_DEVICE_CUDA || t.data() == nullptr || t.extent_bytes() == 0) return t;
+    DeviceScope scope(device_id_);
+    storage.resize(t.extent_bytes());
+    copy_bytes(storage.data(), t.data(), storage.size(), nullptr, true);
+    return t.rebased(storage.data(), {KVRET_DEVICE_CPU, 0});
+  }
+  TensorView host_writable(const TensorView& t, std::vector<std::byte>& storage) override {
+    return host_readable(t, storage);  // the copy keeps whatever lies between the elements the call writes
+  }
+  void write_back(const TensorView& host, const TensorView& t) override {
+    if (host.data() == t.data()) return;
+    DeviceScope scope(device_id_);
+    copy_bytes(t.data(), host.data(), t.extent_bytes(), nullptr, true);
+  }
+  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override {
+    DeviceScope scope(device_id_);
+    return std::make_unique<ThrustBuffer>(bytes, kvret_device{KVRET_DEVICE_CUDA, device_id_});
+  }
+
+  int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
+                 int64_t count, const WorkingSetViews& out, int n_threads,
+                 const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence, int32_t layer,
+                 int64_t* served_by_sources, kvret_stream stream) override {
+    DeviceScope scope(device_id_);
+    if (!sources.empty()) {
+      // Row sources write through host pointers: the working set is assembled in host copies of the outputs and
+      // copied in whole.
+      std::vector<std::byte> ks, vs, ps;
+      const WorkingSetViews host{host_writable(out.k, ks), host_writable(out.v, vs), host_writable(out.positions, ps)};
+      const int64_t rows = gather_working_set(store, mid_begin, mid_end, selected, count, host, n_threads, sources,
+                                              sequence, layer, served_by_sources);
+      write_back(host.k, out.k);
+      write_back(host.v, out.v);
+      write_back(host.positions, out.positions);
+      return rows;
+    }
+    if (served_by_sources != nullptr) *served_by_sources = 0;
+    const int heads = store.n_kv_heads();
+    const int64_t rows = mid_begin + count + (store.size() - mid_end);
+    std::vector<dm::RowCopy> copies;
+    copies.reserve(static_cast<size_t>(heads * rows));
+    for (int h = 0; h < heads; ++h) {
+      int64_t r = 0;
+      const auto add = [&](int64_t p) {
+        copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r++, static_cast<int32_t>(p)});
+      };
+      for (int64_t p = 0; p < mid_begin; ++p) add(p);
+      for (int64_t i = 0; i < count; ++i) add(selected[h][i]);
+      for (int64_t p = mid_end; p < store.size(); ++p) add(p);
+    }
+    if (copies.empty()) return rows;
+    const DeviceArray<dm::RowCopy> device_copies(copies.size());
+    copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    const dm::GatherRows gather{device_copies.get(),
+                                device_tensor(out.k),
+                                device_tensor(out.v),
+                                device_tensor(out.positions),
+                                static_cast<int32_t>(store.dtype()),
+                                store.head_dim()};
+    for_each_index(stream, n_threads, static_cast<int64_t>(copies.size()) * store.head_dim(), gather);
+    return rows;  // device_copies is freed after the gather (cudaFree waits for the device)
+  }
+
+  void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
+              float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
+    check_attend(config, q, k, v, rows, scale, out);
+    DeviceScope scope(device_id_);
+    const int32_t d = config.head_dim;
+    const int64_t heads = config.n_q_heads;
+    const int32_t group = config.n_q_heads / config.n_kv_heads;
+    const float s = attend_scale(config, scale);
+    const DeviceArray<float> weights(static_cast<size_t>(heads * rows)), inv_z(static_cast<size_t>(heads));
+    float* w = weights.get();
+    float* z = inv_z.get();
+    for_each_index(stream, n_threads, heads * rows,
+                   dm::AttentionLogits{device_tensor(q), device_tensor(k), w, rows, d, group, s});
+    for_each_index(stream, n_threads, heads, dm::AttentionNormaliser{w, z, rows});
+    for_each_index(stream, n_threads, heads * d,
+                   dm::AttentionOutput{device_tensor(v), device_tensor(out), w, z, rows, d, group});
+  }
+
+ private:
+  int device_id_;
+  PinnedPages pages_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const kvret_config& config) {
+#if KVRET_ON_GPU
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  (void)cudaGetLastError();
+  require(e == cudaSuccess && devices > 0, KVRET_ERR_CUDA,
+          std::string("no CUDA device: config.device_type = KVRET_DEVICE_CUDA needs one (cudaGetDeviceCount: ") +
+              cudaGetErrorString(e) + ", " + std::to_string(devices) + " devices)");
+#else
+  const int devices = 1;  // Thrust's host system: one "device", the host
+#endif
+  require(config.device_id >= 0 && config.device_id < devices, KVRET_ERR_CUDA,
+          "config.device_id " + std::to_string(config.device_id) + ": there are " + std::to_string(devices) +
+              " CUDA devices");
+  return std::make_unique<CudaBackend>(config);
+}
+
+const char* cuda_backend_system_name() noexcept { return KVRET_ON_GPU ? "cuda" : "thrust-omp"; }
+
+}  // namespace kvret

@@ -1,0 +1,170 @@
+// The CUDA backend's logic without a GPU: its per-element math (device_math.hpp) against the CPU core, bit for
+// bit, in every build; and, in a build on Thrust's OpenMP host system run with KVRET_TEST_DEVICE=cuda (where the
+// whole suite runs on this backend), the memory rule, copies of device tensors that leave what lies between their
+// elements alone, and results equal to the CPU backend's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "backend/device_math.hpp"
+#include "core/half.hpp"
+#include "kvret.h"
+#include "test_util.hpp"
+
+using namespace kvret;
+using test::F32;
+using test::I32;
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+TEST(CudaBackendMath, HalfAndBfloat16LoadsEqualTheCoreBitForBit) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const auto x = static_cast<uint16_t>(h);
+    ASSERT_EQ(bits(device_math::f16_to_f32(x)), bits(f16_to_f32(x))) << "f16 " << h;
+    ASSERT_EQ(bits(device_math::bf16_to_f32(x)), bits(bf16_to_f32(x))) << "bf16 " << h;
+  }
+}
+
+TEST(CudaBackendMath, TheGatherCopiesRowsAndConvertsToF32Exactly) {
+  std::vector<uint16_t> src(8);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = f32_to_f16(0.37f * static_cast<float>(i) - 1.0f);
+  src[3] = 0x7e01;  // a NaN with a payload: copied as it is, widened to the quiet NaN as the core does
+  std::vector<uint16_t> same(8, 0);
+  std::vector<float> widened(8, 0.0f);
+  for (int64_t i = 0; i < 8; ++i) {
+    device_math::copy_element(reinterpret_cast<const std::byte*>(src.data()), device_math::kF16,
+                              reinterpret_cast<std::byte*>(same.data()), device_math::kF16, i);
+    device_math::copy_element(reinterpret_cast<const std::byte*>(src.data()), device_math::kF16,
+                              reinterpret_cast<std::byte*>(widened.data()), device_math::kF32, i);
+  }
+  EXPECT_EQ(same, src);
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(bits(widened[i]), bits(f16_to_f32(src[i]))) << i;
+}
+
+TEST(CudaBackendMath, TheThreePassAttentionIsASoftmaxAverage) {
+  // one query head, three rows: logits 0, ln 2, ln 4 after scaling -> weights 1/7, 2/7, 4/7
+  const int d = 2;
+  std::vector<float> q = {1.0f, 0.0f}, k = {0.0f, 5.0f, std::log(2.0f), 1.0f, std::log(4.0f), -3.0f};
+  std::vector<float> v = {7.0f, 0.0f, 0.0f, 7.0f, 7.0f, 7.0f}, out(2, -1.0f), w(3), z(1);
+  device_math::DeviceTensor qt{reinterpret_cast<std::byte*>(q.data()), device_math::kF32, {d, 1, 0}};
+  device_math::DeviceTensor kt{reinterpret_cast<std::byte*>(k.data()), device_math::kF32, {3 * d, d, 1}};
+  device_math::DeviceTensor vt{reinterpret_cast<std::byte*>(v.data()), device_math::kF32, {3 * d, d, 1}};
+  device_math::DeviceTensor ot{reinterpret_cast<std::byte*>(out.data()), device_math::kF32, {d, 1, 0}};
+  for (int64_t i = 0; i < 3; ++i) device_math::AttentionLogits{qt, kt, w.data(), 3, d, 1, 1.0f}(i);
+  device_math::AttentionNormaliser{w.data(), z.data(), 3}(0);
+  for (int64_t i = 0; i < d; ++i) device_math::AttentionOutput{vt, ot, w.data(), z.data(), 3, d, 1}(i);
+  EXPECT_NEAR(out[0], 7.0f * (1.0f + 4.0f) / 7.0f, 1e-5f);
+  EXPECT_NEAR(out[1], 7.0f * (2.0f + 4.0f) / 7.0f, 1e-5f);
+}
+
+/// Tests of the backend itself: only where the suite runs on it.
+class OnCudaBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
+    ASSERT_NE(cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
+  }
+};
+
+TEST_F(OnCudaBackend, TheSuiteRunsOnIt) {
+  const kvret_config c = test::small_config();
+  EXPECT_EQ(c.device_type, KVRET_DEVICE_CUDA);
+  EXPECT_STREQ(make_backend(c)->name(), "cuda");
+}
+
+TEST_F(OnCudaBackend, ItReadsDeviceAndPinnedMemoryAndRefusesTheRest) {
+  auto ctx = test::make_context(test::small_config(KVRET_INDEX_EXACT));
+  kvret_seq* seq = nullptr;
+  test::expect_ok(kvret_seq_open(ctx.get(), &seq));
+  F32 k({300, 2, 64}), v({300, 2, 64});
+  test::clustered_kv(300, 2, 64, 5, k, v);
+  k.t.device = {KVRET_DEVICE_CPU, 0};  // pageable host memory: the device cannot reach it
+  EXPECT_EQ(kvret_append_prefill(seq, 0, &k.t, &v.t), KVRET_ERR_DEVICE);
+  EXPECT_NE(std::string(kvret_last_error()).find("k: device type 1"), std::string::npos) << kvret_last_error();
+  k.t.device = {KVRET_DEVICE_CUDA, 3};  // another GPU's memory
+  EXPECT_EQ(kvret_append_prefill(seq, 0, &k.t, &v.t), KVRET_ERR_DEVICE);
+  EXPECT_NE(std::string(kvret_last_error()).find("device 3"), std::string::npos) << kvret_last_error();
+  int64_t length = -1;
+  test::expect_ok(kvret_seq_length(seq, 0, &length));
+  EXPECT_EQ(length, 0) << "a refused append stores nothing";
+  k.t.device = {KVRET_DEVICE_CUDA_HOST, 0};  // pinned host memory: mapped, so the device reads it
+  test::expect_ok(kvret_append_prefill(seq, 0, &k.t, &v.t));
+  test::expect_ok(kvret_seq_close(seq));
+}
+
+/// select, fetch, attend and read on this backend equal the CPU backend's, bit for bit where no arithmetic is
+/// involved (positions, gathered rows, read rows), and the copies of device outputs leave every element between
+/// the written ones as it was.
+TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
+  for (const int kind : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE}) {
+    SCOPED_TRACE(kind);
+    kvret_config cuda_config = test::small_config(kind), cpu_config = cuda_config;
+    cpu_config.device_type = KVRET_DEVICE_CPU;
+    auto cuda = test::make_context(cuda_config), cpu = test::make_context(cpu_config);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(cuda.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu.get(), &b));
+    F32 k({900, 2, 64}), v({900, 2, 64});
+    test::clustered_kv(900, 2, 64, 11, k, v);
+    F32 k_cpu = k, v_cpu = v;
+    k_cpu.refresh();
+    v_cpu.refresh();
+    k_cpu.t.device = v_cpu.t.device = {KVRET_DEVICE_CPU, 0};
+    test::expect_ok(kvret_append_prefill(a, 0, &k.t, &v.t));
+    test::expect_ok(kvret_append_prefill(b, 0, &k_cpu.t, &v_cpu.t));
+    F32 q({8, 64});
+    q.data = test::random_vector(8 * 64, 3);
+    q.refresh();
+    F32 q_cpu = q;
+    q_cpu.refresh();
+    q_cpu.t.device = {KVRET_DEVICE_CPU, 0};
+    // a strided output: 30 columns, of which select writes 20; the rest hold a marker that must survive
+    I32 sel({2, 30}, -7), sel_cpu({2, 30}, -7);
+    sel_cpu.t.device = {KVRET_DEVICE_CPU, 0};
+    int32_t na = 0, nb = 0;
+    test::expect_ok(kvret_select(a, 0, &q.t, 20, &sel.t, &na));
+    test::expect_ok(kvret_select(b, 0, &q_cpu.t, 20, &sel_cpu.t, &nb));
+    ASSERT_EQ(na, 20);
+    EXPECT_EQ(sel.data, sel_cpu.data);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 20; i < 30; ++i) EXPECT_EQ(sel.data[static_cast<size_t>(h * 30 + i)], -7);
+    int64_t capacity = 0, rows_a = 0, rows_b = 0;
+    test::expect_ok(kvret_working_set_capacity(a, 0, na, &capacity));
+    F32 wk({2, capacity, 64}), wv({2, capacity, 64}), wk_cpu({2, capacity, 64}), wv_cpu({2, capacity, 64});
+    I32 wp({2, capacity}), wp_cpu({2, capacity});
+    for (auto* t : {&wk_cpu.t, &wv_cpu.t, &wp_cpu.t}) t->device = {KVRET_DEVICE_CPU, 0};
+    const kvret_working_set ws{wk.t, wv.t, wp.t}, ws_cpu{wk_cpu.t, wv_cpu.t, wp_cpu.t};
+    test::expect_ok(kvret_fetch_async(a, 0, &sel.t, na, &ws, &rows_a, nullptr));
+    test::expect_ok(kvret_fetch_async(b, 0, &sel_cpu.t, nb, &ws_cpu, &rows_b, nullptr));
+    ASSERT_EQ(rows_a, rows_b);
+    EXPECT_EQ(wp.data, wp_cpu.data);
+    EXPECT_EQ(wk.data, wk_cpu.data);
+    EXPECT_EQ(wv.data, wv_cpu.data);
+    F32 out({8, 64}), out_cpu({8, 64});
+    out_cpu.t.device = {KVRET_DEVICE_CPU, 0};
+    test::expect_ok(kvret_attend(cuda.get(), &q.t, &wk.t, &wv.t, rows_a, 0.0f, &out.t, nullptr));
+    test::expect_ok(kvret_attend(cpu.get(), &q_cpu.t, &wk_cpu.t, &wv_cpu.t, rows_b, 0.0f, &out_cpu.t, nullptr));
+    for (size_t i = 0; i < out.data.size(); ++i) EXPECT_NEAR(out.data[i], out_cpu.data[i], 1e-5f) << i;
+    F32 seq_out({8, 64});
+    test::expect_ok(kvret_seq_attend(a, 0, &q.t, 20, 0.0f, &seq_out.t, nullptr));
+    for (size_t i = 0; i < out.data.size(); ++i) EXPECT_NEAR(seq_out.data[i], out_cpu.data[i], 1e-5f) << i;
+    F32 rk({10, 2, 64}, 5.0f), rv({10, 2, 64});
+    test::expect_ok(kvret_seq_read(a, 0, 100, 110, &rk.t, &rv.t));
+    for (int64_t t = 0; t < 10; ++t)
+      for (int i = 0; i < 2 * 64; ++i)
+        ASSERT_EQ(rk.data[static_cast<size_t>(t * 128 + i)], k.data[static_cast<size_t>((100 + t) * 128 + i)]);
+    test::expect_ok(kvret_seq_close(a));
+    test::expect_ok(kvret_seq_close(b));
+  }
+}
+
+}  // namespace
