@@ -16,3 +16,6 @@ for label in c cpu python java rust consumer; do
   fi
 done
 ctest --output-on-failure --no-tests=error -j "$(nproc 2>/dev/null || echo 2)"
+cd ..
+# the CUDA backend's every call, without a GPU: on Thrust's OpenMP host system
+scripts/cuda_backend_omp.sh
