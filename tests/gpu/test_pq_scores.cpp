@@ -66,7 +66,9 @@ std::vector<std::vector<std::vector<double>>> reference_scores(const PqScoreCase
   return out;
 }
 
-void run_case(const PqScoreCase& c, uint64_t seed) {
+/// `overstate`: the longest sequence's device-side count is raised by this much past max_tokens; the kernels must
+/// clamp it to max_tokens (its real length) and write nothing past it.
+void run_case(const PqScoreCase& c, uint64_t seed, int overstate = 0) {
   const int n_seqs = static_cast<int>(c.n_tokens.size());
   const int n_centroids = 1 << c.pq_bits;
   const int max_tokens = *std::max_element(c.n_tokens.begin(), c.n_tokens.end());
@@ -100,7 +102,9 @@ void run_case(const PqScoreCase& c, uint64_t seed) {
   }
   DeviceBuffer<const float*> d_centroid_ptrs(centroid_ptrs);
   DeviceBuffer<const uint8_t*> d_code_ptrs(code_ptrs);
-  DeviceBuffer<int32_t> d_n_tokens(std::vector<int32_t>(c.n_tokens.begin(), c.n_tokens.end()));
+  std::vector<int32_t> device_n_tokens(c.n_tokens.begin(), c.n_tokens.end());
+  *std::max_element(device_n_tokens.begin(), device_n_tokens.end()) += overstate;
+  DeviceBuffer<int32_t> d_n_tokens(device_n_tokens);
   DeviceBuffer<float> d_scores(static_cast<size_t>(n_seqs) * c.n_kv_heads * stride);
   d_scores.fill_bytes(0xff);  // NaN: any score left unwritten fails the comparison
 
@@ -136,6 +140,10 @@ void run_case(const PqScoreCase& c, uint64_t seed) {
           ADD_FAILURE() << "seq " << s << " head " << h << " token " << t << ": got " << got << ", want " << want;
         }
       }
+      for (int64_t t = c.n_tokens[s]; t < stride; ++t) {  // left untouched: still the NaN fill
+        const float got = scores[(static_cast<size_t>(s) * c.n_kv_heads + h) * stride + t];
+        if (!std::isnan(got) && ++bad <= 10) ADD_FAILURE() << "seq " << s << " head " << h << " wrote token " << t;
+      }
     }
   }
   EXPECT_EQ(bad, 0);
@@ -145,6 +153,11 @@ class PqScoresTest : public GpuTest {};
 
 TEST_F(PqScoresTest, SumProbMatchesCpuAcrossChunksAndEmptySequences) {
   run_case({8, 2, 128, 2, 6, {3000, 1, 0, 4097}, GqaFold::kSumProb}, 1);
+}
+
+TEST_F(PqScoresTest, DeviceCountsPastMaxTokensAreClamped) {
+  run_case({8, 2, 128, 2, 6, {3000, 4097}, GqaFold::kSumProb}, 7, 5000);
+  run_case({8, 2, 128, 2, 6, {3000, 4097}, GqaFold::kMaxLogit}, 8, 5000);
 }
 
 TEST_F(PqScoresTest, MaxLogitMatchesCpu) { run_case({8, 2, 128, 2, 6, {3000, 1, 0, 4097}, GqaFold::kMaxLogit}, 2); }

@@ -66,10 +66,11 @@ void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t strid
   const auto positions = d_positions.download();
   const auto counts = d_counts.download();
   for (int s = 0; s < n_seqs; ++s) {
-    EXPECT_EQ(counts[s], std::min(c.k, c.n_tokens[s])) << "seq " << s;
+    const int n = static_cast<int>(std::clamp<int64_t>(c.n_tokens[s], 0, stride));  // the kernel's clamp
+    EXPECT_EQ(counts[s], std::min(c.k, n)) << "seq " << s;
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const size_t row = static_cast<size_t>(s) * c.n_kv_heads + h;
-      const auto want = reference_topk(&scores[row * stride], c.n_tokens[s], c.k, c.offsets.empty() ? 0 : c.offsets[s]);
+      const auto want = reference_topk(&scores[row * stride], n, c.k, c.offsets.empty() ? 0 : c.offsets[s]);
       const std::vector<int32_t> got(positions.begin() + static_cast<std::ptrdiff_t>(row * out_stride),
                                      positions.begin() + static_cast<std::ptrdiff_t>(row * out_stride + want.size()));
       EXPECT_EQ(got, want) << "seq " << s << " head " << h;
@@ -88,6 +89,13 @@ TEST_F(TopkSelectTest, RandomScoresWithOffsetsAndEmptyRows) {
   const TopkCase c{8, {10000, 5, 0}, {16, 0, 7}, 1000};
   const int64_t stride = 10003;
   run_case(c, normal_scores(3 * 8 * stride, 11), stride);
+}
+
+TEST_F(TopkSelectTest, DeviceCountsPastTheRowAreClamped) {
+  // n_tokens[0] exceeds the stride (the last row would read past the buffer), n_tokens[1] is negative
+  const TopkCase c{2, {5000, -3}, {}, 300};
+  const int64_t stride = 4096;
+  run_case(c, normal_scores(2 * 2 * stride, 21), stride);
 }
 
 TEST_F(TopkSelectTest, HeavyTiesTakeLowerPositionsFirst) {
