@@ -17,8 +17,11 @@ struct AttentionCase {
   int rows_per_split;       // 0: the launcher's choice
 };
 
+/// `overstate`: the longest sequence's device-side n_rows is raised by this much (the kernels clamp it to max_rows,
+/// its real length). `misalign_last`: the last sequence's k starts one element (2 or 4 bytes) into its buffer, so
+/// not 16-byte aligned: its output must be zero.
 template <typename T>
-void run_case(const AttentionCase& c, uint64_t seed) {
+void run_case(const AttentionCase& c, uint64_t seed, int overstate = 0, bool misalign_last = false) {
   const int n_seqs = static_cast<int>(c.n_rows.size());
   const int max_rows = *std::max_element(c.n_rows.begin(), c.n_rows.end());
   const int64_t capacity = max_rows + 17;
@@ -52,6 +55,10 @@ void run_case(const AttentionCase& c, uint64_t seed) {
     seqs[s].n_rows = c.n_rows[s];
     seqs[s].out = d_out.back().get();
   }
+  std::max_element(seqs.begin(), seqs.end(), [](const DecodeAttentionSeq& a, const DecodeAttentionSeq& b) {
+    return a.n_rows < b.n_rows;
+  })->n_rows += overstate;
+  if (misalign_last) seqs.back().k = d_k.back().get() + 1;
   DeviceBuffer<DecodeAttentionSeq> d_seqs(seqs);
   DecodeAttentionParams p;
   p.seqs = d_seqs.get();
@@ -67,6 +74,10 @@ void run_case(const AttentionCase& c, uint64_t seed) {
 
   for (int s = 0; s < n_seqs; ++s) {
     const auto out = d_out[s].download();
+    if (misalign_last && s == n_seqs - 1) {
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f) << "misaligned k: element " << i;
+      continue;
+    }
     for (int qh = 0; qh < c.n_q_heads; ++qh) {
       const int kvh = qh / group;
       const int n = c.n_rows[s];
@@ -102,6 +113,15 @@ TEST_F(DecodeAttentionTest, F32HeadDim64) { run_case<float>({4, 2, 64, {129}, 0}
 TEST_F(DecodeAttentionTest, F16HeadDim256) { run_case<__half>({8, 2, 256, {1500, 64}, 0}, 66); }
 TEST_F(DecodeAttentionTest, Bf16HeadDim256) { run_case<__nv_bfloat16>({8, 4, 256, {511}, 0}, 67); }
 TEST_F(DecodeAttentionTest, MaxGroupSize) { run_case<__half>({32, 2, 128, {900, 31}, 0}, 68); }
+TEST_F(DecodeAttentionTest, DeviceRowCountsPastMaxRowsAreClamped) {
+  run_case<__half>({8, 2, 128, {700, 2000}, 0}, 70, 100000);
+}
+
+TEST_F(DecodeAttentionTest, MisalignedKeysGiveAZeroOutput) {
+  run_case<__half>({8, 2, 128, {300, 200}, 0}, 71, 0, true);
+  run_case<float>({8, 2, 64, {300, 200}, 64}, 72, 0, true);
+}
+
 TEST_F(DecodeAttentionTest, ManySmallSplitsMerge) { run_case<float>({8, 2, 128, {4100, 95, 32}, 32}, 69); }
 
 TEST_F(DecodeAttentionTest, RejectsGroupsAboveTheLimit) {
