@@ -33,13 +33,15 @@ struct CpuCache {
         stamp(n_slots_, 0),
         prefetched(n_slots_, 0) {}
 
+  /// launch_max_blocks: the launch's bound; blocks at or beyond it are neither counted nor admitted.
   void apply(const std::vector<int32_t>& items, bool prefetch, CachePolicy policy, uint32_t step, int max_admit,
-             int64_t n_tokens) {
+             int64_t n_tokens, int launch_max_blocks) {
+    const int considered = std::min(max_blocks, launch_max_blocks);
     std::vector<int> counts(max_blocks, 0);
     for (const int32_t item : items) {
       if (item < 0) continue;
       const int64_t b = prefetch ? item : item / kBlockTokens;
-      if (b >= max_blocks) continue;
+      if (b >= considered) continue;
       counts[b] = prefetch ? 1 : counts[b] + 1;
     }
     std::vector<std::pair<uint32_t, int>> victims;  // (key, slot)
@@ -64,7 +66,7 @@ struct CpuCache {
       if (key != kPinned) victims.emplace_back(key, slot);
     }
     std::vector<std::pair<int, int>> candidates;  // (-count, block)
-    for (int b = 0; b < max_blocks; ++b) {
+    for (int b = 0; b < considered; ++b) {
       if (counts[b] > 0 && table[b] < 0 && (static_cast<int64_t>(b) + 1) * kBlockTokens <= n_tokens) {
         candidates.emplace_back(-std::min(counts[b], 255), b);
       }
@@ -108,7 +110,9 @@ std::vector<int32_t> selection(int64_t n_tokens, std::mt19937_64& rng) {
   return {chosen.begin(), chosen.end()};
 }
 
-void run_case(CachePolicy policy, int max_admit, uint64_t seed) {
+/// launch_cut: the launch's max_blocks is this much below the largest cache's max_blocks (the kernel clamps each
+/// cache's max_blocks to the launch's).
+void run_case(CachePolicy policy, int max_admit, uint64_t seed, int launch_cut = 0) {
   const KvGeometry geo{2, 128, ElemType::kF16, kBlockTokens};
   const int64_t row_bytes = kv_row_bytes(geo);
   const int n_seqs = 2;
@@ -131,7 +135,7 @@ void run_case(CachePolicy policy, int max_admit, uint64_t seed) {
   params.geo = geo;
   params.policy = policy;
   params.max_admit = max_admit;
-  params.max_blocks = max_blocks;
+  params.max_blocks = max_blocks - launch_cut;
   DeviceBuffer<unsigned char> workspace(block_cache_workspace_bytes(params));
   std::mt19937_64 rng(seed);
 
@@ -163,7 +167,7 @@ void run_case(CachePolicy policy, int max_admit, uint64_t seed) {
       seqs[s].n_items = width;
       seqs[s].step = step;
       for (int h = 0; h < geo.n_kv_heads; ++h) {
-        models[s][h].apply(items[s][h], prefetch, policy, step, max_admit, n_tokens[s]);
+        models[s][h].apply(items[s][h], prefetch, policy, step, max_admit, n_tokens[s], params.max_blocks);
       }
     }
     DeviceBuffer<BlockCacheUpdateSeq> d_seqs(seqs);
@@ -213,6 +217,11 @@ class BlockCacheTest : public GpuTest {};
 
 TEST_F(BlockCacheTest, LruFollowsTheModelWithFewAdmissionsPerStep) { run_case(CachePolicy::kLru, 3, 51); }
 TEST_F(BlockCacheTest, LruFollowsTheModelFillingTheCache) { run_case(CachePolicy::kLru, 8, 52); }
+TEST_F(BlockCacheTest, CacheLargerThanTheLaunchBoundIsClamped) {
+  // the first sequence's cache has 41 blocks, the launch's bound is 21: its blocks 21.. are ignored
+  run_case(CachePolicy::kLru, 8, 55, 20);
+}
+
 TEST_F(BlockCacheTest, LfuFollowsTheModel) { run_case(CachePolicy::kLfu, 3, 53); }
 TEST_F(BlockCacheTest, LfuFollowsTheModelFillingTheCache) { run_case(CachePolicy::kLfu, 8, 54); }
 
