@@ -52,6 +52,13 @@ class Backend {
   virtual void write_back(const TensorView& host, const TensorView& t);
   /// `bytes` of memory this backend's gather and attend write and read (throws KVRET_ERR_OUT_OF_MEMORY).
   virtual std::unique_ptr<DeviceBuffer> allocate(size_t bytes);
+  /// Bytes the device reads from host memory when gather serves `rows` rows of `row_bytes` (keys and values) from
+  /// the store (0 on the CPU backend).
+  virtual int64_t bytes_to_device(int64_t rows, size_t row_bytes) const noexcept {
+    (void)rows;
+    (void)row_bytes;
+    return 0;
+  }
   /// gather_working_set's contract: sink + selected + local rows of `store` into `out`, the row sources first.
   virtual int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                          int64_t count, const WorkingSetViews& out, int n_threads,

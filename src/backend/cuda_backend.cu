@@ -198,6 +198,9 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_id_);
     copy_bytes(t.data(), host.data(), t.extent_bytes(), nullptr, true);
   }
+  int64_t bytes_to_device(int64_t rows, size_t row_bytes) const noexcept override {
+    return 2 * rows * static_cast<int64_t>(row_bytes);  // the gather reads keys and values from mapped pages
+  }
   std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override {
     DeviceScope scope(device_id_);
     return std::make_unique<ThrustBuffer>(bytes, kvret_device{KVRET_DEVICE_CUDA, device_id_});

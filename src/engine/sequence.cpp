@@ -416,6 +416,7 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   stats_.fetched_rows += rows * c.n_kv_heads;
   stats_.cache_hits += from_sources;  // rows a source before the host store served
   stats_.cache_misses += rows * c.n_kv_heads - from_sources;
+  stats_.bytes_h2d += ctx_.backend().bytes_to_device(rows * c.n_kv_heads - from_sources, store.row_bytes());
   return rows;
 }
 
@@ -469,6 +470,10 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   reserve(backend, a.k, kv_bytes);
   reserve(backend, a.v, kv_bytes);
   reserve(backend, a.positions, static_cast<size_t>(c.n_kv_heads * capacity) * sizeof(int32_t));
+  int64_t on_device = 0;
+  for (const auto* b : {&a.k, &a.v, &a.positions})
+    if ((*b)->device().device_type == KVRET_DEVICE_CUDA) on_device += static_cast<int64_t>((*b)->bytes());
+  stats_.device_bytes = on_device;
   const std::vector<int64_t> kv_shape{c.n_kv_heads, capacity, c.head_dim}, pos_shape{c.n_kv_heads, capacity};
   const kvret_working_set ws{
       own_tensor(reinterpret_cast<float*>(a.k->data()), a.k->device(), kv_shape),

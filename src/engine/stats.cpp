@@ -16,6 +16,8 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   s.fetched_rows = fetched_rows.load();
   s.cache_hits = cache_hits.load();
   s.cache_misses = cache_misses.load();
+  s.bytes_h2d = bytes_h2d.load();
+  s.device_bytes = device_bytes.load();
   // Only the fields the caller's struct has.
 #define KVRET_ADD(field) \
   if (out->struct_size >= offsetof(kvret_stats, field) + sizeof out->field) out->field += s.field
@@ -29,6 +31,8 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   KVRET_ADD(fetched_rows);
   KVRET_ADD(cache_hits);
   KVRET_ADD(cache_misses);
+  KVRET_ADD(bytes_h2d);
+  KVRET_ADD(device_bytes);
 #undef KVRET_ADD
 }
 
@@ -41,6 +45,7 @@ void StatCounters::add_into(StatCounters& o) const noexcept {
   o.fetched_rows += fetched_rows.load();
   o.cache_hits += cache_hits.load();
   o.cache_misses += cache_misses.load();
+  o.bytes_h2d += bytes_h2d.load();
 }
 
 }  // namespace kvret

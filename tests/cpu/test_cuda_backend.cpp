@@ -146,6 +146,13 @@ TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
     test::expect_ok(kvret_fetch_async(a, 0, &sel.t, na, &ws, &rows_a, nullptr));
     test::expect_ok(kvret_fetch_async(b, 0, &sel_cpu.t, nb, &ws_cpu, &rows_b, nullptr));
     ASSERT_EQ(rows_a, rows_b);
+    kvret_stats stats_a, stats_b;
+    kvret_stats_init(&stats_a);
+    kvret_stats_init(&stats_b);
+    test::expect_ok(kvret_seq_stats(a, &stats_a));
+    test::expect_ok(kvret_seq_stats(b, &stats_b));
+    EXPECT_EQ(stats_a.bytes_h2d, 2 * rows_a * 2 * 64 * 4) << "every key and value row read over the bus";
+    EXPECT_EQ(stats_b.bytes_h2d, 0);
     EXPECT_EQ(wp.data, wp_cpu.data);
     EXPECT_EQ(wk.data, wk_cpu.data);
     EXPECT_EQ(wv.data, wv_cpu.data);
@@ -157,6 +164,9 @@ TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
     F32 seq_out({8, 64});
     test::expect_ok(kvret_seq_attend(a, 0, &q.t, 20, 0.0f, &seq_out.t, nullptr));
     for (size_t i = 0; i < out.data.size(); ++i) EXPECT_NEAR(seq_out.data[i], out_cpu.data[i], 1e-5f) << i;
+    test::expect_ok(kvret_seq_stats(a, &stats_a));
+    EXPECT_EQ(stats_a.device_bytes, 2 * (2 * capacity * 64 * 4) + 2 * capacity * 4)
+        << "seq_attend's f32 working set and positions, in device memory";
     F32 rk({10, 2, 64}, 5.0f), rv({10, 2, 64});
     test::expect_ok(kvret_seq_read(a, 0, 100, 110, &rk.t, &rv.t));
     for (int64_t t = 0; t < 10; ++t)
