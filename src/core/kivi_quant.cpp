@@ -102,30 +102,44 @@ void kivi_quantize_value(const float* row, int d, const KiviParams& p, uint8_t* 
   }
 }
 
+namespace {
+/// kCodeFloats[bits - 1][byte]: the codes a byte packs, as floats (8 one-bit or 4 two-bit codes, lowest bits first).
+struct CodeFloats {
+  float one[256][8];
+  float two[256][4];
+  CodeFloats() noexcept {
+    for (int b = 0; b < 256; ++b) {
+      for (int j = 0; j < 8; ++j) one[b][j] = static_cast<float>((b >> j) & 1);
+      for (int j = 0; j < 4; ++j) two[b][j] = static_cast<float>((b >> (2 * j)) & 3);
+    }
+  }
+};
+const CodeFloats kCodeFloats;
+}  // namespace
+
 void kivi_key_block_logits(const float* q, int nq, float scale, int d, const KiviParams& p, const uint8_t* codes,
                            const uint16_t* params, float* out, int64_t out_stride, float* scratch) noexcept {
   const int g = p.group;
-  const size_t per_channel = static_cast<size_t>(g) * p.bits / 8;
-  float* tile = scratch;       // [d][g]: the codes as floats, channel by channel
-  float* zero = tile + d * g;  // [d]
-  float* step = zero + d;      // [d]
+  const int per_channel = g * p.bits / 8;
+  const int per_byte = 8 / p.bits;
+  float* tile = scratch;    // [g][d]: token t's codes as floats, channel by channel
+  float* w = tile + g * d;  // [nq][d]: q * step
+  float zero[kMaxDim], step[kMaxDim];
   for (int i = 0; i < d; ++i) {
-    const uint8_t* c = codes + per_channel * i;
-    for (int t = 0; t < g; ++t) tile[i * g + t] = static_cast<float>(kivi_unpack(c, t, p.bits));
+    const uint8_t* c = codes + static_cast<size_t>(per_channel) * i;
+    for (int b = 0; b < per_channel; ++b) {
+      const float* f = p.bits == 1 ? kCodeFloats.one[c[b]] : kCodeFloats.two[c[b]];
+      for (int j = 0; j < per_byte; ++j) tile[(b * per_byte + j) * d + i] = f[j];
+    }
     kivi_affine(f16_to_f32(params[2 * i]), f16_to_f32(params[2 * i + 1]), p.bits, zero + i, step + i);
   }
+  for (int h = 0; h < nq; ++h)
+    for (int i = 0; i < d; ++i) w[h * d + i] = q[static_cast<int64_t>(h) * d + i] * step[i];
+  scaled_dots(w, d, nq, tile, d, g, d, scale, out, out_stride);
   for (int h = 0; h < nq; ++h) {
-    const float* qh = q + static_cast<int64_t>(h) * d;
-    const float base = dot(qh, zero, d);
-    float acc[kMaxGroup];
-    std::fill_n(acc, g, base);
-    for (int i = 0; i < d; ++i) {
-      const float w = qh[i] * step[i];
-      const float* row = tile + i * g;
-      for (int t = 0; t < g; ++t) acc[t] += w * row[t];
-    }
+    const float base = scale * dot(q + static_cast<int64_t>(h) * d, zero, d);
     float* o = out + h * out_stride;
-    for (int t = 0; t < g; ++t) o[t] = scale * acc[t];
+    for (int t = 0; t < g; ++t) o[t] += base;
   }
 }
 
@@ -264,7 +278,7 @@ void KiviHead::reconstruct(int64_t t, float* key, float* value) const noexcept {
 }
 
 void KiviHead::logits(const float* q, int nq, float scale, float* out, int64_t out_stride) const {
-  std::vector<float> scratch(static_cast<size_t>(d_) * (p_.group + 2));
+  std::vector<float> scratch(static_cast<size_t>(d_) * (p_.group + nq));
   for (int64_t b = 0; b < quantized_ / p_.group; ++b)
     kivi_key_block_logits(q, nq, scale, d_, p_, key_codes(b), key_params(b), out + b * p_.group, out_stride,
                           scratch.data());

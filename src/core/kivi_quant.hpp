@@ -71,8 +71,9 @@ void kivi_quantize_value(const float* row, int head_dim, const KiviParams& p, ui
                          uint16_t* params) noexcept;
 
 /// Scaled logits of nq queries q [nq, head_dim] (row g at q + g * head_dim) against one quantized key block,
-/// computed from the codes without reconstructing the keys: out[g * out_stride + t] = scale * (sum_i q_i zero_i +
-/// sum_i (q_i step_i) code_{t,i}) for t < group. scratch: head_dim * (group + 2) floats.
+/// computed from the codes without reconstructing the keys: out[g * out_stride + t] = scale * (q . zero) +
+/// scale * ((q * step) . codes_t) for t < group, with each channel's zero point and step (kivi_affine); the second
+/// term is scaled_dots' over the codes as floats. scratch: (group + nq) * head_dim floats.
 void kivi_key_block_logits(const float* q, int nq, float scale, int head_dim, const KiviParams& p, const uint8_t* codes,
                            const uint16_t* params, float* out, int64_t out_stride, float* scratch) noexcept;
 
