@@ -56,10 +56,12 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct IndexChoice {
   const char* name;
   kvret_index_kind kind;
+  int quant_bits;  // the quant index's bits; 0: the library's default
 };
-constexpr IndexChoice kIndexNames[] = {{"exact", KVRET_INDEX_EXACT},         {"pq", KVRET_INDEX_PQ},
-                                       {"streaming", KVRET_INDEX_STREAMING}, {"page", KVRET_INDEX_PAGE},
-                                       {"cluster", KVRET_INDEX_CLUSTER},     {"quant", KVRET_INDEX_QUANT}};
+constexpr IndexChoice kIndexNames[] = {{"exact", KVRET_INDEX_EXACT, 0},         {"pq", KVRET_INDEX_PQ, 0},
+                                       {"streaming", KVRET_INDEX_STREAMING, 0}, {"page", KVRET_INDEX_PAGE, 0},
+                                       {"cluster", KVRET_INDEX_CLUSTER, 0},     {"quant", KVRET_INDEX_QUANT, 0},
+                                       {"quant1", KVRET_INDEX_QUANT, 1},        {"quant2", KVRET_INDEX_QUANT, 2}};
 
 struct Options {
   int layers = 32, q_heads = 32, kv_heads = 8, head_dim = 128;
@@ -102,7 +104,7 @@ void usage(FILE* f) {
       "  --pq-exact-fraction F  share of keys PQ keeps exact, 0 = none (library default)\n"
       "  --seed N            workload seed (1)\n"
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
-      "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant)\n"
+      "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant1, quant2)\n"
       "  --kv-dtype T        f16, bf16 or f32 (f16)\n"
       "  --device D          cpu or cuda (cpu)\n"
       "  --json              print one JSON object on stdout instead of the table\n"
@@ -478,6 +480,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   if (o.pq_iters >= 0) cfg.pq_iters = o.pq_iters;
   if (o.pq_sample >= 0) cfg.pq_train_sample = o.pq_sample;
   if (o.pq_exact_fraction >= 0) cfg.pq_exact_fraction = static_cast<float>(o.pq_exact_fraction);
+  if (ix.quant_bits > 0) cfg.quant_bits = ix.quant_bits;
   kvret_context* ctx = nullptr;
   KVRET_CHECK(kvret_create(&cfg, &ctx));
   kvret_config eff;
@@ -710,14 +713,15 @@ void print_table(const Options& o, const std::vector<Record>& recs, double total
     std::printf("working set = %d sink + budget + %d local tokens per KV head\n\n", recs.front().n_sink,
                 recs.front().n_local);
   }
-  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s\n", "index", "budget", "token", "mass", "output", "build",
-              "select", "fetch", "host", "device");
-  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s\n", "", "", "recall", "recall", "error", "ms/layer",
-              "us/layer", "us/layer", "bytes", "bytes");
+  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s\n", "index", "budget", "token", "mass", "output",
+              "build", "select", "fetch", "host", "device", "index");
+  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s\n", "", "", "recall", "recall", "error", "ms/layer",
+              "us/layer", "us/layer", "bytes", "bytes", "bytes");
   for (const auto& r : recs) {
-    std::printf("%-10s %7lld %8.4f %8.4f %8.4f %10.2f %10.1f %10.1f %11s %11s\n", r.name.c_str(),
+    std::printf("%-10s %7lld %8.4f %8.4f %8.4f %10.2f %10.1f %10.1f %11s %11s %11s\n", r.name.c_str(),
                 static_cast<long long>(r.budget), r.token_recall, r.mass_recall, r.output_error, r.build_ms_per_layer,
-                r.select_us, r.fetch_us, human_bytes(r.host_bytes).c_str(), human_bytes(r.device_bytes).c_str());
+                r.select_us, r.fetch_us, human_bytes(r.host_bytes).c_str(), human_bytes(r.device_bytes).c_str(),
+                human_bytes(r.index_bytes).c_str());
   }
   std::printf(
       "\ntoken recall: selected vs the exact top-B of the same GQA-folded score (EXACT = 1 by construction);\n"

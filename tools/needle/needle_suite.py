@@ -19,7 +19,8 @@ Usage:
         --lengths 2048,4096,8000 --seeds 1,2,3 --jsonl out.jsonl --markdown out.md --plot out.png
     python3 tools/needle/needle_suite.py --report out.jsonl --markdown out.md --plot out.png   (tables only)
 
-Index variants: the names exact, pq, page, cluster, streaming, or NAME:field=value,... with kvret config fields, e.g.
+Index variants: the names exact, pq, page, cluster, streaming, quant1, quant2 (the quant index at 1 or 2 bits), or
+NAME:field=value,... with kvret config fields, e.g.
 "pq-m4:index_kind=pq,pq_m=4" or "pq-noexact:index_kind=pq,pq_exact_fraction=0".
 --check: exit 1 unless the reference answers every case right, EXACT does at every budget, and every variant named
 by --require does at the budgets >= --require-budget (the CTest case).
@@ -43,6 +44,10 @@ import smollm2  # noqa: E402
 LICENSE_DIR = "/usr/share/common-licenses"
 LICENSE_ORDER = ["GPL-3", "Apache-2.0", "LGPL-2.1", "GPL-2", "MPL-2.0", "GFDL-1.3", "LGPL-3", "Artistic", "CC0-1.0"]
 TRAINED = {"pq", "cluster"}  # index kinds whose build depends on the seed (k-means)
+PRESETS = {  # index names that stand for a kind with settings
+    "quant1": {"index_kind": "quant", "quant_bits": 1},
+    "quant2": {"index_kind": "quant", "quant_bits": 2},
+}
 DOORS = ["red", "blue", "green", "yellow"]
 INTRO = (
     "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -140,9 +145,9 @@ def make_case(tokenizer, haystacks, kind, length, depth, haystack, case_seed):
 
 
 def parse_variant(spec):
-    """'pq' or 'name:field=value,...' -> (name, config overrides)."""
+    """'pq', 'quant1' or 'name:field=value,...' -> (name, config overrides)."""
     if ":" not in spec:
-        return spec, {"index_kind": spec}
+        return spec, dict(PRESETS.get(spec, {"index_kind": spec}))
     name, fields = spec.split(":", 1)
     cfg = {}
     for item in fields.split(","):
