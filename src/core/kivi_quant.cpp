@@ -157,10 +157,8 @@ KiviHead::KiviHead(const KiviHead& o)
       value_params_(o.value_params_),
       res_k_(o.res_k_),
       res_v_(o.res_v_) {
-  if (o.size() > 0) {  // truncate must not allocate
-    res_k_.reserve(residual_capacity());
-    res_v_.reserve(residual_capacity());
-  }
+  res_k_.reserve(residual_capacity(size()));  // truncate must not allocate
+  res_v_.reserve(residual_capacity(size()));
 }
 
 int64_t KiviHead::quantized_for(int64_t n) const noexcept {
@@ -186,8 +184,14 @@ void KiviHead::reserve(int64_t n) {
   grow(key_params_, static_cast<size_t>(q / p_.group) * 2 * d_);
   grow(value_codes_, static_cast<size_t>(q) * value_row_codes());
   grow(value_params_, static_cast<size_t>(q) * value_row_params());
-  res_k_.reserve(residual_capacity());
-  res_v_.reserve(residual_capacity());
+  // the residual of any length up to the new size (an append's, or a truncation's): at most residual + group - 1
+  // rows, grown geometrically up to that
+  const size_t cap = residual_capacity(size() + n), full = residual_capacity(INT64_MAX);
+  const auto grow_residual = [cap, full](std::vector<uint16_t>& v) {
+    if (v.capacity() < cap) v.reserve(std::min(full, std::max(cap, v.capacity() * 2)));
+  };
+  grow_residual(res_k_);
+  grow_residual(res_v_);
 }
 
 void KiviHead::store_residual(size_t j, const float* k, const float* v) noexcept {
@@ -304,10 +308,8 @@ bool KiviHead::restore_arrays(int64_t n, LargeVector<uint8_t> key_codes, LargeVe
     return true;
   };
   if (!ordered(key_params) || !ordered(value_params)) return false;
-  if (n > 0) {  // truncate must never allocate
-    res_k.reserve(residual_capacity());
-    res_v.reserve(residual_capacity());
-  }
+  res_k.reserve(residual_capacity(n));  // truncate must never allocate
+  res_v.reserve(residual_capacity(n));
   key_codes_.swap(key_codes);  // commit
   key_params_.swap(key_params);
   value_codes_.swap(value_codes);

@@ -26,6 +26,7 @@
 //         group][2].
 // Resident bytes per quantized token: 2 * head_dim * (bits + 32 / group) / 8 (keys and values), that is
 // (bits + 32 / group) / 16 of the f16 bytes; a residual token costs 4 * head_dim bytes (keys and values in f16).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -114,7 +115,7 @@ class KiviHead {
     key_params_.resize(static_cast<size_t>(q / p_.group) * 2 * d);
     value_codes_.resize(static_cast<size_t>(q) * value_row_codes());
     value_params_.resize(static_cast<size_t>(q) * value_row_params());
-    res_k_.resize(static_cast<size_t>(n - q) * d);  // within the capacity reserved at the first append
+    res_k_.resize(static_cast<size_t>(n - q) * d);  // within the capacity reserve gave for size() tokens
     res_v_.resize(static_cast<size_t>(n - q) * d);
     float k[256], v[256];  // head_dim <= 256
     for (int64_t t = q; t < n; ++t) {
@@ -164,7 +165,10 @@ class KiviHead {
                       std::vector<uint16_t> res_v);
 
  private:
-  size_t residual_capacity() const noexcept { return static_cast<size_t>(p_.residual + p_.group - 1) * d_; }
+  /// Residual elements (per array) a head of up to n tokens may hold: min(n, residual + group - 1) rows.
+  size_t residual_capacity(int64_t n) const noexcept {
+    return static_cast<size_t>(std::min<int64_t>(n, int64_t{p_.residual} + p_.group - 1)) * d_;
+  }
   void store_residual(size_t j, const float* k, const float* v) noexcept;
 
   int d_;

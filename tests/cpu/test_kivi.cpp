@@ -261,6 +261,25 @@ TEST_P(Kivi, LogitsFromCodesAreDotsWithTheReconstructedKeys) {
 INSTANTIATE_TEST_SUITE_P(All, Kivi, ::testing::Values(Setting{2, 32}, Setting{2, 64}, Setting{1, 32}, Setting{1, 64}),
                          setting_name);
 
+// The residual's room grows with the tokens, up to residual + group - 1 rows: a large window costs nothing until
+// it fills, and a copy or a truncation never needs more.
+TEST(KiviHead, ResidualRoomFollowsTheTokens) {
+  constexpr int d = 64;
+  const KiviParams p{2, 32, 65536};
+  const auto k = rows(100, d, 11), v = rows(100, d, 12);
+  KiviHead h(d, p);
+  for (int64_t t = 0; t < 100; t += 10) {
+    h.reserve(10);
+    h.append(k.data() + t * d, v.data() + t * d, 10);
+    EXPECT_LE(h.residual_key_array().capacity(), static_cast<size_t>(2 * (t + 10) * d));
+  }
+  EXPECT_EQ(h.quantized(), 0);
+  EXPECT_EQ(h.residual_tokens(), 100);
+  const KiviHead copy(h);
+  EXPECT_EQ(copy.residual_key_array().capacity(), static_cast<size_t>(100 * d));
+  EXPECT_EQ(copy.residual_value_array(), h.residual_value_array());
+}
+
 TEST(KiviParams, BadParametersAreRefused) {
   EXPECT_THROW(KiviHead(128, KiviParams{3, 64, 64}), Error);
   EXPECT_THROW(KiviHead(128, KiviParams{2, 48, 64}), Error);
