@@ -9,7 +9,7 @@
 // Means over layers, steps and heads are printed as a markdown table, and written as CSV/JSON.
 //
 //   kvret-eval [--contexts 8192,32768,131072] [--budgets 0.2,0.1,0.05,0.02] [--retrievers
-//   exact,pq,page,streaming(,cluster)]
+//   exact,pq,page,streaming(,cluster,quant1,quant2)]
 //              [--layers 2] [--steps 4] [--kv-dtype f16|f32] [--fold sum|max] [--threads 0] [--seed 1]
 //              [--traces DIR [--trace-layers all|0,5,...] [--trace-rope post|pre]]
 //              [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F] [--page-size P]
@@ -45,15 +45,16 @@ using Clock = std::chrono::steady_clock;
 struct Retriever {
   std::string name;
   int kind;
+  int quant_bits;  ///< the quant index's bits; 0: kvret's default
 };
 
-const Retriever kRetrievers[] = {{"exact", KVRET_INDEX_EXACT},
-                                 {"pq", KVRET_INDEX_PQ},
-                                 {"page", KVRET_INDEX_PAGE},
-                                 {"streaming", KVRET_INDEX_STREAMING},
-                                 {"cluster", KVRET_INDEX_CLUSTER}};
-/// The default --retrievers: all but cluster, whose k-means (about tokens^2 / cluster_tokens * head_dim per
-/// iteration and head) makes the 131072-token contexts slow on a CPU; ask for it by name.
+const Retriever kRetrievers[] = {{"exact", KVRET_INDEX_EXACT, 0},     {"pq", KVRET_INDEX_PQ, 0},
+                                 {"page", KVRET_INDEX_PAGE, 0},       {"streaming", KVRET_INDEX_STREAMING, 0},
+                                 {"cluster", KVRET_INDEX_CLUSTER, 0}, {"quant1", KVRET_INDEX_QUANT, 1},
+                                 {"quant2", KVRET_INDEX_QUANT, 2}};
+/// The default --retrievers: the first four. Not cluster, whose k-means (about tokens^2 / cluster_tokens * head_dim
+/// per iteration and head) makes the 131072-token contexts slow on a CPU, nor the quant index at 1 and 2 bits; ask
+/// for them by name.
 constexpr size_t kDefaultRetrievers = 4;
 
 struct Options {
@@ -79,7 +80,8 @@ struct Options {
 [[noreturn]] void usage(const char* why) {
   if (why) std::fprintf(stderr, "kvret-eval: %s\n", why);
   std::fprintf(stderr,
-               "usage: kvret-eval [--contexts N,...] [--budgets f,...] [--retrievers exact,pq,page,streaming,cluster]\n"
+               "usage: kvret-eval [--contexts N,...] [--budgets f,...] [--retrievers "
+               "exact,pq,page,streaming,cluster,quant1,quant2]\n"
                "                  [--layers L] [--steps S] [--kv-dtype f16|f32] [--fold sum|max] [--threads T]\n"
                "                  [--seed X] [--traces DIR [--trace-layers all|i,j,...] [--trace-rope post|pre]]\n"
                "                  [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F]\n"
@@ -253,6 +255,7 @@ void evaluate_layer(const Options& o, const Geometry& geo, const std::string& so
     c.head_dim = D;
     c.kv_dtype = o.f16 ? KVRET_KV_F16 : KVRET_KV_F32;
     c.index_kind = o.retrievers[r].kind;
+    if (o.retrievers[r].quant_bits > 0) c.quant_bits = o.retrievers[r].quant_bits;
     c.gqa_fold = o.max_fold ? KVRET_FOLD_MAX_LOGIT : KVRET_FOLD_SUM_PROB;
     c.n_threads = o.threads;
     c.seed = data.seed;
