@@ -236,6 +236,12 @@ typedef struct kvret_config {
                                  default 64 */
   int32_t quant_residual;   /**< most recent middle tokens the quant index keeps in f16 (KIVI's residual window;
                                  up to quant_group_size - 1 more wait for a full key group): 0..65536; default 64 */
+
+  /* ClusterKV, continued (appended: older, smaller structs get the default) */
+  int32_t cluster_segment_tokens; /**< most middle tokens one k-means of the cluster index clusters: a longer
+                                       prefill is cut into ceil(n / this) segments of equal length, clustered
+                                       apart, so the build is linear in the prefill length; 0 = the whole prefill
+                                       in one k-means (quadratic in its length); default 8192 */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

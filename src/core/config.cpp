@@ -48,6 +48,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->pq_exact_fraction = kDefaultPqExactFraction;
   c->quant_group_size = 64;
   c->quant_residual = 64;
+  c->cluster_segment_tokens = 8192;
 }
 
 namespace {
@@ -72,7 +73,8 @@ void unsupported(bool ok, const std::string& what) {
           X(cluster_tokens) X(cluster_decode_interval) X(cluster_decode_k) X(page_size) X(quant_bits)                 \
               X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
-                      X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)
+                      X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)              \
+                          X(cluster_segment_tokens)
 // clang-format on
 
 namespace {
@@ -159,6 +161,8 @@ void validate_config(const kvret_config& c) {
   check(c.cluster_tokens >= 1, "cluster_tokens", "must be >= 1");
   check(c.cluster_decode_interval >= 1, "cluster_decode_interval", "must be >= 1");
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
+  check(c.cluster_segment_tokens >= 0, "cluster_segment_tokens",
+        "must be >= 0 (0 = no limit), got " + std::to_string(c.cluster_segment_tokens));
   check(c.page_size >= 1 && c.page_size <= 65536, "page_size",
         "must be in 1..65536, got " + std::to_string(c.page_size));
   check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2, got " + std::to_string(c.quant_bits));

@@ -488,6 +488,7 @@ class ClusterKind final : public RetrieverKind {
     p.cluster_tokens = c.cluster_tokens;
     p.decode_interval = c.cluster_decode_interval;
     p.decode_k = c.cluster_decode_k;
+    p.segment_tokens = c.cluster_segment_tokens;
     uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32) ^ 0x436c75737465724bull;
     p.seed = splitmix64(state);
     return std::make_unique<ClusterRetriever>(c.n_kv_heads, c.head_dim, p);

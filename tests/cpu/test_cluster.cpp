@@ -40,13 +40,14 @@ struct ClusterFixture {
   F32 k, v;
 
   explicit ClusterFixture(int64_t n, uint64_t seed = 1, int cluster_tokens = 80, int interval = 320, int decode_k = 4,
-                          int fold = KVRET_FOLD_SUM_PROB)
+                          int fold = KVRET_FOLD_SUM_PROB, int segment_tokens = 8192)
       : config(test::small_config(KVRET_INDEX_CLUSTER)), k({n, kH, kD}), v({n, kH, kD}) {
     config.n_layers = 1;
     config.cluster_tokens = cluster_tokens;
     config.cluster_decode_interval = interval;
     config.cluster_decode_k = decode_k;
     config.gqa_fold = fold;
+    config.cluster_segment_tokens = segment_tokens;
     ctx = test::make_context(config);
     EXPECT_EQ(kvret_seq_open(ctx.get(), &seq), KVRET_OK);
     test::clustered_kv(n, kH, kD, seed, k, v);
@@ -386,6 +387,13 @@ TEST(Cluster, LongPrefillIsClusteredInSegmentsOfAtMostSegmentTokens) {
   const ClusterRetriever& whole = f.index();
   const int64_t mb = whole.indexed_begin(), me = whole.indexed_end(), n = me - mb;
   ASSERT_EQ(whole.segments().size(), 1u) << "below the default segment_tokens: one segment";
+  ASSERT_EQ(whole.params().segment_tokens, f.config.cluster_segment_tokens);
+  {  // through the config: cluster_segment_tokens = 1000 cuts the same prefill into 3 segments
+    ClusterFixture g(3000, 11, 80, 320, 4, KVRET_FOLD_SUM_PROB, 1000);
+    g.prefill(0, 3000);
+    EXPECT_EQ(g.index().segments().size(), 3u);
+    expect_layout(g.index(), kH);
+  }
   for (const int cap : {500, 1000, 2920, 2919}) {
     ClusterRetriever::Params p = whole.params();
     p.segment_tokens = cap;
@@ -699,11 +707,13 @@ TEST(Cluster, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
 // ---- config -------------------------------------------------------------------------------------------------------
 
 TEST(Cluster, BadConfigValuesAreRefused) {
-  for (const char* field : {"cluster_tokens", "cluster_decode_interval", "cluster_decode_k"}) {
+  for (const char* field :
+       {"cluster_tokens", "cluster_decode_interval", "cluster_decode_k", "cluster_segment_tokens"}) {
     kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
     if (std::string(field) == "cluster_tokens") c.cluster_tokens = 0;
     if (std::string(field) == "cluster_decode_interval") c.cluster_decode_interval = -3;
     if (std::string(field) == "cluster_decode_k") c.cluster_decode_k = 0;
+    if (std::string(field) == "cluster_segment_tokens") c.cluster_segment_tokens = -1;
     kvret_context* ctx = nullptr;
     EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT) << field;
     EXPECT_NE(std::string(kvret_last_error()).find(field), std::string::npos) << kvret_last_error();

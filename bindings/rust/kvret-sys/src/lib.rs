@@ -145,6 +145,7 @@ pub struct kvret_config {
     pub pq_exact_fraction: f32,
     pub quant_group_size: i32,
     pub quant_residual: i32,
+    pub cluster_segment_tokens: i32,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -389,6 +389,14 @@ impl Config {
         self.raw.quant_residual = self.int_field("quant_residual", value);
         self
     }
+
+    /// `kvret_config.cluster_segment_tokens`: most middle tokens one k-means of the cluster index clusters: a longer prefill is cut into ceil(n /
+    /// this) segments of equal length, clustered apart, so the build is linear in the prefill length; 0 =
+    /// the whole prefill in one k-means (quadratic in its length); default 8192
+    pub fn cluster_segment_tokens(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cluster_segment_tokens = self.int_field("cluster_segment_tokens", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

@@ -287,6 +287,16 @@ public final class Config {
   public int quantResidual() {
     return fields.getQuant_residual();
   }
+
+  /**
+   * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
+   * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
+   * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
+   * (quadratic in its length); default 8192
+   */
+  public int clusterSegmentTokens() {
+    return fields.getCluster_segment_tokens();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -574,6 +584,17 @@ public final class Config {
      */
     public Builder quantResidual(int value) {
       fields.setQuant_residual(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
+     * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
+     * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
+     * (quadratic in its length); default 8192
+     */
+    public Builder clusterSegmentTokens(int value) {
+      fields.setCluster_segment_tokens(value);
       return this;
     }
     // </generated setters>
