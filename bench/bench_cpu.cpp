@@ -6,14 +6,17 @@
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
 //  - working-set fetch against plain memcpy of the same bytes;
-//  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend).
+//  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend);
+//  - CLUSTER, PQ and PAGE index build and select from 8k to 128k tokens in one run (BM_BuildKind, BM_SelectKind).
 // Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/half.hpp"
@@ -174,6 +177,94 @@ void BM_BuildPq(benchmark::State& state) {
   state.counters["tokens"] = static_cast<double>(n);
 }
 
+// Build and select of the CLUSTER, PQ and PAGE kinds over context lengths, in one run (BM_BuildKind/<kind>/<n>,
+// BM_SelectKind/<kind>/<n>): one layer of 8 KV heads, head_dim 128, the library's defaults (budget 1/10).
+
+/// The fixture of the last (kind, length) asked for: one prefilled sequence alive at a time (a 128k one holds 512 MiB
+/// of f16 KV), rebuilt only when the benchmark moves on to another kind or length.
+Fixture& latest_fixture(int index_kind, int64_t n) {
+  static std::unique_ptr<Fixture> f;
+  static std::pair<int, int64_t> key{-1, 0};
+  if (!f || key != std::pair<int, int64_t>{index_kind, n}) {
+    f.reset();
+    f = std::make_unique<Fixture>(index_kind, n);
+    key = {index_kind, n};
+  }
+  return *f;
+}
+
+/// CPU seconds of every thread of the process so far.
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// The time is the index build's wall time (kvret_stats.index_build_ms); the counter cpu_ms is the CPU time of all
+/// threads over the prefill append and the build (the figure that a machine shared with other work disturbs least).
+void BM_BuildKind(benchmark::State& state, int index_kind) {
+  const int64_t n = state.range(0);
+  kvret::workload::Config wc;
+  wc.n_layers = 1;
+  wc.n_prefill = n;
+  kvret::workload::Workload w(wc);
+  std::vector<float> k(static_cast<size_t>(n * kKvHeads * kDim)), v(k.size());
+  w.keys_values(0, 0, n, k.data(), v.data());
+  std::vector<uint16_t> kh(k.size()), vh(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    kh[i] = kvret::f32_to_f16(k[i]);
+    vh[i] = kvret::f32_to_f16(v[i]);
+  }
+  Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
+  double cpu_s = 0;
+  for (auto _ : state) {
+    kvret_config c;
+    kvret_config_init(&c);
+    c.n_layers = 1;
+    c.index_kind = index_kind;
+    kvret_context* ctx = nullptr;
+    kvret_seq* seq = nullptr;
+    if (kvret_create(&c, &ctx) != KVRET_OK || kvret_seq_open(ctx, &seq) != KVRET_OK) {
+      state.SkipWithError(kvret_last_error());
+      break;
+    }
+    const double cpu0 = process_cpu_s();
+    if (kvret_append_prefill(seq, 0, &kt.t, &vt.t) != KVRET_OK || kvret_wait_index(seq, -1) != KVRET_OK)
+      state.SkipWithError(kvret_last_error());
+    cpu_s += process_cpu_s() - cpu0;
+    kvret_stats s;
+    kvret_stats_init(&s);
+    kvret_seq_stats(seq, &s);
+    state.SetIterationTime(s.index_build_ms * 1e-3);
+    kvret_destroy(ctx);
+  }
+  state.counters["tokens"] = static_cast<double>(n);
+  state.counters["cpu_ms"] = 1e3 * cpu_s / static_cast<double>(state.iterations());
+}
+
+void BM_SelectKind(benchmark::State& state, int index_kind) {
+  const int64_t n = state.range(0);
+  Fixture& f = latest_fixture(index_kind, n);
+  int32_t budget = 0;
+  kvret_seq_budget(f.seq, 0, &budget);
+  std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
+  Tensor ot(out.data(), {kKvHeads, budget}, kI32);
+  int step = 0;
+  for (auto _ : state) {
+    Tensor qt(f.queries.data() + (step++ % 8) * kQHeads * kDim, {kQHeads, kDim}, kF32);
+    int32_t count = 0;
+    if (kvret_select(f.seq, 0, &qt.t, budget, &ot.t, &count) != KVRET_OK) state.SkipWithError(kvret_last_error());
+    benchmark::DoNotOptimize(out.data());
+  }
+  kvret_stats s;
+  kvret_stats_init(&s);
+  kvret_seq_stats(f.seq, &s);
+  state.counters["budget"] = budget;
+  state.counters["tokens"] = static_cast<double>(n);
+  state.counters["index_MiB"] = static_cast<double>(s.index_bytes) / (1 << 20);
+}
+
 void BM_FetchGather(benchmark::State& state) {
   const int64_t n = state.range(0);
   Fixture& f = Fixture::get(KVRET_INDEX_PQ, n);
@@ -230,6 +321,39 @@ BENCHMARK(BM_BuildPq)
     ->UseManualTime()
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BuildKind, cluster, KVRET_INDEX_CLUSTER)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseManualTime()
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BuildKind, pq, KVRET_INDEX_PQ)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseManualTime()
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BuildKind, page, KVRET_INDEX_PAGE)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseManualTime()
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_SelectKind, cluster, KVRET_INDEX_CLUSTER)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SelectKind, pq, KVRET_INDEX_PQ)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SelectKind, page, KVRET_INDEX_PAGE)
+    ->RangeMultiplier(2)
+    ->Range(8192, 131072)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeAppend)->Arg(1000)->Arg(10000)->Arg(100000)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
