@@ -157,6 +157,19 @@ __attribute__((target("avx2"))) inline float reduce_like_dot(__m256 acc) noexcep
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                  // (w0+w1) + (w2+w3)
 }
 
+/// reduce_like_dot of eight accumulators at once, in their order: the lane halves of two accumulators added in
+/// one register, then two rounds of horizontal adds (w0 + w1, w2 + w3, then their sum), as reduce_like_dot.
+__attribute__((target("avx2"))) inline __m256 reduce8_like_dot(const __m256* acc) noexcept {
+  __m256 w[4];  // w[p] = [w of acc 2p | w of acc 2p + 1], w_l = a_l + a_(l+4)
+  for (int p = 0; p < 4; ++p)
+    w[p] = _mm256_add_ps(_mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x20),
+                         _mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x31));
+  // [(w0+w1), (w2+w3) of acc 0, 2 | of acc 1, 3] and of acc 4..7, then [acc 0, 2, 4, 6 | acc 1, 3, 5, 7]
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(w[0], w[1]), _mm256_hadd_ps(w[2], w[3]));
+  // back to acc order 0..7
+  return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 /// Eight keys of a row from element i, converted to f32 (exactly: f16 and bf16 hold f32 values).
 template <DType T>
 __attribute__((target("avx2,f16c"))) inline __m256 load_keys8(const void* row, int64_t i) noexcept {
@@ -186,6 +199,15 @@ __attribute__((target("avx2,f16c"))) void dots_block_avx2(const float* q, int64_
     for (int g = 0; g < NQ; ++g) {
       const __m256 qv = _mm256_loadu_ps(q + g * q_stride + i);
       for (int e = 0; e < NK; ++e) acc[g][e] = _mm256_add_ps(acc[g][e], _mm256_mul_ps(qv, k[e]));
+    }
+  }
+  if constexpr (NQ * NK == 8) {
+    if (i == len) {  // no tail: the eight sums at once
+      alignas(32) float s[8];
+      _mm256_store_ps(s, _mm256_mul_ps(_mm256_set1_ps(scale), reduce8_like_dot(&acc[0][0])));
+      for (int g = 0; g < NQ; ++g)
+        for (int e = 0; e < NK; ++e) out[g * out_stride + e] = s[g * NK + e];
+      return;
     }
   }
   for (int g = 0; g < NQ; ++g)
@@ -277,9 +299,9 @@ bool cpu_has_avx512f() noexcept {
   return ok;
 }
 
-/// CPUID leaf 1 (F16C, AVX, OSXSAVE) and XGETBV (the OS saves the YMM state): what __builtin_cpu_supports("f16c")
-/// answers in GCC, which clang does not accept.
-bool cpu_has_f16c() noexcept {
+namespace {
+
+bool detect_f16c() noexcept {
 #ifdef KVRET_VEC_AVX2
   if (allowed_isa() < 1) return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -292,6 +314,15 @@ bool cpu_has_f16c() noexcept {
 #else
   return false;
 #endif
+}
+
+}  // namespace
+
+/// CPUID leaf 1 (F16C, AVX, OSXSAVE) and XGETBV (the OS saves the YMM state): what __builtin_cpu_supports("f16c")
+/// answers in GCC, which clang does not accept. Asked once per process (CPUID traps to the hypervisor in a VM).
+bool cpu_has_f16c() noexcept {
+  static const bool ok = detect_f16c();
+  return ok;
 }
 
 void pq_token_logits(const float* lut, int nq, int m, int k, const uint8_t* codes, int64_t n, float* out) noexcept {

@@ -142,24 +142,6 @@ __attribute__((target("avx2"))) int64_t exp_table_avx2(const float* in, int64_t 
   return c;
 }
 
-/// unweighted_sum, its whole blocks in two __m256d (lanes 0..3 and 4..7).
-__attribute__((target("avx2"))) double unweighted_sum_avx2(const float* e, int64_t n) noexcept {
-  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  int64_t u = 0;
-  for (; u + 8 <= n; u += 8) {
-    const __m256 x = _mm256_loadu_ps(e + u);
-    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
-    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
-  }
-  alignas(32) double lane[8];
-  _mm256_store_pd(lane, lo);
-  _mm256_store_pd(lane + 4, hi);
-  double z = 0;
-  for (const double x : lane) z += x;
-  for (; u < n; ++u) z += e[u];
-  return z;
-}
-
 /// pq4_products from the four exp tables (k <= 64, each padded to 64 entries), sixteen tokens at a time with no
 /// gather: an entry of a 64-entry table is one of two 32-entry permutes (vpermi2ps reads only the code's low five
 /// bits), chosen by the code's bit 5; the products are the pair tables' (E_0 E_1)(E_2 E_3). Returns the tokens done.
@@ -185,16 +167,71 @@ __attribute__((target("avx512f"))) int64_t pq4_products_avx512(const float (*ej)
   return t;
 }
 
-/// pq4_products' whole blocks of eight tokens; returns the number of tokens done.
-__attribute__((target("avx2"))) int64_t pq4_products_avx2(const float* a, const float* b, int k, const uint8_t* codes,
-                                                          int64_t n, float* e) noexcept {
+/// pq4_products of four heads at once, whole blocks of eight tokens, with no gather: t4[j][c] holds the four heads'
+/// E_j[c] side by side (16 bytes, j-major, 64 codes per j), so one 16-byte load per token and sub-space reads the
+/// entries of the four heads, and the products (E_0 E_1)(E_2 E_3) of tokens t and t + 4 share a register. A 4 x 4
+/// transpose in each 128-bit lane turns the eight tokens' registers into one per head. Returns the tokens done.
+__attribute__((target("avx2"))) int64_t pq4_products4_avx2(const float* t4, const uint8_t* codes, int64_t n,
+                                                           float* const* rows) noexcept {
+  const auto pair = [t4](const uint8_t* ca, const uint8_t* cb, int j) __attribute__((target("avx2"))) {
+    const float* tj = t4 + j * 4 * 64;
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_load_ps(tj + 4 * ca[j])), _mm_load_ps(tj + 4 * cb[j]), 1);
+  };
+  const auto products = [&pair](const uint8_t* ca, const uint8_t* cb) __attribute__((target("avx2"))) {
+    return _mm256_mul_ps(_mm256_mul_ps(pair(ca, cb, 0), pair(ca, cb, 1)),
+                         _mm256_mul_ps(pair(ca, cb, 2), pair(ca, cb, 3)));
+  };
   int64_t t = 0;
   for (; t + 8 <= n; t += 8) {
-    __m256i ia, ib;
-    pq4_pair_offsets_avx2(codes + t * 4, k, &ia, &ib);
-    _mm256_storeu_ps(e + t, _mm256_mul_ps(_mm256_i32gather_ps(a, ia, 4), _mm256_i32gather_ps(b, ib, 4)));
+    const uint8_t* c = codes + t * 4;
+    // r_i = [token i: heads 0..3 | token i + 4: heads 0..3]
+    const __m256 r0 = products(c, c + 16), r1 = products(c + 4, c + 20);
+    const __m256 r2 = products(c + 8, c + 24), r3 = products(c + 12, c + 28);
+    const __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
+    _mm256_storeu_ps(rows[0] + t, _mm256_shuffle_ps(u0, u2, 0x44));
+    _mm256_storeu_ps(rows[1] + t, _mm256_shuffle_ps(u0, u2, 0xee));
+    _mm256_storeu_ps(rows[2] + t, _mm256_shuffle_ps(u1, u3, 0x44));
+    _mm256_storeu_ps(rows[3] + t, _mm256_shuffle_ps(u1, u3, 0xee));
   }
   return t;
+}
+
+/// lane_sums4's whole blocks of eight, four rows at a time: eight independent chains of double adds (two __m256d
+/// per row) instead of two. Returns the tokens done.
+__attribute__((target("avx2"))) int64_t lane_sums4_avx2(float* const* rows, int64_t n, double (*lane)[8]) noexcept {
+  __m256d lo[4], hi[4];
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = _mm256_loadu_pd(lane[i]);
+    hi[i] = _mm256_loadu_pd(lane[i] + 4);
+  }
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    for (int i = 0; i < 4; ++i) {
+      const __m256 x = _mm256_loadu_ps(rows[i] + u);
+      lo[i] = _mm256_add_pd(lo[i], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+      hi[i] = _mm256_add_pd(hi[i], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_pd(lane[i], lo[i]);
+    _mm256_storeu_pd(lane[i] + 4, hi[i]);
+  }
+  return u;
+}
+
+/// folded[u] += rows[a][u] * inv[a] for a = 0..count-1 in that order (count <= 4), in one pass; returns the tokens
+/// done (whole blocks of eight).
+__attribute__((target("avx2"))) int64_t accumulate4_avx2(const float* const* rows, const float* inv, int count,
+                                                         int64_t n, float* folded) noexcept {
+  __m256 vinv[4];
+  for (int a = 0; a < count; ++a) vinv[a] = _mm256_set1_ps(inv[a]);
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8) {
+    __m256 f = _mm256_loadu_ps(folded + u);
+    for (int a = 0; a < count; ++a) f = _mm256_add_ps(f, _mm256_mul_ps(_mm256_loadu_ps(rows[a] + u), vinv[a]));
+    _mm256_storeu_ps(folded + u, f);
+  }
+  return u;
 }
 
 /// The unweighted fold of `group` heads (e: [group, n] scratch), four heads at a time: each head's normalizer is
@@ -307,8 +344,15 @@ namespace {
 /// Largest k of pq4_softmax_fold: its two pair tables of k^2 floats stay in L1 (32 KiB at k = 64).
 constexpr int kPq4MaxK = 64;
 
+/// Tokens per block of pq4_softmax_fold (a multiple of sixteen): four rows of terms, 16 KiB.
+constexpr int64_t kPq4Block = 1024;
+
 /// The maximum of x[0, n), NaN ignored; kLowest if none.
 float max_ignoring_nan(const float* x, int64_t n) noexcept {
+#ifdef KVRET_FOLD_AVX2
+  // the same maximum (only the sign of a zero maximum may differ, which changes no difference with it)
+  if (n >= 64 && cpu_has_avx2()) return row_max_avx2(x, nullptr, n);
+#endif
   float mx = kLowest;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);  // std::max(mx, NaN) keeps mx
   return mx;
@@ -323,20 +367,31 @@ void exp_table(const float* in, int64_t k, float sub, const float* extra, float*
   for (; c < k; ++c) out[c] = exp_nonpositive(extra ? (in[c] - sub) - *extra : in[c] - sub);
 }
 
-/// e[t] = a[c0 + k c1] * b[c2 + k c3] for t in [0, n).
-void pq4_products(const float* a, const float* b, int k, const uint8_t* codes, int64_t n, float* e) noexcept {
-  int64_t t = 0;
-#ifdef KVRET_FOLD_AVX2
-  if (cpu_has_avx2()) t = pq4_products_avx2(a, b, k, codes, n, e);
-#endif
-  for (; t < n; ++t) {
+/// e[t] = a[c0 + k c1] * b[c2 + k c3] for t in [0, n), the pair tables of one head.
+void pq4_products_scalar(const float* a, const float* b, int k, const uint8_t* codes, int64_t n, float* e) noexcept {
+  for (int64_t t = 0; t < n; ++t) {
     const uint8_t* c = codes + t * 4;
     e[t] = a[c[0] + k * c[1]] * b[c[2] + k * c[3]];
   }
 }
 
+/// unweighted_sum's eight lane sums of four rows, continued from lane[i] (whole blocks of eight tokens only).
+void lane_sums4(float* const* rows, int64_t n, double (*lane)[8]) noexcept {
+  int64_t u = 0;
+#ifdef KVRET_FOLD_AVX2
+  if (cpu_has_avx2()) u = lane_sums4_avx2(rows, n, lane);
+#endif
+  for (; u + 8 <= n; u += 8)
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < 8; ++i) lane[r][i] += static_cast<double>(rows[r][u + i]);
+}
+
 }  // namespace
 
+// Four heads at a time (a group of another size is padded with copies of its last head, whose results are dropped):
+// the products of all tokens, the exact tokens' terms put in, the normalizers (unweighted_sum's lanes, four heads'
+// chains side by side), then one pass adding the heads to folded in head order. Every step keeps the per-head
+// definition's operations and order, so every path gives its bits.
 bool pq4_softmax_fold(const float* lut, int group, int k, const uint8_t* codes, int64_t n, const int64_t* exact,
                       const float* exact_logits, int64_t n_exact, float* folded) {
   if (k > kPq4MaxK || k <= 0 || n <= 0) return false;
@@ -354,47 +409,103 @@ bool pq4_softmax_fold(const float* lut, int group, int k, const uint8_t* codes, 
     ref[g] = m;
     shift[g] = m - sum;
   }
-  float* e = exp_scratch(static_cast<int64_t>(group) * n + n_exact);
-  float* exact_e = e + static_cast<int64_t>(group) * n;
-  alignas(64) float ej[4][kPq4MaxK] = {};
-  alignas(32) float a[kPq4MaxK * kPq4MaxK];
-  alignas(32) float b[kPq4MaxK * kPq4MaxK];
+  // scratch: four rows of n terms, then the four heads' exact terms
+  float* e = exp_scratch(4 * (n + n_exact));
+  float* row[4];
+  float* exact_e[4];
+  for (int i = 0; i < 4; ++i) {
+    row[i] = e + i * n;
+    exact_e[i] = e + 4 * n + i * n_exact;
+  }
+  alignas(64) float ej[4][4][kPq4MaxK] = {};  // [head of the four][sub-space][code]
+#ifdef KVRET_FOLD_AVX2
+  alignas(16) float t4[4][kPq4MaxK][4] = {};  // [sub-space][code][head of the four]
+#endif
+  thread_local std::vector<float> pair_tables;
   std::fill(folded, folded + n, 0.0f);
-  for (int g = 0; g < group; ++g) {
-    const float* l = lut + static_cast<int64_t>(g) * 4 * k;
-    for (int j = 0; j < 4; ++j)
-      exp_table(l + j * k, k, max_ignoring_nan(l + j * k, k), j == 0 ? &shift[g] : nullptr, ej[j]);
-    float* eg = e + static_cast<int64_t>(g) * n;
-    int64_t t = 0;
 #ifdef KVRET_FOLD_AVX2
-    if (cpu_has_avx512f()) t = pq4_products_avx512(ej, codes, n, eg);
+  const bool avx512 = cpu_has_avx512f(), avx2 = cpu_has_avx2(), vector_path = avx2 || avx512;
+#else
+  const bool vector_path = false;
 #endif
-    if (t < n) {
-      for (int c1 = 0; c1 < k; ++c1)
-        for (int c0 = 0; c0 < k; ++c0) {
-          a[c0 + k * c1] = ej[0][c0] * ej[1][c1];
-          b[c0 + k * c1] = ej[2][c0] * ej[3][c1];
+  for (int g0 = 0; g0 < group; g0 += 4) {
+    const int heads = std::min(4, group - g0);
+    for (int i = 0; i < 4; ++i) {
+      const int g = g0 + std::min(i, heads - 1);
+      const float* l = lut + static_cast<int64_t>(g) * 4 * k;
+      for (int j = 0; j < 4; ++j)
+        exp_table(l + j * k, k, max_ignoring_nan(l + j * k, k), j == 0 ? &shift[g] : nullptr, ej[i][j]);
+      exp_table(exact_logits + g * n_exact, n_exact, ref[g], nullptr, exact_e[i]);
+    }
+#ifdef KVRET_FOLD_AVX2
+    if (avx2 && !avx512)
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < k; ++c)
+          for (int i = 0; i < 4; ++i) t4[j][c][i] = ej[i][j][c];
+#endif
+    if (!vector_path) {  // the products of each head from its pair tables (k^2 products, then two loads per token)
+      pair_tables.resize(2 * static_cast<size_t>(k) * k);
+      float* pa = pair_tables.data();
+      float* pb = pa + k * k;
+      for (int i = 0; i < heads; ++i) {
+        for (int c1 = 0; c1 < k; ++c1)
+          for (int c0 = 0; c0 < k; ++c0) {
+            pa[c0 + k * c1] = ej[i][0][c0] * ej[i][1][c1];
+            pb[c0 + k * c1] = ej[i][2][c0] * ej[i][3][c1];
+          }
+        pq4_products_scalar(pa, pb, k, codes, n, row[i]);
+      }
+    }
+    // Block by block (the four rows of a block stay in L1): the products (vector paths), the exact tokens' terms put
+    // in, the lane sums of the normalizers (unweighted_sum's order; blocks are whole multiples of eight tokens but the
+    // last).
+    double lane[4][8] = {};
+    int64_t x0 = 0;  // the first exact token of the block
+    for (int64_t b0 = 0; b0 < n; b0 += kPq4Block) {
+      const int64_t len = std::min(kPq4Block, n - b0);
+      const uint8_t* bc = codes + b0 * 4;
+      float* brow[4];
+      for (int i = 0; i < 4; ++i) brow[i] = row[i] + b0;
+      int64_t done = 0;
+#ifdef KVRET_FOLD_AVX2
+      if (avx512) {
+        for (int i = 0; i < heads; ++i) done = pq4_products_avx512(ej[i], bc, len, brow[i]);
+      } else if (avx2) {
+        done = pq4_products4_avx2(&t4[0][0][0], bc, len, brow);
+      }
+#endif
+      for (int i = 0; i < heads && vector_path; ++i) {
+        for (int64_t t = done; t < len; ++t) {  // a vector path's remainder: the four table entries of each token
+          const uint8_t* c = bc + t * 4;
+          brow[i][t] = (ej[i][0][c[0]] * ej[i][1][c[1]]) * (ej[i][2][c[2]] * ej[i][3][c[3]]);
         }
-      pq4_products(a, b, k, codes + t * 4, n - t, eg + t);
+      }
+      int64_t x1 = x0;
+      while (x1 < n_exact && exact[x1] < b0 + len) ++x1;
+      for (int64_t x = x0; x < x1; ++x)
+        for (int i = 0; i < heads; ++i) row[i][exact[x]] = exact_e[i][x];
+      x0 = x1;
+      lane_sums4(brow, len, lane);
     }
-    exp_table(exact_logits + g * n_exact, n_exact, ref[g], nullptr, exact_e);
-    for (int64_t i = 0; i < n_exact; ++i) eg[exact[i]] = exact_e[i];
-    double z = 0;
-#ifdef KVRET_FOLD_AVX2
-    if (cpu_has_avx2())
-      z = unweighted_sum_avx2(eg, n);
-    else
-#endif
-      z = unweighted_sum(eg, n);
-    if (z <= 0) continue;
-    const float inv = static_cast<float>(1.0 / z);
-#ifdef KVRET_FOLD_AVX2
-    if (cpu_has_avx2()) {
-      accumulate_scaled_avx2(eg, inv, n, folded);
-      continue;
+    const int64_t whole = n / 8 * 8;
+    const float* add[4];
+    float inv[4];
+    int adding = 0;
+    for (int i = 0; i < heads; ++i) {
+      double z = 0;
+      for (const double x : lane[i]) z += x;
+      for (int64_t u = whole; u < n; ++u) z += row[i][u];
+      if (z <= 0) continue;
+      add[adding] = row[i];
+      inv[adding++] = static_cast<float>(1.0 / z);
     }
+    // folded += e * (1 / z), head after head
+    int64_t u = 0;
+#ifdef KVRET_FOLD_AVX2
+    if (avx2 && adding > 0) u = accumulate4_avx2(add, inv, adding, n, folded);
 #endif
-    for (int64_t u = 0; u < n; ++u) folded[u] += eg[u] * inv;
+    for (; u < n; ++u)
+      for (int a = 0; a < adding; ++a) folded[u] += add[a][u] * inv[a];
   }
   return true;
 }

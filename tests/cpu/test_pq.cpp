@@ -4,6 +4,8 @@
 // with exact tokens matches a per-token reference, and decode extension adds outliers with the strong guarantee.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <new>
 
@@ -666,6 +668,74 @@ TEST(PqExact, DecodeAddsOutliersAboveTheThresholdWithTheStrongGuarantee) {
                 reference_select(f.index, f.k.data, 2, 64, q, 4, h, budget, false))
           << "head " << h << " budget " << budget;
   }
+}
+
+// pq4_softmax_fold works on four query heads at a time and on blocks of tokens; its result is still the per-head
+// definition (gqa_fold.hpp), bit for bit, whatever the group size (padded to four), n (block edges, tails) and the
+// place of the exact tokens (block edges included), on every instruction set the CPU and KVRET_MAX_CPU_ISA allow.
+TEST(PqFold, FourHeadBlocksGiveThePerHeadDefinitionsBits) {
+  const auto bits = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+  };
+  for (const int k : {37, 64})
+    for (const int group : {2, 3, 8, 9})
+      for (const int64_t n : {1023, 1024, 1025, 2061}) {
+        auto lut = test::random_vector(static_cast<size_t>(group * 4 * k), static_cast<uint64_t>(n * 7 + group), 6.0f);
+        std::vector<uint8_t> codes(static_cast<size_t>(n * 4));
+        uint64_t state = static_cast<uint64_t>(n + k);
+        for (auto& c : codes) {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          c = static_cast<uint8_t>((state >> 33) % static_cast<uint64_t>(k));
+        }
+        std::vector<int64_t> exact;
+        for (int64_t t = 0; t < n; ++t) {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          if (t == 0 || t == 1023 || t == 1024 || t == n - 1 || (state >> 33) % 20 == 0) exact.push_back(t);
+        }
+        const auto n_exact = static_cast<int64_t>(exact.size());
+        const auto exact_logits = test::random_vector(static_cast<size_t>(group * n_exact), 11, 20.0f);
+        // the definition, head by head
+        std::vector<float> want(static_cast<size_t>(n), 0.0f), e(static_cast<size_t>(n));
+        for (int g = 0; g < group; ++g) {
+          const float* l = lut.data() + g * 4 * k;
+          float mx[4], sum = 0, ref = -INFINITY;
+          for (int j = 0; j < 4; ++j) {
+            mx[j] = -INFINITY;
+            for (int c = 0; c < k; ++c) mx[j] = std::max(mx[j], l[j * k + c]);
+            sum += mx[j];
+          }
+          ref = sum;
+          for (int64_t x = 0; x < n_exact; ++x) ref = std::max(ref, exact_logits[static_cast<size_t>(g * n_exact + x)]);
+          const float shift = ref - sum;
+          const auto ej = [&](int j, int c) {
+            return exp_nonpositive(j == 0 ? (l[c] - mx[0]) - shift : l[j * k + c] - mx[j]);
+          };
+          for (int64_t t = 0; t < n; ++t) {
+            const uint8_t* c = codes.data() + t * 4;
+            e[static_cast<size_t>(t)] = (ej(0, c[0]) * ej(1, c[1])) * (ej(2, c[2]) * ej(3, c[3]));
+          }
+          for (int64_t x = 0; x < n_exact; ++x)
+            e[static_cast<size_t>(exact[static_cast<size_t>(x)])] =
+                exp_nonpositive(exact_logits[static_cast<size_t>(g * n_exact + x)] - ref);
+          double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z = 0;
+          int64_t u = 0;
+          for (; u + 8 <= n; u += 8)
+            for (int i = 0; i < 8; ++i) lane[i] += e[static_cast<size_t>(u + i)];
+          for (const double y : lane) z += y;
+          for (; u < n; ++u) z += e[static_cast<size_t>(u)];
+          if (z <= 0) continue;
+          const auto inv = static_cast<float>(1.0 / z);
+          for (int64_t t = 0; t < n; ++t) want[static_cast<size_t>(t)] += e[static_cast<size_t>(t)] * inv;
+        }
+        std::vector<float> got(static_cast<size_t>(n), -1.0f);
+        ASSERT_TRUE(pq4_softmax_fold(lut.data(), group, k, codes.data(), n, exact.data(), exact_logits.data(), n_exact,
+                                     got.data()));
+        for (int64_t t = 0; t < n; ++t)
+          ASSERT_EQ(bits(got[static_cast<size_t>(t)]), bits(want[static_cast<size_t>(t)]))
+              << "k " << k << " group " << group << " n " << n << " t " << t;
+      }
 }
 
 }  // namespace
