@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define KVRET_HD __host__ __device__
+#define KVRET_BACKEND_HD __host__ __device__
 #else
-#define KVRET_HD
+#define KVRET_BACKEND_HD
 #endif
 
 namespace kvret::device_math {
@@ -16,7 +16,7 @@ namespace kvret::device_math {
 /// Element types as the backend's tensors carry them (the values of kvret::DType).
 enum ElemType : int32_t { kF16 = 0, kBF16 = 1, kF32 = 2, kI32 = 3 };
 
-KVRET_HD inline float bits_to_f32(uint32_t bits) {
+KVRET_BACKEND_HD inline float bits_to_f32(uint32_t bits) {
   union {
     uint32_t u;
     float f;
@@ -25,7 +25,7 @@ KVRET_HD inline float bits_to_f32(uint32_t bits) {
 }
 
 /// IEEE half -> f32 as the CPU core converts: exact for every number, every NaN the quiet NaN of its sign.
-KVRET_HD inline float f16_to_f32(uint16_t h) {
+KVRET_BACKEND_HD inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -41,12 +41,12 @@ KVRET_HD inline float f16_to_f32(uint16_t h) {
   return bits_to_f32(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
 }
 
-KVRET_HD inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+KVRET_BACKEND_HD inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
 
-KVRET_HD inline size_t elem_bytes(int32_t type) { return type == kF16 || type == kBF16 ? 2 : 4; }
+KVRET_BACKEND_HD inline size_t elem_bytes(int32_t type) { return type == kF16 || type == kBF16 ? 2 : 4; }
 
 /// Element i of a row of `type` at `row`, as f32.
-KVRET_HD inline float load_f32(const std::byte* row, int32_t type, int64_t i) {
+KVRET_BACKEND_HD inline float load_f32(const std::byte* row, int32_t type, int64_t i) {
   if (type == kF32) {
     float f;
     const auto* p = reinterpret_cast<const float*>(row) + i;
@@ -58,7 +58,7 @@ KVRET_HD inline float load_f32(const std::byte* row, int32_t type, int64_t i) {
 }
 
 /// Element i of a `src_type` row into a `dst_type` row (dst_type is src_type or f32: the gather's outputs).
-KVRET_HD inline void copy_element(const std::byte* src, int32_t src_type, std::byte* dst, int32_t dst_type, int64_t i) {
+KVRET_BACKEND_HD inline void copy_element(const std::byte* src, int32_t src_type, std::byte* dst, int32_t dst_type, int64_t i) {
   if (dst_type == src_type) {
     if (elem_bytes(src_type) == 4)
       reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
@@ -75,7 +75,7 @@ struct DeviceTensor {
   int32_t type = kF32;
   int64_t stride[3] = {0, 0, 0};
 
-  KVRET_HD std::byte* at(int64_t i0, int64_t i1 = 0, int64_t i2 = 0) const {
+  KVRET_BACKEND_HD std::byte* at(int64_t i0, int64_t i1 = 0, int64_t i2 = 0) const {
     return base + (i0 * stride[0] + i1 * stride[1] + i2 * stride[2]) * static_cast<int64_t>(elem_bytes(type));
   }
 };
@@ -89,7 +89,7 @@ struct AttentionLogits {
   int64_t rows;
   int32_t head_dim, group;
   float scale;
-  KVRET_HD void operator()(int64_t i) const {
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t h = i / rows, r = i % rows;
     const std::byte* qh = q.at(h);
     const std::byte* kr = k.at(h / group, r);
@@ -103,7 +103,7 @@ struct AttentionNormaliser {
   float* logits;  ///< [heads, rows]: replaced by exp(logit - max)
   float* inv_z;   ///< [heads]
   int64_t rows;
-  KVRET_HD void operator()(int64_t h) const {
+  KVRET_BACKEND_HD void operator()(int64_t h) const {
     float* l = logits + h * rows;
     float mx = l[0];
     for (int64_t r = 1; r < rows; ++r) mx = l[r] > mx ? l[r] : mx;
@@ -122,7 +122,7 @@ struct AttentionOutput {
   const float* inv_z;
   int64_t rows;
   int32_t head_dim, group;
-  KVRET_HD void operator()(int64_t i) const {
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t h = i / head_dim, t = i % head_dim;
     const float* w = weights + h * rows;
     float acc = 0.0f;
@@ -146,7 +146,7 @@ struct GatherRows {
   const RowCopy* rows;
   DeviceTensor k_out, v_out, positions;
   int32_t src_type, head_dim;
-  KVRET_HD void operator()(int64_t i) const {
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
     const RowCopy& c = rows[i / head_dim];
     const int64_t e = i % head_dim;
     copy_element(c.k_src, src_type, k_out.at(c.head, c.row), k_out.type, e);
