@@ -1,0 +1,318 @@
+// KVCrush's CPU core (src/select/kvcrush): signatures, Hamming grouping, representatives, the budget split.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "select/kvcrush.hpp"
+#include "select/topk.hpp"
+
+namespace {
+
+using namespace kvret;
+
+std::vector<float> random_scores(int64_t n, uint64_t seed, int distinct = 0) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> s(static_cast<size_t>(n));
+  for (auto& x : s) x = distinct > 0 ? static_cast<float>(g() % static_cast<uint64_t>(distinct)) : u(g);
+  return s;
+}
+
+/// The reference bits: per head, the tokens sorted by (score descending, index ascending), the first
+/// ceil(fraction * n) marked.
+std::vector<uint64_t> reference_bits(const std::vector<float>& imp, int heads, int64_t n, float fraction) {
+  const int words = (heads + 63) / 64;
+  std::vector<uint64_t> bits(static_cast<size_t>(n * words), 0);
+  int64_t k = static_cast<int64_t>(std::ceil(static_cast<double>(fraction) * static_cast<double>(n)));
+  k = std::max<int64_t>(1, std::min(k, n));
+  for (int h = 0; h < heads; ++h) {
+    std::vector<int64_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    const float* row = imp.data() + h * n;
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    for (int64_t i = 0; i < k; ++i)
+      bits[static_cast<size_t>(idx[static_cast<size_t>(i)] * words + h / 64)] |= 1ull << (h % 64);
+  }
+  return bits;
+}
+
+TEST(KvCrush, SignatureBitsEqualReference) {
+  for (int heads : {1, 7, 32, 64, 65, 130})
+    for (int64_t n : {1, 2, 9, 100, 1001})
+      for (float fraction : {0.5f, 0.25f, 0.1f, 1.0f})
+        for (int distinct : {0, 3}) {  // continuous scores and many ties
+          const auto imp = random_scores(heads * n, static_cast<uint64_t>(heads * 1000 + n), distinct);
+          std::vector<uint64_t> bits(static_cast<size_t>(n * signature_words(heads)), ~0ull);
+          signatures(imp.data(), heads, n, fraction, bits.data());
+          ASSERT_EQ(bits, reference_bits(imp, heads, n, fraction))
+              << "heads " << heads << " n " << n << " fraction " << fraction << " distinct " << distinct;
+          // each head marks exactly signature_marked(n, fraction) tokens
+          for (int h = 0; h < heads; ++h) {
+            int64_t marked = 0;
+            for (int64_t t = 0; t < n; ++t)
+              marked += (bits[static_cast<size_t>(t * signature_words(heads) + h / 64)] >> (h % 64)) & 1u;
+            ASSERT_EQ(marked, signature_marked(n, fraction));
+          }
+        }
+}
+
+TEST(KvCrush, HammingDistanceProperties) {
+  for (int heads : {1, 8, 64, 100}) {
+    const int words = signature_words(heads);
+    const int64_t n = 60;
+    const auto imp = random_scores(heads * n, 7u + static_cast<uint64_t>(heads));
+    std::vector<uint64_t> bits(static_cast<size_t>(n * words));
+    signatures(imp.data(), heads, n, 0.5f, bits.data());
+    for (int64_t a = 0; a < n; ++a) {
+      const uint64_t* ra = bits.data() + a * words;
+      EXPECT_EQ(hamming_distance(ra, ra, words), 0);
+      for (int64_t b = 0; b < n; ++b) {
+        const uint64_t* rb = bits.data() + b * words;
+        const int d = hamming_distance(ra, rb, words);
+        EXPECT_GE(d, 0);
+        EXPECT_LE(d, heads);
+        EXPECT_EQ(d, hamming_distance(rb, ra, words));
+        int ref = 0;
+        for (int h = 0; h < heads; ++h) ref += ((ra[h / 64] ^ rb[h / 64]) >> (h % 64)) & 1u;
+        EXPECT_EQ(d, ref);
+      }
+      // the complement is at distance heads
+      std::vector<uint64_t> inv(ra, ra + words);
+      for (int h = 0; h < heads; ++h) inv[static_cast<size_t>(h / 64)] ^= 1ull << (h % 64);
+      EXPECT_EQ(hamming_distance(ra, inv.data(), words), heads);
+    }
+  }
+}
+
+TEST(KvCrush, Anchors) {
+  const int heads = 70;
+  const int words = signature_words(heads);
+  std::vector<uint64_t> a(static_cast<size_t>(words)), b(static_cast<size_t>(words));
+  make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, a.data());
+  for (int h = 0; h < heads; ++h)
+    EXPECT_EQ((a[static_cast<size_t>(h / 64)] >> (h % 64)) & 1u, static_cast<uint64_t>(h % 2));
+  EXPECT_EQ(a[1] >> (heads % 64), 0u);
+  make_anchor(Anchor::kRandom, heads, 42, nullptr, nullptr, 0, a.data());
+  make_anchor(Anchor::kRandom, heads, 42, nullptr, nullptr, 0, b.data());
+  EXPECT_EQ(a, b);
+  make_anchor(Anchor::kRandom, heads, 43, nullptr, nullptr, 0, b.data());
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a[1] >> (heads % 64), 0u);
+  // majority over three tokens
+  const int64_t n = 3;
+  std::vector<uint64_t> bits(static_cast<size_t>(n * words), 0);
+  bits[0] = 0b011;  // token 0: heads 0, 1
+  bits[2] = 0b110;  // token 1: heads 1, 2
+  bits[4] = 0b100;  // token 2: head 2
+  const std::vector<int32_t> all{0, 1, 2}, two{0, 2};
+  make_anchor(Anchor::kMajority, heads, 0, bits.data(), all.data(), 3, a.data());
+  EXPECT_EQ(a[0], 0b110u);
+  EXPECT_EQ(a[1], 0u);
+  make_anchor(Anchor::kMajority, heads, 0, bits.data(), two.data(), 2, a.data());  // 1 of 2 is not a majority
+  EXPECT_EQ(a[0], 0u);
+}
+
+TEST(KvCrush, BucketsPartitionTheCandidates) {
+  for (int64_t c : {1, 5, 16, 17, 100, 1003})
+    for (int64_t buckets : {1, 2, 3, 7, 16, 100}) {
+      std::vector<int> owner(static_cast<size_t>(c), -1);
+      int64_t min_size = c, max_size = 0;
+      for (int64_t b = 0; b < buckets; ++b) {
+        const int64_t lo = bucket_begin(b, c, buckets), hi = bucket_begin(b + 1, c, buckets);
+        ASSERT_LE(lo, hi);
+        min_size = std::min(min_size, hi - lo);
+        max_size = std::max(max_size, hi - lo);
+        for (int64_t i = lo; i < hi; ++i) {
+          ASSERT_EQ(owner[static_cast<size_t>(i)], -1) << "candidate " << i << " in two buckets";
+          owner[static_cast<size_t>(i)] = static_cast<int>(b);
+        }
+      }
+      for (int64_t i = 0; i < c; ++i)
+        ASSERT_GE(owner[static_cast<size_t>(i)], 0) << "candidate " << i << " in no bucket";
+      EXPECT_LE(max_size - min_size, 1);
+      if (c >= buckets) {
+        EXPECT_GE(min_size, 1);
+      }
+    }
+}
+
+TEST(KvCrush, OrderByDistanceThenPosition) {
+  const int heads = 12;
+  const int words = signature_words(heads);
+  const int64_t n = 500;
+  const auto imp = random_scores(heads * n, 99);
+  std::vector<uint64_t> bits(static_cast<size_t>(n * words));
+  signatures(imp.data(), heads, n, 0.5f, bits.data());
+  std::vector<uint64_t> anchor(static_cast<size_t>(words));
+  make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, anchor.data());
+  std::vector<int32_t> cand;
+  for (int32_t p = 0; p < n; p += 1 + p % 3) cand.push_back(p);
+  std::vector<int32_t> ordered(cand.size());
+  order_by_distance(bits.data(), words, heads, anchor.data(), cand.data(), static_cast<int64_t>(cand.size()),
+                    ordered.data());
+  auto dist = [&](int32_t p) { return hamming_distance(bits.data() + p * words, anchor.data(), words); };
+  std::vector<int32_t> ref = cand;
+  std::sort(ref.begin(), ref.end(),
+            [&](int32_t a, int32_t b) { return std::make_pair(dist(a), a) < std::make_pair(dist(b), b); });
+  EXPECT_EQ(ordered, ref);
+}
+
+TEST(KvCrush, RepresentativesCoverEveryBucket) {
+  const int heads = 16;
+  const int words = signature_words(heads);
+  for (int64_t n : {40, 333, 2000})
+    for (float share : {0.1f, 0.25f, 0.5f, 0.9f})
+      for (Anchor anchor_kind : {Anchor::kRandom, Anchor::kAlternating, Anchor::kMajority}) {
+        const auto imp = random_scores(heads * n, static_cast<uint64_t>(n) * 3 + 1);
+        const auto score = random_scores(n, static_cast<uint64_t>(n) * 5 + 2);
+        std::vector<float> weight(static_cast<size_t>(n), 0.0f);
+        for (int h = 0; h < heads; ++h)
+          for (int64_t t = 0; t < n; ++t) weight[static_cast<size_t>(t)] += imp[static_cast<size_t>(h * n + t)];
+        std::vector<uint64_t> bits(static_cast<size_t>(n * words)), anchor(static_cast<size_t>(words));
+        signatures(imp.data(), heads, n, 0.5f, bits.data());
+        const int64_t budget = n / 4;
+        const BudgetSplit s = split_budget(budget, share);
+        ASSERT_EQ(s.important + s.representatives, budget);
+        ASSERT_EQ(s.representatives,
+                  static_cast<int64_t>(std::floor(static_cast<double>(share) * static_cast<double>(budget))));
+        std::vector<int32_t> imp_set(static_cast<size_t>(s.important));
+        topk_positions(score.data(), n, s.important, 0, imp_set.data());
+        std::vector<int32_t> cand(static_cast<size_t>(n)), ordered(static_cast<size_t>(n)),
+            reps(static_cast<size_t>(s.representatives));
+        const int64_t c = complement(0, n, imp_set.data(), s.important, cand.data());
+        ASSERT_EQ(c, n - s.important);
+        make_anchor(anchor_kind, heads, 5, bits.data(), cand.data(), c, anchor.data());
+        const int64_t r = representatives(bits.data(), words, heads, anchor.data(), weight.data(), cand.data(), c,
+                                          s.representatives, ordered.data(), reps.data());
+        ASSERT_EQ(r, std::min(c, s.representatives));
+        reps.resize(static_cast<size_t>(r));
+        const std::set<int32_t> important(imp_set.begin(), imp_set.end());
+        EXPECT_TRUE(std::is_sorted(reps.begin(), reps.end()));
+        EXPECT_EQ(std::set<int32_t>(reps.begin(), reps.end()).size(), reps.size()) << "duplicate representative";
+        for (int32_t p : reps) EXPECT_EQ(important.count(p), 0u) << "representative " << p << " is important";
+        // every non-empty bucket has exactly one representative, its heaviest member (ties: lower position)
+        std::set<int32_t> rep_set(reps.begin(), reps.end());
+        for (int64_t b = 0; b < s.representatives; ++b) {
+          const int64_t lo = bucket_begin(b, c, s.representatives), hi = bucket_begin(b + 1, c, s.representatives);
+          if (lo == hi) continue;
+          int in_bucket = 0;
+          int32_t best = ordered[static_cast<size_t>(lo)];
+          for (int64_t i = lo; i < hi; ++i) {
+            const int32_t p = ordered[static_cast<size_t>(i)];
+            in_bucket += static_cast<int>(rep_set.count(p));
+            const float wp = weight[static_cast<size_t>(p)], wb = weight[static_cast<size_t>(best)];
+            if (wp > wb || (wp == wb && p < best)) best = p;
+          }
+          EXPECT_EQ(in_bucket, 1) << "bucket " << b;
+          EXPECT_EQ(rep_set.count(best), 1u) << "bucket " << b;
+        }
+      }
+}
+
+TEST(KvCrush, ShareZeroIsTheBaseSelection) {
+  const int heads = 8;
+  for (int64_t n : {1, 10, 777})
+    for (int64_t budget : {int64_t{1}, n / 3 + 1, n}) {
+      const auto score = random_scores(n, static_cast<uint64_t>(n + budget), 4);  // ties too
+      const auto imp = random_scores(heads * n, 3);
+      std::vector<uint64_t> bits(static_cast<size_t>(n)), anchor(1);
+      signatures(imp.data(), heads, n, 0.5f, bits.data());
+      make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, anchor.data());
+      std::vector<int32_t> base(static_cast<size_t>(budget)), crushed(static_cast<size_t>(budget), -1);
+      topk_positions(score.data(), n, budget, 0, base.data());
+      crush_topk(score.data(), n, budget, 0.0f, 0, bits.data(), heads, anchor.data(), score.data(), crushed.data());
+      EXPECT_EQ(crushed, base);
+      // with a share: the same count, distinct, ascending, the important part kept
+      crush_topk(score.data(), n, budget, 0.5f, 0, bits.data(), heads, anchor.data(), score.data(), crushed.data());
+      EXPECT_TRUE(std::is_sorted(crushed.begin(), crushed.end()));
+      EXPECT_EQ(std::set<int32_t>(crushed.begin(), crushed.end()).size(), static_cast<size_t>(budget));
+      const BudgetSplit s = split_budget(budget, 0.5f);
+      std::vector<int32_t> top(static_cast<size_t>(s.important));
+      topk_positions(score.data(), n, s.important, 0, top.data());
+      for (int32_t p : top) EXPECT_TRUE(std::binary_search(crushed.begin(), crushed.end(), p));
+    }
+}
+
+TEST(KvCrush, SplitBudget) {
+  EXPECT_EQ(split_budget(100, 0.25f).representatives, 25);
+  EXPECT_EQ(split_budget(100, 0.25f).important, 75);
+  EXPECT_EQ(split_budget(3, 0.25f).representatives, 0);
+  EXPECT_EQ(split_budget(7, 0.5f).representatives, 3);  // floor
+  EXPECT_EQ(split_budget(100, 0.25f, 10).representatives, 10);
+  EXPECT_EQ(split_budget(100, 0.25f, 10).important, 90);
+  EXPECT_EQ(split_budget(100, 0.0f).important, 100);
+  EXPECT_EQ(split_budget(0, 0.5f).important, 0);
+}
+
+TEST(KvCrush, MergeSelectionKeepsScores) {
+  const std::vector<int32_t> a{2, 5, 9}, b{0, 6, 10};
+  const std::vector<float> as{0.5f, 0.25f, 0.125f};
+  std::vector<int32_t> out(6);
+  std::vector<float> os(6);
+  EXPECT_EQ(merge_selection(a.data(), as.data(), 3, b.data(), 3, -1.0f, out.data(), os.data()), 6);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 2, 5, 6, 9, 10}));
+  EXPECT_EQ(os, (std::vector<float>{-1.0f, 0.5f, 0.25f, -1.0f, 0.125f, -1.0f}));
+  // in place: out holds a in its first entries
+  std::vector<int32_t> in_place{2, 5, 9, -7, -7, -7};
+  merge_selection(in_place.data(), nullptr, 3, b.data(), 3, 0.0f, in_place.data(), nullptr);
+  EXPECT_EQ(in_place, (std::vector<int32_t>{0, 2, 5, 6, 9, 10}));
+}
+
+/// A straightforward SnapKV importance in double.
+std::vector<double> reference_snapkv(const std::vector<float>& win, int w, const std::vector<float>& keys, int64_t n,
+                                     int d, float scale) {
+  std::vector<double> imp(static_cast<size_t>(n), 0.0);
+  for (int j = 0; j < w; ++j) {
+    std::vector<double> l(static_cast<size_t>(n));
+    double mx = -1e300;
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0;
+      for (int e = 0; e < d; ++e)
+        s += static_cast<double>(win[static_cast<size_t>(j * d + e)]) * keys[static_cast<size_t>(t * d + e)];
+      l[static_cast<size_t>(t)] = s * scale;
+      mx = std::max(mx, l[static_cast<size_t>(t)]);
+    }
+    double z = 0;
+    for (double x : l) z += std::exp(x - mx);
+    for (int64_t t = 0; t < n; ++t) imp[static_cast<size_t>(t)] += std::exp(l[static_cast<size_t>(t)] - mx) / z;
+  }
+  return imp;
+}
+
+TEST(KvCrush, SnapKvImportance) {
+  const int w = 4, d = 16;
+  const int64_t n = 300;
+  const auto win = random_scores(w * d, 1), keys = random_scores(n * d, 2);
+  const float scale = 0.25f;
+  std::vector<float> imp(static_cast<size_t>(n)), lse(w), later(50);
+  snapkv_importance(win.data(), w, keys.data(), n, d, scale, imp.data(), lse.data());
+  const auto ref = reference_snapkv(win, w, keys, n, d, scale);
+  double total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_NEAR(imp[static_cast<size_t>(t)], ref[static_cast<size_t>(t)], 1e-5 * w);
+    total += imp[static_cast<size_t>(t)];
+  }
+  EXPECT_NEAR(total, w, 1e-3);  // w softmax rows
+  // later keys on the same scale: the first keys scored again give the same importance
+  window_importance(win.data(), w, lse.data(), keys.data(), 50, d, scale, later.data());
+  for (int64_t t = 0; t < 50; ++t) EXPECT_NEAR(later[static_cast<size_t>(t)], imp[static_cast<size_t>(t)], 1e-5);
+}
+
+TEST(KvCrush, AttentionAccumulatorAddsSteps) {
+  AttentionAccumulator acc(2);
+  const std::vector<float> step1{0.5f, 0.5f, 0.25f, 0.75f};                   // [2, 2]
+  const std::vector<float> step2{0.25f, 0.25f, 0.5f, 0.125f, 0.125f, 0.75f};  // [2, 3]
+  acc.add(step1.data(), 2);
+  acc.add(step2.data(), 3);
+  EXPECT_EQ(acc.tokens(), 3);
+  EXPECT_EQ(acc.importance(), (std::vector<float>{0.75f, 0.75f, 0.5f, 0.375f, 0.875f, 0.75f}));
+  acc.add(step1.data(), 2);  // a shorter step adds to the first tokens only
+  EXPECT_EQ(acc.importance(), (std::vector<float>{1.25f, 1.25f, 0.5f, 0.625f, 1.625f, 0.75f}));
+}
+
+}  // namespace
