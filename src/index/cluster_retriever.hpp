@@ -53,9 +53,9 @@ class ClusterRetriever final : public Retriever {
     int cluster_tokens = 80;      ///< tokens per cluster at prefill
     int decode_interval = 320;    ///< pending decode tokens clustered at a time
     int decode_k = 4;             ///< clusters per decode interval
-    int max_iters = 10;           ///< k-means iteration cap
+    int max_iters = 5;            ///< k-means iteration cap
     int segment_tokens = 8192;    ///< most tokens one prefill k-means clusters (cluster_segment_tokens; 0: no limit)
-    int sample_per_cluster = 16;  ///< k-means trains on at most this many keys per cluster (0: on every key)
+    int sample_per_cluster = 32;  ///< k-means trains on at most this many keys per cluster (0: on every key)
     uint64_t seed = 42;           ///< the layer's seed (config.seed and the layer)
   };
   /// One clustered run of positions [begin, end), owning clusters [first_cluster, first_cluster + clusters).
