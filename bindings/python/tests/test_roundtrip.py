@@ -270,3 +270,22 @@ def test_sequence_attend_equals_select_fetch_attend(sequence, rng):
     assert sequence.attend(0, q, budget=8, scale=0.2, out=out) is out
     ws8 = sequence.fetch(0, sequence.select(0, q, budget=8))
     np.testing.assert_array_equal(out, ctx.attend(q, ws8.k, ws8.v, scale=0.2))
+
+
+@pytest.mark.parametrize("bits,group", [(1, 32), (2, 64)])
+def test_quant_index_selects_from_its_low_bit_copy(rng, bits, group):
+    # The quant index: the settings by keyword, a selection of middle positions, and index bytes that are the KIVI
+    # copy: (bits + 32 / group) / 16 of the f16 keys and values of the quantized tokens, the rest in f16.
+    with make_context(index_kind="quant", quant_bits=bits, quant_group_size=group, quant_residual=0) as ctx:
+        config = ctx.config
+        assert (config["quant_bits"], config["quant_group_size"], config["quant_residual"]) == (bits, group, 0)
+        with ctx.open_sequence() as seq:
+            seq.append_prefill(0, *random_kv(rng))
+            positions = seq.select(0, rng.standard_normal((N_Q, D), dtype=np.float32))
+            assert positions.shape == (N_KV, BUDGET)
+            assert ((positions >= N_SINK) & (positions < TOKENS - N_LOCAL)).all()
+            middle = TOKENS - N_SINK - N_LOCAL
+            quantized = middle // group * group
+            f16_token = 2 * 2 * D  # keys and values
+            per_head = quantized * f16_token * (bits + 32 / group) / 16 + (middle - quantized) * f16_token
+            assert seq.stats()["index_bytes"] == N_KV * per_head
