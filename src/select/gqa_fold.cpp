@@ -504,8 +504,8 @@ bool pq4_softmax_fold(const float* lut, int group, int k, const uint8_t* codes, 
 #ifdef KVRET_FOLD_AVX2
     if (avx2 && adding > 0) u = accumulate4_avx2(add, inv, adding, n, folded);
 #endif
-    for (; u < n; ++u)
-      for (int a = 0; a < adding; ++a) folded[u] += add[a][u] * inv[a];
+    for (int a = 0; a < adding; ++a)  // the rest head by head (each folded[v] still adds the heads in order)
+      for (int64_t v = u; v < n; ++v) folded[v] += add[a][v] * inv[a];
   }
   return true;
 }
