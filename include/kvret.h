@@ -198,9 +198,10 @@ typedef struct kvret_config {
   /* SpeCache quantized copy (the quant index, docs/quant.md; quant_group_size and quant_residual are at the end) */
   int32_t quant_bits; /**< bits per quantized key and value element: 1 or 2; default 2 */
 
-  /* KVCrush hamming grouping (reserved) */
-  float hamming_fraction;  /**< part of the budget spent on bucket representatives; default 0 (off) */
-  int32_t hamming_buckets; /**< default 0 = automatic */
+  /* KVCrush hamming grouping (docs/kvcrush.md) */
+  float hamming_fraction;  /**< share of each select's budget spent on bucket representatives of the tokens left
+                                out, in [0, 1): floor(fraction * budget) of them; default 0 (off) */
+  int32_t hamming_buckets; /**< most representatives (buckets) per KV head and select; default 0 = no cap */
 
   /* storage and capacity */
   int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
@@ -340,7 +341,8 @@ KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_t
  *  >= count]), aligned with out_positions: the folded score the index ranked it by, higher first (for
  *  KVRET_FOLD_SUM_PROB the group's summed softmax probability, estimated by the index: a PQ cell's or a page's
  *  tokens share their cell's or page's score; for KVRET_FOLD_MAX_LOGIT the largest scaled logit). Scores compare
- *  within one call; a caller may weight, merge or threshold a selection with them. */
+ *  within one call; a caller may weight, merge or threshold a selection with them. With config.hamming_fraction
+ *  > 0, the KVCrush representatives score -infinity (they were not ranked by the query). */
 KVRET_API kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                            const kvret_tensor* out_positions, const kvret_tensor* out_scores,
                                            int32_t* out_count);

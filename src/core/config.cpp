@@ -170,8 +170,8 @@ void validate_config(const kvret_config& c) {
         "must be 32 or 64, got " + std::to_string(c.quant_group_size));
   check(c.quant_residual >= 0 && c.quant_residual <= 65536, "quant_residual",
         "must be in 0..65536, got " + std::to_string(c.quant_residual));
-  check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction", "must be in [0, 1)");
-  unsupported(c.hamming_fraction == 0.0f, "hamming grouping (config.hamming_fraction > 0)");
+  check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction",
+        "must be in [0, 1), got " + std::to_string(c.hamming_fraction));
   check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");
   check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
   check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
+#include "select/kvcrush.hpp"
 
 namespace kvret {
 
@@ -39,6 +40,7 @@ Sequence::Sequence(Context& ctx) : ctx_(ctx) {
     layers_.push_back(std::make_unique<LayerState>(
         l, HostKvStore(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.backend().pages()),
         ctx.kind().make(c, l)));
+  if (c.hamming_fraction > 0.0f) crush_.resize(static_cast<size_t>(c.n_layers));
 }
 
 Sequence::~Sequence() {
@@ -223,12 +225,14 @@ void Sequence::truncate(int64_t length) {
     stats_.host_bytes -= freed;
     ctx_.release_host_bytes(freed);
   }
+  for (KvCrushLayer& k : crush_) k.truncate(length);
 }
 
 std::unique_ptr<Sequence> Sequence::fork() {
   drain();  // no build changes a layer while it is copied (a failed one keeps its status here)
   auto child = std::make_unique<Sequence>(ctx_, ForkTag{});
   child->layers_.reserve(layers_.size());
+  child->crush_ = crush_;
   int64_t host_bytes = 0;
   for (const auto& l : layers_) {
     child->layers_.push_back(l->fork());
@@ -309,7 +313,17 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   stats_.selections += 1;
   SelectJob& job = p.job;
   job = SelectJob{};
+  p.representatives = 0;
+  p.layer = layer;
   if (count == 0) return;
+  int64_t important = count;
+  if (!crush_.empty()) {  // KVCrush: the retriever selects the important part, finish_select adds the rest
+    const BudgetSplit split = split_budget(count, c.hamming_fraction, c.hamming_buckets);
+    important = split.important;
+    p.representatives = split.representatives;
+    if (p.representatives > 0)
+      crush_[static_cast<size_t>(layer)].update(l.store(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  }
   job.retriever = &l.index();
   job.store = &l.store();
   job.out_rows = p.rows.data();
@@ -321,7 +335,7 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   r.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   r.mid_begin = g.mid_begin;
   r.mid_end = g.mid_end;
-  r.budget = count;
+  r.budget = important;
   r.fold = static_cast<kvret_gqa_fold>(c.gqa_fold);
   r.n_threads = ctx_.threads();
 }
@@ -337,6 +351,16 @@ int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t bud
 
 void Sequence::finish_select(PreparedSelect& p) {
   if (p.job.count == 0) return;  // nothing written
+  if (p.representatives > 0) {
+    const KvCrushLayer& crush = crush_[static_cast<size_t>(p.layer)];
+    const SelectRequest& r = p.job.request;
+    int64_t count = p.job.count;
+    for (int h = 0; h < ctx_.config().n_kv_heads; ++h)
+      count = crush.add_representatives(h, r.mid_begin, r.mid_end, p.rows[static_cast<size_t>(h)],
+                                        p.has_scores ? p.score_rows[static_cast<size_t>(h)] : nullptr, p.job.count,
+                                        p.representatives);
+    p.job.count = count;
+  }
   Backend& backend = ctx_.backend();
   backend.write_back(p.out_host, p.out);
   if (p.has_scores) backend.write_back(p.scores_host, p.scores);

@@ -9,6 +9,7 @@
 
 #include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
+#include "engine/kvcrush_layer.hpp"
 #include "engine/layer_state.hpp"
 #include "engine/stats.hpp"
 #include "index/retriever.hpp"
@@ -75,11 +76,16 @@ class Sequence {
     std::vector<int32_t*> rows;
     std::vector<float*> score_rows;
     SelectJob job;
+    /// KVCrush (config.hamming_fraction > 0): the representatives finish_select adds per head to the job's
+    /// selection of the important part of the budget, and the layer they come from.
+    int64_t representatives = 0;
+    int32_t layer = 0;
   };
   /// Validates (check_select), loads q, waits for the layer's build and fills p; the kind runs p.job.
   void prepare_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                       const TensorView* scores, PreparedSelect& p);
-  /// After the kind ran p.job: the selection into the caller's tensors (Backend::write_back).
+  /// After the kind ran p.job: KVCrush's representatives added (p.representatives), then the selection into the
+  /// caller's tensors (Backend::write_back).
   void finish_select(PreparedSelect& p);
   /// Selects (after check_select) and returns the count written.
   int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
@@ -128,6 +134,8 @@ class Sequence {
 
   Context& ctx_;
   std::vector<std::unique_ptr<LayerState>> layers_;
+  /// Per layer, KVCrush's signatures (empty unless config.hamming_fraction > 0).
+  std::vector<KvCrushLayer> crush_;
   AttendScratch attend_scratch_;
   StatCounters stats_;
 };

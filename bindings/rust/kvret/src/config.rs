@@ -297,13 +297,14 @@ impl Config {
         self
     }
 
-    /// `kvret_config.hamming_fraction`: part of the budget spent on bucket representatives; default 0 (off)
+    /// `kvret_config.hamming_fraction`: share of each select's budget spent on bucket representatives of the tokens left out, in [0, 1):
+    /// floor(fraction * budget) of them; default 0 (off)
     pub fn hamming_fraction(mut self, value: f32) -> Self {
         self.raw.hamming_fraction = value;
         self
     }
 
-    /// `kvret_config.hamming_buckets`: default 0 = automatic
+    /// `kvret_config.hamming_buckets`: most representatives (buckets) per KV head and select; default 0 = no cap
     pub fn hamming_buckets(mut self, value: impl ConfigInt) -> Self {
         self.raw.hamming_buckets = self.int_field("hamming_buckets", value);
         self

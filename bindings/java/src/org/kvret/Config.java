@@ -187,14 +187,17 @@ public final class Config {
   }
 
   /**
-   * kvret_config.hamming_fraction: part of the budget spent on bucket representatives; default 0
-   * (off)
+   * kvret_config.hamming_fraction: share of each select's budget spent on bucket representatives of
+   * the tokens left out, in [0, 1): floor(fraction * budget) of them; default 0 (off)
    */
   public float hammingFraction() {
     return fields.getHamming_fraction();
   }
 
-  /** kvret_config.hamming_buckets: default 0 = automatic */
+  /**
+   * kvret_config.hamming_buckets: most representatives (buckets) per KV head and select; default 0
+   * = no cap
+   */
   public int hammingBuckets() {
     return fields.getHamming_buckets();
   }
@@ -472,15 +475,18 @@ public final class Config {
     }
 
     /**
-     * kvret_config.hamming_fraction: part of the budget spent on bucket representatives; default 0
-     * (off)
+     * kvret_config.hamming_fraction: share of each select's budget spent on bucket representatives
+     * of the tokens left out, in [0, 1): floor(fraction * budget) of them; default 0 (off)
      */
     public Builder hammingFraction(float value) {
       fields.setHamming_fraction(value);
       return this;
     }
 
-    /** kvret_config.hamming_buckets: default 0 = automatic */
+    /**
+     * kvret_config.hamming_buckets: most representatives (buckets) per KV head and select; default
+     * 0 = no cap
+     */
     public Builder hammingBuckets(int value) {
       fields.setHamming_buckets(value);
       return this;
