@@ -14,12 +14,8 @@ Context::Context(const kvret_config& config, std::string disk_path, std::unique_
       backend_(backend ? std::move(backend) : make_backend(config)),
       disk_path_(std::move(disk_path)),
       threads_(resolve_threads(config.n_threads)) {
-  if (kind_ == nullptr) {  // neither built in nor registered
-    const int32_t k = config.index_kind;
-    require(k != KVRET_INDEX_QUANT, KVRET_ERR_UNSUPPORTED,
-            std::string("the QUANT index is not implemented in kvret ") + KVRET_VERSION_STRING);
-    throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(k));
-  }
+  if (kind_ == nullptr)  // neither built in nor registered
+    throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(config.index_kind));
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
 }
 
