@@ -3,58 +3,87 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/parallel.hpp"
+#include "index/retriever.hpp"
 #include "select/kvcrush.hpp"
+#include "select/topk.hpp"
 
 namespace kvret {
 
-void KvCrushLayer::update(const HostKvStore& store, float scale) {
+void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::vector<float>>& importance,
+                                 int64_t count) {
+  std::vector<int> distance(static_cast<size_t>(count));
+  std::vector<int64_t> per(static_cast<size_t>(heads_) + 1, 0);
+  for (int64_t t = 0; t < count; ++t) {
+    distance[static_cast<size_t>(t)] = hamming_distance(bits + t * words_, anchor_.data(), words_);
+    ++per[static_cast<size_t>(distance[static_cast<size_t>(t)])];
+  }
+  // everything that may throw first: the room in every list
+  bits_.reserve(static_cast<size_t>((n_ + count) * words_));
+  for (int d = 0; d <= heads_; ++d) {
+    const auto i = static_cast<size_t>(d);
+    by_distance_[i].reserve(by_distance_[i].size() + static_cast<size_t>(per[i]));
+    importance_by_distance_[i].reserve(importance_by_distance_[i].size() + static_cast<size_t>(per[i] * heads_));
+  }
+  bits_.resize(static_cast<size_t>(n_ * words_));
+  bits_.insert(bits_.end(), bits, bits + count * words_);
+  for (int64_t t = 0; t < count; ++t) {
+    const auto d = static_cast<size_t>(distance[static_cast<size_t>(t)]);
+    by_distance_[d].push_back(static_cast<int32_t>(n_ + t));
+    for (int h = 0; h < heads_; ++h)
+      importance_by_distance_[d].push_back(importance[static_cast<size_t>(h)][static_cast<size_t>(t)]);
+  }
+  n_ += count;
+}
+
+void KvCrushLayer::update(const HostKvStore& store, float scale, int n_threads) {
   const int64_t length = store.size();
   if (length <= n_) return;
-  const int heads = store.n_kv_heads();
-  const int d = store.head_dim();
-  const int words = signature_words(heads);
   if (window_end_ == 0) {
     // the first signatures: every token against the store's last keys
-    const int w = static_cast<int>(std::min<int64_t>(kWindow, length));
-    std::vector<float> window(static_cast<size_t>(heads) * w * d), lse(static_cast<size_t>(heads) * w),
-        threshold(static_cast<size_t>(heads)), keys(static_cast<size_t>(length) * d),
-        flat(static_cast<size_t>(heads) * static_cast<size_t>(length));
+    KvCrushLayer next;
+    next.heads_ = store.n_kv_heads();
+    next.words_ = signature_words(next.heads_);
+    next.d_ = store.head_dim();
+    next.w_ = static_cast<int>(std::min<int64_t>(kWindow, length));
+    next.scale_ = scale;
+    const int heads = next.heads_, d = next.d_, w = next.w_;
+    next.window_.resize(static_cast<size_t>(heads) * w * d);
+    next.lse_.resize(static_cast<size_t>(heads) * w);
+    next.threshold_.resize(static_cast<size_t>(heads));
+    next.anchor_.resize(static_cast<size_t>(next.words_));
+    make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, next.anchor_.data());
+    next.by_distance_.resize(static_cast<size_t>(heads) + 1);
+    next.importance_by_distance_.resize(static_cast<size_t>(heads) + 1);
+    std::vector<float> flat(static_cast<size_t>(heads) * length);
     std::vector<std::vector<float>> importance(static_cast<size_t>(heads));
-    std::vector<uint64_t> bits(static_cast<size_t>(length) * words);
-    for (int h = 0; h < heads; ++h) {
-      float* win = window.data() + static_cast<int64_t>(h) * w * d;
-      store.keys_f32(h, length - w, length, win);
-      store.keys_f32(h, 0, length, keys.data());
-      float* imp = flat.data() + static_cast<int64_t>(h) * length;
-      snapkv_importance(win, w, keys.data(), length, d, scale, imp, lse.data() + static_cast<int64_t>(h) * w);
-      importance[static_cast<size_t>(h)].assign(imp, imp + length);
-    }
+    std::vector<uint64_t> bits(static_cast<size_t>(length) * next.words_);
+    parallel_for(heads, n_threads, length * heads >= SelectRequest::kParallelLogits, Schedule::kDynamic,
+                 [&](int64_t h) {
+                   std::vector<float> keys(static_cast<size_t>(length) * d);
+                   float* win = next.window_.data() + h * w * d;
+                   store.keys_f32(static_cast<int>(h), length - w, length, win);
+                   store.keys_f32(static_cast<int>(h), 0, length, keys.data());
+                   float* imp = flat.data() + h * length;
+                   snapkv_importance(win, w, keys.data(), length, d, scale, imp, next.lse_.data() + h * w);
+                   importance[static_cast<size_t>(h)].assign(imp, imp + length);
+                 });
     signatures(flat.data(), heads, length, kMarkedFraction, bits.data());
     for (int h = 0; h < heads; ++h) {  // the smallest importance a head marked
       float t = std::numeric_limits<float>::infinity();
       for (int64_t p = 0; p < length; ++p)
-        if ((bits[static_cast<size_t>(p * words + h / 64)] >> (h % 64)) & 1u)
+        if ((bits[static_cast<size_t>(p * next.words_ + h / 64)] >> (h % 64)) & 1u)
           t = std::min(t, flat[static_cast<size_t>(h * length + p)]);
-      threshold[static_cast<size_t>(h)] = t;
+      next.threshold_[static_cast<size_t>(h)] = t;
     }
-    // commit (no throw below)
-    heads_ = heads;
-    words_ = words;
-    d_ = d;
-    w_ = w;
-    scale_ = scale;
-    window_.swap(window);
-    lse_.swap(lse);
-    threshold_.swap(threshold);
-    importance_.swap(importance);
-    bits_.swap(bits);
-    window_end_ = length;
-    n_ = length;
+    next.append_tokens(bits.data(), importance, length);
+    next.window_end_ = length;
+    *this = std::move(next);  // no throw
     return;
   }
   // later tokens: scored against the same window, marked at or above each head's threshold
   const int64_t added = length - n_;
-  std::vector<float> keys(static_cast<size_t>(added) * d);
+  std::vector<float> keys(static_cast<size_t>(added) * d_);
   std::vector<std::vector<float>> imp(static_cast<size_t>(heads_), std::vector<float>(static_cast<size_t>(added)));
   std::vector<uint64_t> bits(static_cast<size_t>(added) * words_, 0);
   for (int h = 0; h < heads_; ++h) {
@@ -66,17 +95,7 @@ void KvCrushLayer::update(const HostKvStore& store, float scale) {
       if (ih[static_cast<size_t>(t)] >= threshold_[static_cast<size_t>(h)])
         bits[static_cast<size_t>(t * words_ + h / 64)] |= uint64_t{1} << (h % 64);
   }
-  for (int h = 0; h < heads_; ++h)
-    importance_[static_cast<size_t>(h)].reserve(static_cast<size_t>(length));  // may throw: before any change
-  bits_.reserve(static_cast<size_t>(length) * words_);
-  for (int h = 0; h < heads_; ++h) {
-    std::vector<float>& all = importance_[static_cast<size_t>(h)];
-    all.resize(static_cast<size_t>(n_));
-    all.insert(all.end(), imp[static_cast<size_t>(h)].begin(), imp[static_cast<size_t>(h)].end());
-  }
-  bits_.resize(static_cast<size_t>(n_) * words_);
-  bits_.insert(bits_.end(), bits.begin(), bits.end());
-  n_ = length;
+  append_tokens(bits.data(), imp, added);
 }
 
 void KvCrushLayer::truncate(int64_t length) noexcept {
@@ -85,26 +104,58 @@ void KvCrushLayer::truncate(int64_t length) noexcept {
     *this = KvCrushLayer{};
     return;
   }
-  n_ = length;  // the vectors keep their tail until the next update overwrites it
+  for (size_t d = 0; d < by_distance_.size(); ++d) {
+    std::vector<int32_t>& list = by_distance_[d];
+    const auto keep = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), length) - list.begin());
+    list.resize(keep);
+    importance_by_distance_[d].resize(keep * static_cast<size_t>(heads_));
+  }
+  n_ = length;  // bits_ keeps its tail until the next append overwrites it
+}
+
+float KvCrushLayer::importance(int h, int64_t t) const noexcept {
+  const int d = hamming_distance(bits_.data() + t * words_, anchor_.data(), words_);
+  const std::vector<int32_t>& list = by_distance_[static_cast<size_t>(d)];
+  const auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), t) - list.begin());
+  return importance_by_distance_[static_cast<size_t>(d)][i * static_cast<size_t>(heads_) + static_cast<size_t>(h)];
 }
 
 int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                                           int64_t n_important, int64_t n_rep) const {
-  if (n_rep <= 0 || n_ < mid_end) return n_important;
-  thread_local std::vector<int32_t> candidates, ordered, reps;
-  const auto c_max = static_cast<size_t>(mid_end - mid_begin);
-  if (candidates.size() < c_max) {
-    candidates.resize(c_max);
-    ordered.resize(c_max);
+  const int64_t c = (mid_end - mid_begin) - n_important;  // the candidates
+  const int64_t buckets = std::min(n_rep, c);
+  if (buckets <= 0 || n_ < mid_end) return n_important;
+  thread_local std::vector<uint64_t> important;
+  thread_local std::vector<int32_t> reps;
+  important.assign(static_cast<size_t>((mid_end - mid_begin + 63) / 64), 0);
+  for (int64_t i = 0; i < n_important; ++i) {
+    const int64_t off = row[i] - mid_begin;
+    important[static_cast<size_t>(off / 64)] |= uint64_t{1} << (off % 64);
   }
-  if (reps.size() < static_cast<size_t>(n_rep)) reps.resize(static_cast<size_t>(n_rep));
-  const int64_t c = complement(mid_begin, mid_end, row, n_important, candidates.data());
-  thread_local std::vector<uint64_t> anchor;
-  anchor.resize(static_cast<size_t>(words_));
-  make_anchor(Anchor::kAlternating, heads_, 0, nullptr, nullptr, 0, anchor.data());
-  const int64_t r = representatives(bits_.data(), words_, heads_, anchor.data(), importance(h), candidates.data(), c,
-                                    n_rep, ordered.data(), reps.data());
-  return merge_selection(row, scores, n_important, reps.data(), r, -std::numeric_limits<float>::infinity(), row,
+  reps.resize(static_cast<size_t>(buckets));
+  // one pass over the candidates in (distance, position) order; bucket b ends at candidate bucket_begin(b + 1)
+  int64_t seen = 0, b = 0, end_b = bucket_begin(1, c, buckets);
+  uint64_t best = UINT64_MAX;
+  for (size_t d = 0; d < by_distance_.size() && b < buckets; ++d) {
+    const std::vector<int32_t>& list = by_distance_[d];
+    const float* imp = importance_by_distance_[d].data() + h;
+    auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), mid_begin) - list.begin());
+    for (; i < list.size(); ++i) {
+      const int32_t p = list[i];
+      if (p >= mid_end) break;
+      const int64_t off = p - mid_begin;
+      if ((important[static_cast<size_t>(off / 64)] >> (off % 64)) & 1u) continue;
+      best = std::min(best, descending_key(imp[i * static_cast<size_t>(heads_)], static_cast<uint32_t>(p)));
+      if (++seen == end_b) {  // buckets are never empty: c >= buckets
+        reps[static_cast<size_t>(b)] = static_cast<int32_t>(static_cast<uint32_t>(best));
+        best = UINT64_MAX;
+        if (++b == buckets) break;
+        end_b = bucket_begin(b + 1, c, buckets);
+      }
+    }
+  }
+  std::sort(reps.begin(), reps.begin() + b);
+  return merge_selection(row, scores, n_important, reps.data(), b, -std::numeric_limits<float>::infinity(), row,
                          scores);
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 #include "select/kvcrush.hpp"
@@ -322,7 +323,8 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
     important = split.important;
     p.representatives = split.representatives;
     if (p.representatives > 0)
-      crush_[static_cast<size_t>(layer)].update(l.store(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+      crush_[static_cast<size_t>(layer)].update(l.store(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                                                ctx_.threads());
   }
   job.retriever = &l.index();
   job.store = &l.store();
@@ -354,12 +356,13 @@ void Sequence::finish_select(PreparedSelect& p) {
   if (p.representatives > 0) {
     const KvCrushLayer& crush = crush_[static_cast<size_t>(p.layer)];
     const SelectRequest& r = p.job.request;
-    int64_t count = p.job.count;
-    for (int h = 0; h < ctx_.config().n_kv_heads; ++h)
-      count = crush.add_representatives(h, r.mid_begin, r.mid_end, p.rows[static_cast<size_t>(h)],
-                                        p.has_scores ? p.score_rows[static_cast<size_t>(h)] : nullptr, p.job.count,
-                                        p.representatives);
-    p.job.count = count;
+    std::vector<int64_t> counts(static_cast<size_t>(ctx_.config().n_kv_heads));
+    parallel_for(ctx_.config().n_kv_heads, r.n_threads, r.parallel(), Schedule::kStatic, [&](int64_t h) {
+      const auto i = static_cast<size_t>(h);
+      counts[i] = crush.add_representatives(static_cast<int>(h), r.mid_begin, r.mid_end, p.rows[i],
+                                            p.has_scores ? p.score_rows[i] : nullptr, p.job.count, p.representatives);
+    });
+    p.job.count = counts[0];  // the same for every head
   }
   Backend& backend = ctx_.backend();
   backend.write_back(p.out_host, p.out);

@@ -8,8 +8,12 @@
 #include <set>
 #include <vector>
 
+#include "core/tensor_view.hpp"
+#include "engine/kvcrush_layer.hpp"
 #include "select/kvcrush.hpp"
 #include "select/topk.hpp"
+#include "store/host_kv_store.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -313,6 +317,95 @@ TEST(KvCrush, AttentionAccumulatorAddsSteps) {
   EXPECT_EQ(acc.importance(), (std::vector<float>{0.75f, 0.75f, 0.5f, 0.375f, 0.875f, 0.75f}));
   acc.add(step1.data(), 2);  // a shorter step adds to the first tokens only
   EXPECT_EQ(acc.importance(), (std::vector<float>{1.25f, 1.25f, 0.5f, 0.625f, 1.625f, 0.75f}));
+}
+
+/// The sequence's per-layer state (engine/kvcrush_layer) against the library rules it keeps in lists: the
+/// signatures of the first update are signatures() of snapkv_importance over the last 32 keys, and
+/// add_representatives is complement + representatives() (alternating anchor) + merge_selection.
+TEST(KvCrush, LayerStateFollowsTheLibraryRules) {
+  const int heads = 8, d = 32;
+  const int64_t total = 900, prefill = 700, mid_begin = 4, local = 16;
+  test::F32 k({total, heads, d}), v({total, heads, d});
+  test::clustered_kv(total, heads, d, 17, k, v);
+  HostKvStore store{heads, d, DType::F32};
+  const auto kv = TensorView::from(&k, "k", kFloatTypes, {3});
+  const auto vv = TensorView::from(&v, "v", kFloatTypes, {3});
+  store.append(kv, vv, prefill, true);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  KvCrushLayer layer;
+  layer.update(store, scale);
+  ASSERT_EQ(layer.tokens(), prefill);
+  const int words = signature_words(heads);
+  {  // the first signatures
+    std::vector<float> imp(static_cast<size_t>(heads * prefill)), keys(static_cast<size_t>(prefill * d));
+    for (int h = 0; h < heads; ++h) {
+      store.keys_f32(h, 0, prefill, keys.data());
+      snapkv_importance(keys.data() + (prefill - KvCrushLayer::kWindow) * d, KvCrushLayer::kWindow, keys.data(),
+                        prefill, d, scale, imp.data() + h * prefill);
+      for (int64_t t = 0; t < prefill; ++t)
+        ASSERT_EQ(layer.importance(h, t), imp[static_cast<size_t>(h * prefill + t)]);
+    }
+    std::vector<uint64_t> bits(static_cast<size_t>(prefill * words));
+    signatures(imp.data(), heads, prefill, KvCrushLayer::kMarkedFraction, bits.data());
+    ASSERT_TRUE(std::equal(bits.begin(), bits.end(), layer.bits().begin()));
+  }
+  std::vector<uint64_t> anchor(static_cast<size_t>(words));
+  make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, anchor.data());
+  auto check = [&](int64_t length, uint64_t seed) {
+    const int64_t mid_end = length - local, mid = mid_end - mid_begin;
+    std::mt19937_64 g(seed);
+    for (const int64_t budget : {int64_t{1}, int64_t{8}, int64_t{100}, mid})
+      for (const float share : {0.25f, 0.5f, 0.9f})
+        for (int h = 0; h < heads; ++h) {
+          const BudgetSplit s = split_budget(budget, share);
+          std::vector<int32_t> all(static_cast<size_t>(mid));
+          std::iota(all.begin(), all.end(), static_cast<int32_t>(mid_begin));
+          std::shuffle(all.begin(), all.end(), g);
+          std::vector<int32_t> row(all.begin(), all.begin() + s.important);
+          std::sort(row.begin(), row.end());
+          std::vector<float> scores(row.size());
+          for (size_t i = 0; i < row.size(); ++i) scores[i] = static_cast<float>(i);
+          // the library's rule
+          std::vector<float> weight(static_cast<size_t>(length));
+          for (int64_t t = 0; t < length; ++t) weight[static_cast<size_t>(t)] = layer.importance(h, t);
+          std::vector<int32_t> cand(static_cast<size_t>(mid)), ordered(static_cast<size_t>(mid)),
+              reps(static_cast<size_t>(std::max<int64_t>(1, s.representatives)));
+          const int64_t c = complement(mid_begin, mid_end, row.data(), s.important, cand.data());
+          const int64_t r = representatives(layer.bits().data(), words, heads, anchor.data(), weight.data(),
+                                            cand.data(), c, s.representatives, ordered.data(), reps.data());
+          std::vector<int32_t> want(static_cast<size_t>(s.important + r));
+          std::vector<float> want_scores(want.size());
+          merge_selection(row.data(), scores.data(), s.important, reps.data(), r,
+                          -std::numeric_limits<float>::infinity(), want.data(), want_scores.data());
+          // the layer's
+          row.resize(static_cast<size_t>(budget));
+          scores.resize(static_cast<size_t>(budget));
+          const int64_t n = layer.add_representatives(h, mid_begin, mid_end, row.data(), scores.data(), s.important,
+                                                      s.representatives);
+          ASSERT_EQ(n, budget);
+          row.resize(static_cast<size_t>(n));
+          scores.resize(static_cast<size_t>(n));
+          ASSERT_EQ(row, want) << "length " << length << " budget " << budget << " share " << share << " head " << h;
+          ASSERT_EQ(scores, want_scores);
+        }
+  };
+  check(prefill, 1);
+  // decode tokens: scored against the same window and thresholds
+  test::F32 kt({total - prefill, heads, d}), vt({total - prefill, heads, d});
+  std::copy(k.data.begin() + prefill * heads * d, k.data.end(), kt.data.begin());
+  std::copy(v.data.begin() + prefill * heads * d, v.data.end(), vt.data.begin());
+  store.append(TensorView::from(&kt, "k", kFloatTypes, {3}), TensorView::from(&vt, "v", kFloatTypes, {3}),
+               total - prefill, true);
+  layer.update(store, scale);
+  ASSERT_EQ(layer.tokens(), total);
+  check(total, 2);
+  // truncation after the window keeps the lists' prefix; into the window, everything goes
+  layer.truncate(800);
+  store.truncate(800);
+  ASSERT_EQ(layer.tokens(), 800);
+  check(800, 3);
+  layer.truncate(600);
+  EXPECT_EQ(layer.tokens(), 0);
 }
 
 }  // namespace
