@@ -58,7 +58,7 @@ void KvCrushLayer::update(const HostKvStore& store, float scale, int n_threads) 
     std::vector<float> flat(static_cast<size_t>(heads) * length);
     std::vector<std::vector<float>> importance(static_cast<size_t>(heads));
     std::vector<uint64_t> bits(static_cast<size_t>(length) * next.words_);
-    parallel_for(heads, n_threads, length * heads >= SelectRequest::kParallelLogits, Schedule::kDynamic,
+    parallel_for(heads, n_threads, int64_t{w} * length * heads >= SelectRequest::kParallelLogits, Schedule::kDynamic,
                  [&](int64_t h) {
                    std::vector<float> keys(static_cast<size_t>(length) * d);
                    float* win = next.window_.data() + h * w * d;

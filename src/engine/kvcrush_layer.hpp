@@ -20,7 +20,8 @@ class KvCrushLayer {
   /// Brings the signatures up to the store's tokens: at the first call, the window (the store's last kWindow
   /// keys), every token's importance and bits, and each head's threshold (the importance of the last token it
   /// marked); later tokens are scored against the same window and marked when at or above the threshold. The first
-  /// call runs the KV heads on n_threads threads (for a layer of SelectRequest::kParallelLogits or more).
+  /// call runs the KV heads on n_threads threads when its window logits (window rows x tokens x heads) reach
+  /// SelectRequest::kParallelLogits.
   void update(const HostKvStore& store, float scale, int n_threads = 1);
   /// Forgets the tokens from `length` on; everything when the window lay beyond it (recomputed at the next
   /// update). Never throws.

@@ -244,6 +244,28 @@ TEST(KvCrushSelect, BucketsCapTheRepresentatives) {
   }
 }
 
+TEST(KvCrushSelect, ThreadsDoNotChangeTheSelection) {
+  // a layer large enough for the parallel paths (middle x query heads >= SelectRequest::kParallelLogits)
+  constexpr int64_t tokens = 4500;
+  F32 k({tokens, kHeads, kDim}), v({tokens, kHeads, kDim});
+  clustered_kv(tokens, kHeads, kDim, 23, k, v);
+  std::vector<std::vector<std::vector<int32_t>>> rows;
+  std::vector<std::vector<std::vector<float>>> scores;
+  for (const int threads : {1, 2}) {
+    kvret_config c = small_config(KVRET_INDEX_EXACT);
+    c.hamming_fraction = 0.25f;
+    c.n_threads = threads;
+    auto ctx = make_context(c);
+    Seq s(ctx.get());
+    prefill(s.s, 0, k, v, 0, tokens - 2);
+    decode(s.s, 0, k, v, tokens - 2, tokens);
+    scores.emplace_back();
+    rows.push_back(select_rows(s.s, query(31), 300, &scores.back()));
+  }
+  EXPECT_EQ(rows[0], rows[1]);
+  EXPECT_EQ(scores[0], scores[1]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, KvCrushSelect, ::testing::ValuesIn(kKinds),
                          [](const ::testing::TestParamInfo<int>& i) { return kind_name(i.param); });
 
