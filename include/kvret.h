@@ -243,6 +243,12 @@ typedef struct kvret_config {
                                        prefill is cut into ceil(n / this) segments of equal length, clustered
                                        apart, so the build is linear in the prefill length; 0 = the whole prefill
                                        in one k-means (quadratic in its length); default 8192 */
+
+  /* SpeCache's output rule (appended: older, smaller structs get the default) */
+  int32_t quant_attention; /**< 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the
+                                layer, the sink, local and selected tokens exact and every other middle token as the
+                                low-bit copy has it (computed on the host); 0 (default): over the working set, as
+                                for every other index. 1 needs index_kind = KVRET_INDEX_QUANT */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

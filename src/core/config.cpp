@@ -49,6 +49,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->quant_group_size = 64;
   c->quant_residual = 64;
   c->cluster_segment_tokens = 8192;
+  c->quant_attention = 0;
 }
 
 namespace {
@@ -74,7 +75,7 @@ void unsupported(bool ok, const std::string& what) {
               X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
                       X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)              \
-                          X(cluster_segment_tokens)
+                          X(cluster_segment_tokens) X(quant_attention)
 // clang-format on
 
 namespace {
@@ -170,6 +171,10 @@ void validate_config(const kvret_config& c) {
         "must be 32 or 64, got " + std::to_string(c.quant_group_size));
   check(c.quant_residual >= 0 && c.quant_residual <= 65536, "quant_residual",
         "must be in 0..65536, got " + std::to_string(c.quant_residual));
+  check(c.quant_attention == 0 || c.quant_attention == 1, "quant_attention",
+        "must be 0 or 1, got " + std::to_string(c.quant_attention));
+  check(c.quant_attention == 0 || c.index_kind == KVRET_INDEX_QUANT, "quant_attention",
+        "1 needs index_kind = KVRET_INDEX_QUANT (the low-bit copy it attends over)");
   check(c.hamming_fraction >= 0.0f && c.hamming_fraction < 1.0f, "hamming_fraction",
         "must be in [0, 1), got " + std::to_string(c.hamming_fraction));
   check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");

@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "core/attention.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
+#include "index/quant_retriever.hpp"
 #include "select/kvcrush.hpp"
 
 namespace kvret {
@@ -491,6 +494,10 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   Backend& backend = ctx_.backend();
   const kvret_tensor st = own_tensor(a.selected.data(), backend.host_memory(), selected_shape);
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
+  if (c.quant_attention != 0) {  // SpeCache's output rule, over the whole low-bit copy
+    attend_quantized(layer, qv, a.selected.data(), width, count, scale, ov);
+    return;
+  }
   // fetch into f32 buffers of our own, then attend over them
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
   const size_t kv_bytes = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim) * sizeof(float);
@@ -509,6 +516,31 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws, stream);
   backend.attend(c, qv, ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}), rows, scale,
                  ov, ctx_.threads(), stream);
+}
+
+void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width,
+                                int64_t count, float scale, const TensorView& out) {
+  const kvret_config& c = ctx_.config();
+  LayerState& l = layer_at(layer);
+  const auto* quant = dynamic_cast<const QuantRetriever*>(&l.index());
+  require(quant != nullptr, KVRET_ERR_INTERNAL, "config.quant_attention is set but the index is not the quant index");
+  Backend& backend = ctx_.backend();
+  std::vector<std::byte> q_copy, out_copy;
+  const std::vector<float> qf = load_query(backend.host_readable(q, q_copy), false);
+  const TensorView out_host = backend.host_writable(out, out_copy);
+  std::vector<const int32_t*> rows(static_cast<size_t>(c.n_kv_heads));
+  for (int h = 0; h < c.n_kv_heads; ++h) rows[static_cast<size_t>(h)] = selected + h * width;
+  std::vector<float> o(static_cast<size_t>(c.n_q_heads) * c.head_dim);
+  quant->attend_dense(l.store(), rows.data(), count, qf.data(), c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
+                      o.data(), ctx_.threads());
+  for (int h = 0; h < c.n_q_heads; ++h)
+    std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
+                static_cast<size_t>(c.head_dim) * sizeof(float));
+  backend.write_back(out_host, out);
+  const TokenGroups g = groups(layer);
+  stats_.fetches += 1;  // the exact rows it read: sink, selected, local
+  stats_.fetched_rows += (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;
+  stats_.cache_misses += (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {

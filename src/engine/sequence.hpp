@@ -122,6 +122,10 @@ class Sequence {
   LayerState& layer_at(int32_t layer) const;
   void check_layer(int32_t layer) const;
   void append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill);
+  /// kvret_seq_attend under config.quant_attention: after the select into `selected` ([n_kv_heads, width], count
+  /// per head), attention over every token with the low-bit copy standing in for the unselected middle.
+  void attend_quantized(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width, int64_t count,
+                        float scale, const TensorView& out);
   /// Indexes what an append moved into the middle: the entry of the token leaving the local window at decode, or a
   /// prefill build (now, or queued with config.background_build).
   void index_appended(int32_t layer, LayerState& l, bool prefill);

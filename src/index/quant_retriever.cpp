@@ -1,6 +1,7 @@
 #include "index/quant_retriever.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/error.hpp"
@@ -23,6 +24,56 @@ QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& p
     : n_kv_(n_kv_heads), d_(head_dim), p_(params) {
   heads_.reserve(static_cast<size_t>(n_kv_heads));
   for (int h = 0; h < n_kv_heads; ++h) heads_.emplace_back(head_dim, params);
+}
+
+void QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count,
+                                  const float* q, int group, float scale, float* out, int n_threads) const {
+  const int64_t n = store.size();
+  const int64_t begin = indexed_begin(), end = indexed_end();
+  parallel_for(n_kv_, n_threads, n * group >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
+    const auto h = static_cast<int>(h_i);
+    const KiviHead& head = heads_[static_cast<size_t>(h)];
+    std::vector<float> key(static_cast<size_t>(d_)), value(static_cast<size_t>(d_));
+    std::vector<double> acc(static_cast<size_t>(group) * d_, 0.0), m(static_cast<size_t>(group), -INFINITY),
+        z(static_cast<size_t>(group), 0.0);
+    const int32_t* sel = selected != nullptr ? selected[h] : nullptr;
+    int64_t next = 0;  // the next selected position not yet passed
+    for (int64_t t = 0; t < n; ++t) {
+      bool exact = t < begin || t >= end;
+      if (!exact && next < count && sel[next] == t) {
+        exact = true;
+        ++next;
+      }
+      if (exact) {
+        load_row_f32(store.key_row(h, t), store.dtype(), key.data(), static_cast<size_t>(d_));
+        load_row_f32(store.value_row(h, t), store.dtype(), value.data(), static_cast<size_t>(d_));
+      } else {
+        head.reconstruct(t - begin, key.data(), value.data());
+      }
+      for (int g = 0; g < group; ++g) {
+        const float* qg = q + static_cast<size_t>((h * group + g) * d_);
+        double logit = 0;
+        for (int i = 0; i < d_; ++i) logit += static_cast<double>(qg[i]) * key[static_cast<size_t>(i)];
+        logit *= scale;
+        double& mg = m[static_cast<size_t>(g)];
+        double* ag = acc.data() + static_cast<size_t>(g) * d_;
+        if (logit > mg) {  // a new maximum: rescale what was summed so far
+          const double r = std::exp(mg - logit);
+          z[static_cast<size_t>(g)] *= r;
+          for (int i = 0; i < d_; ++i) ag[i] *= r;
+          mg = logit;
+        }
+        const double w = std::exp(logit - mg);
+        z[static_cast<size_t>(g)] += w;
+        for (int i = 0; i < d_; ++i) ag[i] += w * value[static_cast<size_t>(i)];
+      }
+    }
+    for (int g = 0; g < group; ++g) {
+      float* o = out + static_cast<size_t>((h * group + g) * d_);
+      for (int i = 0; i < d_; ++i)
+        o[i] = static_cast<float>(acc[static_cast<size_t>(g) * d_ + i] / z[static_cast<size_t>(g)]);
+    }
+  });
 }
 
 int64_t QuantRetriever::bytes() const noexcept {

@@ -30,6 +30,15 @@ class QuantRetriever final : public Retriever {
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
+  /// SpeCache's output rule (config.quant_attention): attention of every query head over every token of the
+  /// layer, in which the sink and local windows and each KV head's `count` selected middle positions (ascending) are
+  /// the exact rows of `store` and every other indexed middle token is the low-bit copy's row. q: f32 [n_q_heads,
+  /// head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head; logits scaled by `scale`. Online
+  /// softmax per query head in double precision, tokens in position order. count = 0: pure low-bit attention over
+  /// the middle.
+  void attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count, const float* q, int group,
+                    float scale, float* out, int n_threads) const;
+
   // Introspection (tests, tools).
   const KiviParams& params() const noexcept { return p_; }
   const KiviHead& head(int h) const noexcept { return heads_[static_cast<size_t>(h)]; }

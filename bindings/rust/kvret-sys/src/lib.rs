@@ -146,6 +146,7 @@ pub struct kvret_config {
     pub quant_group_size: i32,
     pub quant_residual: i32,
     pub cluster_segment_tokens: i32,
+    pub quant_attention: i32,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -398,6 +398,15 @@ impl Config {
         self.raw.cluster_segment_tokens = self.int_field("cluster_segment_tokens", value);
         self
     }
+
+    /// `kvret_config.quant_attention`: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the layer, the sink,
+    /// local and selected tokens exact and every other middle token as the low-bit copy has it (computed on
+    /// the host); 0 (default): over the working set, as for every other index. 1 needs index_kind =
+    /// KVRET_INDEX_QUANT
+    pub fn quant_attention(mut self, value: impl ConfigInt) -> Self {
+        self.raw.quant_attention = self.int_field("quant_attention", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

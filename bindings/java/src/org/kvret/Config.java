@@ -300,6 +300,16 @@ public final class Config {
   public int clusterSegmentTokens() {
     return fields.getCluster_segment_tokens();
   }
+
+  /**
+   * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over
+   * every token of the layer, the sink, local and selected tokens exact and every other middle
+   * token as the low-bit copy has it (computed on the host); 0 (default): over the working set, as
+   * for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
+   */
+  public int quantAttention() {
+    return fields.getQuant_attention();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -601,6 +611,17 @@ public final class Config {
      */
     public Builder clusterSegmentTokens(int value) {
       fields.setCluster_segment_tokens(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends
+     * over every token of the layer, the sink, local and selected tokens exact and every other
+     * middle token as the low-bit copy has it (computed on the host); 0 (default): over the working
+     * set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
+     */
+    public Builder quantAttention(int value) {
+      fields.setQuant_attention(value);
       return this;
     }
     // </generated setters>
