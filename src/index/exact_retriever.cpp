@@ -30,10 +30,8 @@ int64_t ExactRetriever::select(const HostKvStore& store, const SelectRequest& r,
     }
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
-    topk_positions(folded.data(), n, r.budget, r.mid_begin, out_rows[h]);
-    if (out_scores != nullptr)
-      for (int64_t i = 0; i < r.budget; ++i)
-        out_scores[h][i] = folded[static_cast<size_t>(out_rows[h][i] - r.mid_begin)];
+    take_top_tokens(folded.data(), n, r.budget, r.mid_begin, out_rows[h],
+                    out_scores != nullptr ? out_scores[h] : nullptr);
   });
   return r.budget;
 }

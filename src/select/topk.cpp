@@ -146,4 +146,10 @@ void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int
   }
 }
 
+void take_top_tokens(const float* folded, int64_t n, int64_t k, int64_t base, int32_t* out, float* scores_out) {
+  topk_positions(folded, n, k, base, out);
+  if (scores_out != nullptr)
+    for (int64_t i = 0; i < k; ++i) scores_out[i] = folded[static_cast<size_t>(out[i] - base)];
+}
+
 }  // namespace kvret

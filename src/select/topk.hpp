@@ -36,4 +36,8 @@ inline uint64_t median3_pivot(uint64_t* keys, int64_t lo, int64_t hi) noexcept {
 /// Requires 0 <= k <= n.
 void topk_positions(const float* scores, int64_t n, int64_t k, int64_t base, int32_t* out);
 
+/// A per-token selection: topk_positions of the folded scores of positions [base, base + n), and, when `scores_out`
+/// is not null, the score of each position taken, aligned with `out`.
+void take_top_tokens(const float* folded, int64_t n, int64_t k, int64_t base, int32_t* out, float* scores_out);
+
 }  // namespace kvret
