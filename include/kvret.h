@@ -420,7 +420,7 @@ typedef struct kvret_stats {
   int64_t fetched_rows;  /**< working-set rows written */
   int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache) */
   int64_t cache_misses;  /**< rows read from host memory */
-  int64_t prefetch_hits; /**< rows served from blocks a prefetch loaded */
+  int64_t prefetch_hits; /**< fetched middle rows that the layer's last kvret_prefetch_async had selected */
   int64_t bytes_h2d;     /**< bytes moved host to device */
   int64_t disk_reads;    /**< disk tier reads */
   int64_t disk_writes;   /**< disk tier writes */
@@ -437,8 +437,11 @@ KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats
  * Experimental: may change between minor versions. Define KVRET_EXPERIMENTAL to see these declarations.
  * ------------------------------------------------------------------------------------------------------------- */
 #ifdef KVRET_EXPERIMENTAL
-/** Selects with a guessed next query and loads those blocks into the GPU block cache so that the next fetch hits.
- *  The CPU backend has no cache: it validates and returns KVRET_OK without doing anything. */
+/** Selects with a guessed next query (SpeCache's speculative token, or simply the current query; budget as in
+ *  kvret_select) and keeps that selection as the layer's prefetched rows: the layer's next fetch counts the rows it
+ *  takes from them in stats.prefetch_hits, so prefetch_hits / (rows fetched from the middle) is the speculative hit
+ *  rate. Nothing of the guess is stored. Counts as a selection in the stats. No backend loads rows ahead yet (a GPU
+ *  block cache would). A refused call keeps the last prefetch. */
 KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
                                             kvret_stream stream);
 /** Copies the raw stored keys and values of positions [begin, end) of `layer` into k and v

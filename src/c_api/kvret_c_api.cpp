@@ -443,11 +443,7 @@ kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_ten
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
     s.context().backend().check_stream(stream);
-    const auto qv = s.context().view(q_guess, "q_guess", kvret::kFloatTypes, {2});
-    const kvret_config& c = s.context().config();
-    qv.expect_dim(0, c.n_q_heads, "n_q_heads");
-    qv.expect_dim(1, c.head_dim, "head_dim");
-    (void)s.resolve_budget(layer, budget);  // validated; the CPU backend has no cache to warm
+    s.prefetch(layer, q_guess, budget);
   });
 }
 

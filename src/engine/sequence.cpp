@@ -442,6 +442,28 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
                         sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
                         &from_sources, stream);
+  if (!prefetched_.empty() && !prefetched_[static_cast<size_t>(layer)].empty()) {
+    // the rows of this fetch that the layer's last prefetch had selected (both ascending)
+    auto& guessed = prefetched_[static_cast<size_t>(layer)];
+    int64_t hits = 0;
+    for (int h = 0; h < c.n_kv_heads && count > 0; ++h) {
+      const auto& guess = guessed[static_cast<size_t>(h)];
+      const int32_t* s = rows_ptr[static_cast<size_t>(h)];
+      for (size_t i = 0, j = 0; i < static_cast<size_t>(count) && j < guess.size();) {
+        if (s[i] == guess[j]) {
+          ++hits;
+          ++i;
+          ++j;
+        } else if (s[i] < guess[j]) {
+          ++i;
+        } else {
+          ++j;
+        }
+      }
+    }
+    stats_.prefetch_hits += hits;
+    guessed.clear();
+  }
   stats_.fetches += 1;
   stats_.fetched_rows += rows * c.n_kv_heads;
   stats_.cache_hits += from_sources;  // rows a source before the host store served
@@ -473,6 +495,22 @@ void reserve(Backend& backend, std::unique_ptr<DeviceBuffer>& buffer, size_t byt
 }
 
 }  // namespace
+
+void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget) {
+  const kvret_config& c = ctx_.config();
+  const TensorView qv = ctx_.view(q_guess, "q_guess", kFloatTypes, {2});
+  check_layer(layer);
+  const int64_t width = std::max<int64_t>(resolve_budget(layer, budget), 1);
+  std::vector<int32_t> rows(static_cast<size_t>(c.n_kv_heads * width));
+  const std::vector<int64_t> shape{c.n_kv_heads, width};
+  const kvret_tensor st = own_tensor(rows.data(), ctx_.backend().host_memory(), shape);
+  const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
+  std::vector<std::vector<int32_t>> kept(static_cast<size_t>(c.n_kv_heads));
+  for (int h = 0; h < c.n_kv_heads; ++h)
+    kept[static_cast<size_t>(h)].assign(rows.begin() + h * width, rows.begin() + h * width + count);
+  if (prefetched_.empty()) prefetched_.resize(static_cast<size_t>(c.n_layers));
+  prefetched_[static_cast<size_t>(layer)] = std::move(kept);  // no throw from here
+}
 
 void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out,
                       kvret_stream stream) {

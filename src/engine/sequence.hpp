@@ -94,6 +94,10 @@ class Sequence {
   int64_t select(int32_t layer, const kvret_tensor* q, int32_t budget, const kvret_tensor* out,
                  const kvret_tensor* scores = nullptr);
 
+  /// kvret_prefetch_async: selects with the guessed query and keeps the selection (per KV head) as the layer's
+  /// prefetched rows; the layer's next fetch counts the rows it takes from them as prefetch hits and drops them.
+  void prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget);
+
   int64_t working_set_capacity(int32_t layer, int32_t budget) const;
   /// select + fetch + attention in one call (kvret_seq_attend).
   void attend(int32_t layer, const kvret_tensor* q, int32_t budget, float scale, const kvret_tensor* out,
@@ -138,6 +142,8 @@ class Sequence {
 
   Context& ctx_;
   std::vector<std::unique_ptr<LayerState>> layers_;
+  /// Per layer, the last prefetch's selection ([n_kv_heads] ascending positions), until the layer's next fetch.
+  std::vector<std::vector<std::vector<int32_t>>> prefetched_;
   /// Per layer, KVCrush's signatures (empty unless config.hamming_fraction > 0).
   std::vector<KvCrushLayer> crush_;
   AttendScratch attend_scratch_;

@@ -17,6 +17,7 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   s.cache_hits = cache_hits.load();
   s.cache_misses = cache_misses.load();
   s.bytes_h2d = bytes_h2d.load();
+  s.prefetch_hits = prefetch_hits.load();
   s.device_bytes = device_bytes.load();
   // Only the fields the caller's struct has.
 #define KVRET_ADD(field) \
@@ -32,6 +33,7 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   KVRET_ADD(cache_hits);
   KVRET_ADD(cache_misses);
   KVRET_ADD(bytes_h2d);
+  KVRET_ADD(prefetch_hits);
   KVRET_ADD(device_bytes);
 #undef KVRET_ADD
 }
@@ -46,6 +48,7 @@ void StatCounters::add_into(StatCounters& o) const noexcept {
   o.cache_hits += cache_hits.load();
   o.cache_misses += cache_misses.load();
   o.bytes_h2d += bytes_h2d.load();
+  o.prefetch_hits += prefetch_hits.load();
 }
 
 }  // namespace kvret

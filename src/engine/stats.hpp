@@ -19,6 +19,7 @@ struct StatCounters {
   std::atomic<int64_t> cache_hits{0};
   std::atomic<int64_t> cache_misses{0};
   std::atomic<int64_t> bytes_h2d{0};
+  std::atomic<int64_t> prefetch_hits{0};
   std::atomic<int64_t> device_bytes{0};  ///< live: the backend memory the sequence holds
 
   /// Adds these counters to *out (fields beyond out->struct_size are left alone).
