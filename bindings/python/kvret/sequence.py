@@ -229,7 +229,8 @@ class Sequence(Resource):
         return WorkingSet(k[:, :rows], v[:, :rows], rows_positions[:, :rows])
 
     def prefetch(self, layer, q_guess, budget=None, stream=None):
-        """Experimental: selects with a guessed next query and loads those blocks into the GPU block cache."""
+        """Experimental: selects with a guessed next query; the layer's next fetch counts the rows it takes from
+        that selection in stats()["prefetch_hits"] (the speculative hit rate). Nothing is loaded ahead yet."""
         ctx = self._context
         layer, budget = _args.layer(layer), _args.budget(budget)
         stream = _t.stream_handle(stream)

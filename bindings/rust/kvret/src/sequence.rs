@@ -383,8 +383,9 @@ impl<H: ContextHandle> SequenceOf<H> {
         Ok((k, v))
     }
 
-    /// Experimental: selects with a guessed next query (exactly `[n_q_heads, head_dim]`) and loads those blocks
-    /// into the GPU block cache.
+    /// Experimental: selects with a guessed next query (exactly `[n_q_heads, head_dim]`); the layer's next fetch
+    /// counts the rows it takes from that selection as prefetch hits (the speculative hit rate). Nothing is loaded
+    /// ahead yet.
     pub fn prefetch<Q: Element>(&mut self, layer: usize, q_guess: &[Q], budget: Option<usize>) -> Result<()> {
         let (n_q, _, d) = self.context.geometry();
         let q = TensorRef::named("q_guess", q_guess, &[n_q, d])?;

@@ -268,7 +268,10 @@ public final class Sequence implements AutoCloseable {
     }
   }
 
-  /** Experimental: selects with a guessed next query and loads those blocks into the GPU block cache. */
+  /**
+   * Experimental: selects with a guessed next query; the layer's next fetch counts the rows it takes from that
+   * selection as prefetch hits (the speculative hit rate). Nothing is loaded ahead yet.
+   */
   public void prefetch(int layer, Tensor qGuess, int budget, long stream) {
     synchronized (state) {
       KvretNative.kvret_prefetch_async(state.handle, layer, qGuess, budget, stream);
