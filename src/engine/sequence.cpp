@@ -576,9 +576,10 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
                 static_cast<size_t>(c.head_dim) * sizeof(float));
   backend.write_back(out_host, out);
   const TokenGroups g = groups(layer);
-  stats_.fetches += 1;  // the exact rows it read: sink, selected, local
-  stats_.fetched_rows += (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;
-  stats_.cache_misses += (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;
+  const int64_t exact_rows = (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;  // sink, selected, local
+  stats_.fetches += 1;
+  stats_.fetched_rows += exact_rows;
+  stats_.cache_misses += exact_rows;
 }
 
 void Sequence::read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const {

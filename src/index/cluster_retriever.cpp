@@ -321,9 +321,7 @@ void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
 
 int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& r, int32_t* const* out_rows,
                                  float* const* out_scores) const {
-  KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
-                "cluster index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
-                    std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+  require_covers(r, "cluster");
   const int64_t n_clusters = clusters();
   const int64_t first_pending = clustered_end();
   const int64_t n_pending = end_ - first_pending;

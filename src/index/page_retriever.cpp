@@ -146,9 +146,7 @@ void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
 
 int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
                               float* const* out_scores) const {
-  KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
-                "page index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
-                    std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+  require_covers(r, "page");
   const int64_t n = pages();
   const int group = r.group;
   std::vector<int32_t> weight(static_cast<size_t>(n), page_size_);

@@ -457,9 +457,7 @@ void PqRetriever::approximate_logits(int head, const float* q, float* out) const
 
 int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
                             float* const* out_scores) const {
-  KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
-                "PQ index covers [" + std::to_string(base_) + ", " + std::to_string(end_) + "), the middle is [" +
-                    std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+  require_covers(r, "PQ");
   const int64_t n = r.mid_end - r.mid_begin;
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);

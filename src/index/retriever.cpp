@@ -24,6 +24,12 @@ void Retriever::extend(const HostKvStore& store, int64_t begin, int64_t end, boo
   end_ = end;
 }
 
+void Retriever::require_covers(const SelectRequest& r, const char* what) const {
+  KVRET_REQUIRE(base_ == r.mid_begin && end_ == r.mid_end, KVRET_ERR_INTERNAL,
+                std::string(what) + " index covers [" + std::to_string(base_) + ", " + std::to_string(end_) +
+                    "), the middle is [" + std::to_string(r.mid_begin) + ", " + std::to_string(r.mid_end) + ")");
+}
+
 void Retriever::cut(const HostKvStore& store, int64_t end) noexcept {
   if (base_ < 0 || end >= end_) return;
   on_cut(store, end);

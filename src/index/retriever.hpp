@@ -90,6 +90,8 @@ class Retriever {
   /// cut's work for base_ <= ... < end_ (end may be at or below base_: drop everything); cut records the range.
   virtual void on_cut(const HostKvStore& store, int64_t end) noexcept { (void)store, (void)end; }
 
+  /// Throws KVRET_ERR_INTERNAL unless the indexed range is the request's middle (`what` names the index).
+  void require_covers(const SelectRequest& r, const char* what) const;
   /// The range, for save().
   void write_range(ByteWriter& w) const;
   /// A range written by write_range, checked against `store` (KVRET_ERR_CORRUPT); restore commits it with
