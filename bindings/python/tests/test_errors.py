@@ -74,6 +74,21 @@ def test_invalid_pq_exact_fraction(fraction):
     assert "pq_exact_fraction" in error.message
 
 
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"index_kind": "quant", "quant_group_size": 48}, "quant_group_size"),
+        ({"index_kind": "quant", "quant_residual": -1}, "quant_residual"),
+        ({"index_kind": "quant", "quant_attention": 2}, "quant_attention"),
+        ({"index_kind": "pq", "quant_attention": 1}, "quant_attention"),
+        ({"cluster_segment_tokens": -1}, "cluster_segment_tokens"),
+    ],
+)
+def test_invalid_quant_and_cluster_fields(overrides, field):
+    error = raised(lambda: make_context(**overrides), kvret.Status.INVALID_ARGUMENT)
+    assert field in error.message
+
+
 def test_error_is_a_runtime_error_and_pickles():
     import pickle
 

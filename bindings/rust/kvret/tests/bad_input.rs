@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvret::{Context, KvretError, Selection, Sequence, Status, TensorMut, TensorRef, WorkingSet, F16};
+use kvret::{Context, IndexKind, KvretError, Selection, Sequence, Status, TensorMut, TensorRef, WorkingSet, F16};
 
 /// A context with one sequence holding TOKENS tokens in layer 0, a query, and a selection of layer 0.
 fn prefilled(ctx: &Context) -> (Sequence<'_>, Vec<f32>, Selection) {
@@ -269,7 +269,15 @@ fn config_values_past_the_c_types_are_refused() {
         assert!(error.message().contains(field), "{error}");
     }
     // negative values reach the library, which names the field
-    for (config, field) in [(config().n_sink(-1), "n_sink"), (config().max_seq_tokens(-5i64), "max_seq_tokens")] {
+    for (config, field) in [
+        (config().n_sink(-1), "n_sink"),
+        (config().max_seq_tokens(-5i64), "max_seq_tokens"),
+        (config().index_kind(IndexKind::Quant).quant_group_size(48), "quant_group_size"),
+        (config().index_kind(IndexKind::Quant).quant_residual(-1), "quant_residual"),
+        (config().index_kind(IndexKind::Quant).quant_attention(2), "quant_attention"),
+        (config().index_kind(IndexKind::Pq).quant_attention(1), "quant_attention"),
+        (config().cluster_segment_tokens(-1), "cluster_segment_tokens"),
+    ] {
         let error = expect_status(Context::new(&config), Status::InvalidArgument);
         assert!(error.message().contains(field), "{error}");
     }

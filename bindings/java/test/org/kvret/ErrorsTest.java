@@ -68,6 +68,21 @@ public class ErrorsTest {
           expect(Status.INVALID_ARGUMENT, () -> Context.create(Fixtures.config().pqExactFraction(fraction).build()));
       assertTrue(e.getMessage(), e.getMessage().contains("pq_exact_fraction"));
     }
+    Config.Builder[] bad = {
+      Fixtures.config().indexKind(IndexKind.QUANT).quantGroupSize(48),
+      Fixtures.config().indexKind(IndexKind.QUANT).quantResidual(-1),
+      Fixtures.config().indexKind(IndexKind.QUANT).quantAttention(2),
+      Fixtures.config().indexKind(IndexKind.PQ).quantAttention(1),
+      Fixtures.config().clusterSegmentTokens(-1)
+    };
+    String[] fields = {
+      "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens"
+    };
+    for (int i = 0; i < bad.length; ++i) {
+      Config config = bad[i].build();
+      KvretException e = expect(Status.INVALID_ARGUMENT, () -> Context.create(config));
+      assertTrue(e.getMessage(), e.getMessage().contains(fields[i]));
+    }
   }
 
   @Test
