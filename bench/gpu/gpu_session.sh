@@ -5,11 +5,17 @@
 #   bash bench/gpu/gpu_session.sh check     # build + ctest -L gpu + compute-sanitizer memcheck
 #   bash bench/gpu/gpu_session.sh sanitize  # build (a no-op when warm) + racecheck, synccheck, initcheck
 #   bash bench/gpu/gpu_session.sh bench     # build (a no-op when warm) + kvret-bench-gpu + torch_peer.py
+#   bash bench/gpu/gpu_session.sh backend   # build + the whole C++ suite and the C program on the CUDA backend
+#   bash bench/gpu/gpu_session.sh backend-memcheck  # backend + memcheck of the backend's tests
+#   bash bench/gpu/gpu_session.sh backend-bench     # build + kvret-bench-backend (CPU vs CUDA backend per step)
+#   bash bench/gpu/gpu_session.sh proof     # build + backend + memcheck (backend and kernels) + the other sanitizers
+#   bash bench/gpu/gpu_session.sh first     # build + ctest -L gpu + backend + bench --quick (one cold call)
 #   bash bench/gpu/gpu_session.sh all       # everything (more than one 10-minute device call on a cold machine)
 #
 # Environment: BUILD (build folder, default build-gpu), GTEST_PREFIX (an installed GoogleTest to use when the
-# machine has none, e.g. build-deps/gtest carried from the development machine; see docs/cuda.md), QUICK=1 (the
-# benchmarks' --quick).
+# machine has none, e.g. build-deps/gtest carried from the development machine; see docs/cuda.md), GTEST_SOURCE
+# (GoogleTest's source, e.g. a copy of Debian's /usr/src/googletest: built and installed first when GTEST_PREFIX is
+# unset), QUICK=1 (the benchmarks' --quick).
 set -uo pipefail
 phase=${1:-all}
 OUT=${OUT:-$PWD/gpu-session-out}
@@ -20,7 +26,18 @@ summary="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 
 build() {
-  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+  { nvidia-smi; nvidia-smi -q | grep -iE 'product name|addressing|driver version|cuda version'; nvcc --version;
+    compute-sanitizer --version; nproc; } >"$OUT/nvidia-smi.txt" 2>&1
+  note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)" \
+    "$(nvidia-smi -q 2>/dev/null | grep -i 'addressing mode' | tr -s ' ')"
+  if [[ -z "${GTEST_PREFIX:-}" && -n "${GTEST_SOURCE:-}" ]]; then
+    GTEST_PREFIX=/tmp/kvret-gtest
+    if ! { cmake -S "$GTEST_SOURCE" -B /tmp/kvret-gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release &&
+      cmake --build /tmp/kvret-gtest-build && cmake --install /tmp/kvret-gtest-build --prefix "$GTEST_PREFIX"; } \
+      >"$OUT/gtest.txt" 2>&1; then
+      note "googletest: FAILED"; tail -30 "$OUT/gtest.txt"; return 1
+    fi
+  fi
   local prefix=()
   if [[ -n "${GTEST_PREFIX:-}" ]]; then prefix=(-DCMAKE_PREFIX_PATH="$(realpath "$GTEST_PREFIX")"); fi
   if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRET_CUDA=ON -DKVRET_BUILD_BINDINGS=OFF \
@@ -31,6 +48,9 @@ build() {
     note "build: FAILED"; tail -40 "$OUT/build.txt"; return 1
   fi
   ninja -C "$BUILD" kvret-bench-gpu >>"$OUT/build.txt" 2>&1 || note "kvret-bench-gpu: not built (see build.txt)"
+  ninja -C "$BUILD" kvret-bench-backend >>"$OUT/build.txt" 2>&1 || note "kvret-bench-backend: not built (see build.txt)"
+  ninja -C "$BUILD" test_cpu test_c_api_managed >>"$OUT/build.txt" 2>&1 ||
+    note "test_cpu/test_c_api_managed: not built (see build.txt)"
   note "build: ok"
 }
 
@@ -50,21 +70,57 @@ check() {
   (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/ctest.txt" 2>&1
   note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
   note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
-  sanitize memcheck 240 --leak-check full
+  sanitize memcheck "${MEMCHECK_SECONDS:-240}" --leak-check full
 }
 
 sanitizers() {
-  sanitize racecheck 240 --racecheck-report hazard
-  sanitize synccheck 120
-  sanitize initcheck 120
+  sanitize racecheck "${RACECHECK_SECONDS:-240}" --racecheck-report hazard
+  sanitize synccheck "${SYNCCHECK_SECONDS:-120}"
+  sanitize initcheck "${INITCHECK_SECONDS:-120}"
+}
+
+# memcheck over the CUDA backend's own tests and the suite's fetch and attend tests, on the GPU
+backend_memcheck() {
+  (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
+    timeout "${BACKEND_MEMCHECK_SECONDS:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$BUILD/bin/test_cpu" --gtest_brief=1 '--gtest_filter=*Cuda*:*Fetch*:*Attend*:*Working*' \
+      >"$OUT/backend_memcheck.txt" 2>&1)
+  note "memcheck of the CUDA backend's tests: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/backend_memcheck.txt" | tail -1)" \
+    "$(grep -E '^\[  (PASSED|FAILED) ' "$OUT/backend_memcheck.txt" | tr '\n' ' ')"
+}
+
+# The whole C++ suite and the C program against device_type = KVRET_DEVICE_CUDA on the GPU (as scripts/
+# cuda_backend_omp.sh does on Thrust's OpenMP system). The suite's tensors are ordinary host allocations labelled
+# KVRET_DEVICE_CUDA, which the GPU reaches only where the driver runs in HMM addressing mode; CUDA_LAUNCH_BLOCKING
+# makes every stream-ordered call complete before the suite reads its outputs.
+backend() {
+  local t=${BACKEND_SECONDS:-240}
+  (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
+    timeout "$t" "$BUILD/bin/test_cpu" --gtest_brief=1 >"$OUT/backend_cpu_suite.txt" 2>&1
+    echo "rc=$?" >>"$OUT/backend_cpu_suite.txt"
+    local c_api="$BUILD/bin/test_c_api_managed"  # its tensors in managed memory (tests/CMakeLists.txt)
+    [[ -x "$c_api" ]] || c_api="$BUILD/bin/test_c_api"
+    timeout 60 "$c_api" >"$OUT/backend_c_api.txt" 2>&1
+    echo "rc=$?" >>"$OUT/backend_c_api.txt")
+  note "C++ suite on the CUDA backend: $(tail -1 "$OUT/backend_cpu_suite.txt") $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/backend_cpu_suite.txt" | tr '\n' ' ')"
+  note "C program on the CUDA backend: $(tail -2 "$OUT/backend_c_api.txt" | tr '\n' ' ')"
+}
+
+# one decode step through the C ABI, CPU backend against CUDA backend
+backend_bench() {
+  local quick=()
+  if [[ "${QUICK:-0}" == 1 ]]; then quick=(--quick); fi
+  timeout "${BENCH_SECONDS:-400}" "$BUILD/bin/kvret-bench-backend" "${quick[@]}" >"$OUT/bench_backend.txt" 2>&1
+  note "kvret-bench-backend: rc=$?"
+  grep -hE '^section=backend' "$OUT/bench_backend.txt" | tee -a "$summary"
 }
 
 bench() {
   local quick=()
   if [[ "${QUICK:-0}" == 1 ]]; then quick=(--quick); fi
-  "$BUILD/bin/kvret-bench-gpu" "${quick[@]}" >"$OUT/bench_kvret.txt" 2>&1
+  timeout "${BENCH_SECONDS:-400}" "$BUILD/bin/kvret-bench-gpu" "${quick[@]}" >"$OUT/bench_kvret.txt" 2>&1
   note "kvret-bench-gpu: rc=$?"
-  python3 bench/gpu/torch_peer.py "${quick[@]}" >"$OUT/bench_torch.txt" 2>&1
+  timeout "${BENCH_SECONDS:-400}" python3 bench/gpu/torch_peer.py "${quick[@]}" >"$OUT/bench_torch.txt" 2>&1
   note "torch_peer.py: rc=$?"
   grep -hE '^(device|section=select|section=fetch)' "$OUT/bench_kvret.txt" "$OUT/bench_torch.txt" | tee -a "$summary"
 }
@@ -73,8 +129,17 @@ case "$phase" in
   check) build && check ;;
   sanitize) build && sanitizers ;;
   bench) build && bench ;;
-  all) build && check && sanitizers && bench ;;
-  *) echo "usage: $0 check|sanitize|bench|all" >&2; exit 2 ;;
+  backend) build && backend ;;
+  backend-memcheck) build && backend && backend_memcheck ;;
+  backend-bench) build && backend_bench ;;
+  proof) build && backend && backend_memcheck && sanitize memcheck "${MEMCHECK_SECONDS:-240}" --leak-check full &&
+    sanitizers ;;
+  first) build && { (cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) >"$OUT/ctest.txt" 2>&1
+    note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
+    note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
+    backend; QUICK=1 bench; } ;;
+  all) build && check && sanitizers && backend && bench && backend_bench ;;
+  *) echo "usage: $0 check|sanitize|bench|backend|backend-memcheck|backend-bench|proof|first|all" >&2; exit 2 ;;
 esac
 echo "---- summary ($OUT/summary.txt)"
 cat "$summary"

@@ -6,6 +6,9 @@
 #include <string.h>
 
 #include "kvret.h"
+#ifdef KVRET_TEST_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+#endif
 
 static int failures = 0;
 static int checks = 0;
@@ -30,9 +33,30 @@ static int checks = 0;
     }                                                                                              \
   } while (0)
 
-/* KVRET_TEST_DEVICE=cuda runs the program against the CUDA backend (in a build on Thrust's OpenMP host system,
- * where device memory is host memory) */
+/* KVRET_TEST_DEVICE=cuda runs the program against the CUDA backend: in a build on Thrust's OpenMP host system, where
+ * device memory is host memory, or, built with KVRET_TEST_CUDA_RUNTIME (target test_c_api_managed), on a GPU with
+ * every tensor in managed memory (run it there with CUDA_LAUNCH_BLOCKING=1) */
 static int32_t test_device = KVRET_DEVICE_CPU;
+
+static void* tensor_alloc(size_t bytes) {
+#ifdef KVRET_TEST_CUDA_RUNTIME
+  if (test_device == KVRET_DEVICE_CUDA) {
+    void* p = NULL;
+    return cudaMallocManaged(&p, bytes, cudaMemAttachGlobal) == cudaSuccess ? p : NULL;
+  }
+#endif
+  return malloc(bytes);
+}
+
+static void tensor_free(void* p) {
+#ifdef KVRET_TEST_CUDA_RUNTIME
+  if (test_device == KVRET_DEVICE_CUDA) {
+    (void)cudaFree(p);
+    return;
+  }
+#endif
+  free(p);
+}
 
 static kvret_tensor f32_tensor(float* data, int ndim, const int64_t* shape) {
   kvret_tensor t;
@@ -87,8 +111,8 @@ int main(void) {
 
   {
     const int64_t kv_shape[3] = {T, HKV, D};
-    float* k = malloc(sizeof(float) * T * HKV * D);
-    float* v = malloc(sizeof(float) * T * HKV * D);
+    float* k = tensor_alloc(sizeof(float) * T * HKV * D);
+    float* v = tensor_alloc(sizeof(float) * T * HKV * D);
     size_t i;
     kvret_tensor kt, vt;
     for (i = 0; i < (size_t)T * HKV * D; ++i) {
@@ -99,14 +123,17 @@ int main(void) {
     vt = f32_tensor(v, 3, kv_shape);
     for (layer = 0; layer < LAYERS; ++layer) CHECK_OK(kvret_append_prefill(seq, layer, &kt, &vt));
     CHECK_OK(kvret_wait_index(seq, -1));
-    free(k);
-    free(v);
+    tensor_free(k);
+    tensor_free(v);
   }
 
   for (layer = 0; layer < LAYERS; ++layer) {
     const int64_t q_shape[2] = {HQ, D};
     const int64_t one_shape[2] = {HKV, D};
-    float q[HQ * D], k1[HKV * D], v1[HKV * D], out[HQ * D];
+    float* q = tensor_alloc(sizeof(float) * HQ * D);
+    float* k1 = tensor_alloc(sizeof(float) * HKV * D);
+    float* v1 = tensor_alloc(sizeof(float) * HKV * D);
+    float* out = tensor_alloc(sizeof(float) * HQ * D);
     int32_t budget = 0, count = 0;
     int64_t length = 0, cap = 0, rows = 0;
     int h;
@@ -123,7 +150,7 @@ int main(void) {
     CHECK(budget == 200); /* 0.1 * 2001, rounded */
     {
       const int64_t sel_shape[2] = {HKV, budget};
-      int32_t* sel = malloc(sizeof(int32_t) * (size_t)HKV * (size_t)budget);
+      int32_t* sel = tensor_alloc(sizeof(int32_t) * (size_t)HKV * (size_t)budget);
       kvret_tensor st = i32_tensor(sel, 2, sel_shape);
       CHECK_OK(kvret_select(seq, layer, &qt, KVRET_BUDGET_DEFAULT, &st, &count));
       CHECK(count == budget);
@@ -132,9 +159,9 @@ int main(void) {
       {
         const int64_t ws_shape[3] = {HKV, cap, D};
         const int64_t pos_shape[2] = {HKV, cap};
-        float* wk = malloc(sizeof(float) * (size_t)(HKV * cap * D));
-        float* wv = malloc(sizeof(float) * (size_t)(HKV * cap * D));
-        int32_t* wp = malloc(sizeof(int32_t) * (size_t)(HKV * cap));
+        float* wk = tensor_alloc(sizeof(float) * (size_t)(HKV * cap * D));
+        float* wv = tensor_alloc(sizeof(float) * (size_t)(HKV * cap * D));
+        int32_t* wp = tensor_alloc(sizeof(int32_t) * (size_t)(HKV * cap));
         kvret_working_set ws;
         int64_t r;
         ws.k = f32_tensor(wk, 3, ws_shape);
@@ -153,9 +180,9 @@ int main(void) {
           CHECK_OK(kvret_attend(ctx, &qa, &ws.k, &ws.v, rows, 0.0f, &oa, NULL));
           for (h = 0; h < HQ * D; ++h) CHECK(isfinite(out[h]) && fabsf(out[h]) < 1.0f);
         }
-        free(wk);
-        free(wv);
-        free(wp);
+        tensor_free(wk);
+        tensor_free(wv);
+        tensor_free(wp);
       }
       /* bad input: a specific status and a message, nothing changed */
       CHECK(kvret_select(seq, layer, &qt, 0, &st, &count) == KVRET_ERR_BUDGET);
@@ -164,8 +191,12 @@ int main(void) {
       CHECK(kvret_select(NULL, layer, &qt, 10, &st, &count) == KVRET_ERR_INVALID_HANDLE);
       CHECK_OK(kvret_seq_length(seq, layer, &length));
       CHECK(length == T + 1);
-      free(sel);
+      tensor_free(sel);
     }
+    tensor_free(q);
+    tensor_free(k1);
+    tensor_free(v1);
+    tensor_free(out);
   }
 
   {

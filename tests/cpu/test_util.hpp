@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -16,6 +17,10 @@
 #include <vector>
 
 #include "kvret.h"
+
+#if KVRET_TEST_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+#endif
 
 namespace kvret::test {
 
@@ -57,6 +62,68 @@ inline int32_t device_type() {
 }
 /// Where the suite's tensors say they are.
 inline kvret_device device() { return {device_type(), 0}; }
+
+/// Memory for the suite's tensors: the heap, or, with KVRET_TEST_DEVICE=cuda in a build with the CUDA runtime (a real
+/// GPU), managed memory, which the GPU reaches and the tests read and write directly (run the suite there with
+/// CUDA_LAUNCH_BLOCKING=1, so that every stream-ordered call has finished when a test reads its outputs).
+template <class T>
+struct TensorAllocator {
+  using value_type = T;
+  TensorAllocator() = default;
+  template <class U>
+  TensorAllocator(const TensorAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+#if KVRET_TEST_CUDA_RUNTIME
+    if (device_type() == KVRET_DEVICE_CUDA) {
+      void* p = nullptr;
+      if (cudaMallocManaged(&p, n == 0 ? 1 : n * sizeof(T)) != cudaSuccess) throw std::bad_alloc();
+      return static_cast<T*>(p);
+    }
+#endif
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+#if KVRET_TEST_CUDA_RUNTIME
+    if (device_type() == KVRET_DEVICE_CUDA) {
+      (void)cudaFree(p);
+      return;
+    }
+#endif
+    std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const TensorAllocator<U>&) const noexcept {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const TensorAllocator<U>&) const noexcept {
+    return false;
+  }
+};
+/// A test tensor's elements: a vector in TensorAllocator's memory that converts to and from std::vector and compares
+/// with one.
+template <class T>
+struct TensorVector : std::vector<T, TensorAllocator<T>> {
+  using Base = std::vector<T, TensorAllocator<T>>;
+  using Base::Base;
+  TensorVector() = default;
+  TensorVector(const std::vector<T>& v) : Base(v.begin(), v.end()) {}
+  TensorVector& operator=(const std::vector<T>& v) {
+    this->assign(v.begin(), v.end());
+    return *this;
+  }
+  TensorVector& operator=(std::initializer_list<T> v) {
+    this->assign(v.begin(), v.end());
+    return *this;
+  }
+  operator std::vector<T>() const { return std::vector<T>(this->begin(), this->end()); }
+  friend bool operator==(const TensorVector& a, const TensorVector& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const TensorVector& a, const std::vector<T>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+};
 /// Memory the backend under test cannot reach (pageable host memory for the CUDA backend, device memory for the
 /// CPU's), for the device-check tests.
 inline kvret_device foreign_device() {
@@ -70,7 +137,7 @@ inline void init_config(kvret_config* c) {
 
 template <class T>
 struct Buffer {
-  std::vector<T> data;
+  TensorVector<T> data;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // empty = row-major
   kvret_tensor t{};

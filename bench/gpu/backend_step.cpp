@@ -1,0 +1,193 @@
+// kvret-bench-backend: one decode step through the C ABI on the CPU backend and on the CUDA backend, in one run.
+//
+// For each backend, index kind and context length: a one-layer context (32 query heads, 8 KV heads, head_dim 128,
+// f16 KV), a prefill of clustered random keys, then per step kvret_select alone and kvret_seq_attend (select +
+// fetch + attention) followed by kvret_synchronize. On the CUDA backend q, the prefill and out are device memory
+// (cudaMalloc), as an engine holds them. Prints the median microseconds of each, and the prefill + index build.
+//
+//   kvret-bench-backend [--quick] [--steps=N]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvret.h"
+
+namespace {
+
+constexpr int kQHeads = 32;
+constexpr int kKvHeads = 8;
+constexpr int kHeadDim = 128;
+
+#define BENCH_CHECK(call)                                                                             \
+  do {                                                                                                \
+    const kvret_status status_ = (call);                                                              \
+    if (status_ != KVRET_OK) {                                                                        \
+      std::fprintf(stderr, "kvret-bench-backend: %s: %s (%s)\n", #call, kvret_status_string(status_), \
+                   kvret_last_error());                                                               \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+#define CUDA_CHECK(call)                                                                    \
+  do {                                                                                      \
+    const cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "kvret-bench-backend: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+/// A float tensor on `device`: host memory for the CPU backend, cudaMalloc'd memory for the CUDA backend.
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> host;
+  void* device_data = nullptr;
+  kvret_tensor t{};
+
+  Tensor(std::vector<int64_t> s, int32_t device_type, const std::vector<float>* init) : shape(std::move(s)) {
+    size_t n = 1;
+    for (int64_t e : shape) n *= static_cast<size_t>(e);
+    host.assign(n, 0.0f);
+    if (init != nullptr) host = *init;
+    t.data = host.data();
+    if (device_type == KVRET_DEVICE_CUDA) {
+      CUDA_CHECK(cudaMalloc(&device_data, n * sizeof(float)));
+      CUDA_CHECK(cudaMemcpy(device_data, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      t.data = device_data;
+    }
+    t.device = {device_type, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = {KVRET_DTYPE_FLOAT, 32, 1};
+    t.shape = shape.data();
+  }
+  ~Tensor() {
+    if (device_data != nullptr) (void)cudaFree(device_data);
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+const char* index_name(int kind) {
+  switch (kind) {
+    case KVRET_INDEX_EXACT:
+      return "exact";
+    case KVRET_INDEX_PQ:
+      return "pq";
+    case KVRET_INDEX_PAGE:
+      return "page";
+    default:
+      return "?";
+  }
+}
+
+void run(int32_t device_type, int index_kind, int tokens, int steps, int threads) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  const size_t kv_n = static_cast<size_t>(tokens) * kKvHeads * kHeadDim;
+  std::vector<float> keys(kv_n), values(kv_n), centers(64 * kKvHeads * kHeadDim);
+  for (auto& c : centers) c = 2.0f * n01(rng);
+  for (int t = 0; t < tokens; ++t) {
+    const size_t c = rng() % 64;
+    for (size_t i = 0; i < static_cast<size_t>(kKvHeads * kHeadDim); ++i) {
+      keys[static_cast<size_t>(t) * kKvHeads * kHeadDim + i] = centers[c * kKvHeads * kHeadDim + i] + 0.5f * n01(rng);
+      values[static_cast<size_t>(t) * kKvHeads * kHeadDim + i] = n01(rng);
+    }
+  }
+  kvret_config c;
+  BENCH_CHECK(kvret_config_init(&c));
+  c.n_layers = 1;
+  c.n_q_heads = kQHeads;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kHeadDim;
+  c.index_kind = index_kind;
+  c.n_threads = threads;
+  c.device_type = device_type;
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  BENCH_CHECK(kvret_create(&c, &ctx));
+  BENCH_CHECK(kvret_seq_open(ctx, &seq));
+  double build_ms = 0;
+  {
+    Tensor k({tokens, kKvHeads, kHeadDim}, device_type, &keys), v({tokens, kKvHeads, kHeadDim}, device_type, &values);
+    const auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(kvret_append_prefill(seq, 0, &k.t, &v.t));
+    BENCH_CHECK(kvret_wait_index(seq, -1));
+    build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  int32_t budget = 0;
+  BENCH_CHECK(kvret_seq_budget(seq, 0, &budget));
+  std::vector<float> q_init(static_cast<size_t>(kQHeads * kHeadDim));
+  Tensor out({kQHeads, kHeadDim}, device_type, nullptr);
+  Tensor selected_f({kKvHeads, budget}, device_type, nullptr);  // storage for the selection (int32 view below)
+  kvret_tensor sel = selected_f.t;
+  sel.dtype = {KVRET_DTYPE_INT, 32, 1};
+  std::vector<double> select_us, attend_us;
+  for (int s = 0; s < steps + 3; ++s) {
+    for (auto& x : q_init) x = n01(rng);
+    Tensor q({kQHeads, kHeadDim}, device_type, &q_init);
+    int32_t count = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(kvret_select(seq, 0, &q.t, KVRET_BUDGET_DEFAULT, &sel, &count));
+    BENCH_CHECK(kvret_synchronize(ctx, nullptr));
+    auto t1 = std::chrono::steady_clock::now();
+    BENCH_CHECK(kvret_seq_attend(seq, 0, &q.t, KVRET_BUDGET_DEFAULT, 0.0f, &out.t, nullptr));
+    BENCH_CHECK(kvret_synchronize(ctx, nullptr));
+    auto t2 = std::chrono::steady_clock::now();
+    if (s < 3) continue;  // warm-up: the sequence's buffers grow on the first steps
+    select_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    attend_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+  }
+  std::printf(
+      "section=backend backend=%s index=%s tokens=%d kv_heads=%d q_heads=%d head_dim=%d budget=%d threads=%d "
+      "prefill_build_ms=%.1f select_us=%.1f seq_attend_us=%.1f\n",
+      device_type == KVRET_DEVICE_CUDA ? "cuda" : "cpu", index_name(index_kind), tokens, kKvHeads, kQHeads, kHeadDim,
+      budget, threads, build_ms, median(select_us), median(attend_us));
+  std::fflush(stdout);
+  BENCH_CHECK(kvret_seq_close(seq));
+  BENCH_CHECK(kvret_destroy(ctx));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int steps = 30;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+      steps = 10;
+    } else if (std::strncmp(argv[i], "--steps=", 8) == 0) {
+      steps = std::max(1, std::atoi(argv[i] + 8));
+    } else {
+      std::fprintf(stderr, "usage: kvret-bench-backend [--quick] [--steps=N]\n");
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("kvret-bench-backend: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device=\"%s\"\n", prop.name);
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const std::vector<int> lengths = quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768};
+  for (const int tokens : lengths)
+    for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_EXACT})
+      for (const int32_t device : {KVRET_DEVICE_CPU, KVRET_DEVICE_CUDA}) run(device, kind, tokens, steps, threads);
+  return 0;
+}
