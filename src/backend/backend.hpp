@@ -33,6 +33,9 @@ class Backend {
   virtual PageAllocator& pages() noexcept = 0;
   /// Throws KVRET_ERR_DEVICE unless this backend's calls can read and write `t`'s memory.
   virtual void check_access(const TensorView& t) const = 0;
+  /// Throws KVRET_ERR_DEVICE unless this backend's device code can read and write `t`'s memory in place (the
+  /// working set and attention's tensors; the CPU backend: whatever check_access accepts).
+  virtual void check_kernel_access(const TensorView&) const {}
   /// Checks that work can be ordered on `stream` (the CPU backend completes every call before it returns and
   /// accepts any stream).
   virtual void check_stream(kvret_stream stream) const = 0;

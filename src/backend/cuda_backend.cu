@@ -8,6 +8,7 @@
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cpp/execution_policy.h>
+#include <thrust/system_error.h>
 
 #include <cstring>
 #include <new>
@@ -60,10 +61,15 @@ class DeviceScope {
   int previous_ = 0;
 };
 
-/// f(i) for i in [0, n), in stream order on `stream`.
+/// f(i) for i in [0, n), in stream order on `stream`; a failed launch is KVRET_ERR_CUDA.
 template <class F>
 void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
-  thrust::for_each_n(thrust::cuda::par_nosync.on(cuda_stream(stream)), thrust::counting_iterator<int64_t>(0), n, f);
+  try {
+    thrust::for_each_n(thrust::cuda::par_nosync.on(cuda_stream(stream)), thrust::counting_iterator<int64_t>(0), n, f);
+  } catch (const thrust::system_error& e) {
+    (void)cudaGetLastError();
+    throw Error(KVRET_ERR_CUDA, std::string("thrust::for_each_n: ") + e.what());
+  }
 }
 
 /// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
@@ -91,19 +97,39 @@ void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool) { 
 #endif
 
 /// n uninitialised elements of device memory (nothing runs on the device to make or free them); throws
-/// std::bad_alloc.
+/// std::bad_alloc when the device is out of memory, KVRET_ERR_CUDA on another error. Freeing never throws: an error
+/// of the device (sticky) is reported by the context's next call.
 template <class T>
 class DeviceArray {
  public:
-  explicit DeviceArray(size_t n) : p_(thrust::device_malloc<T>(n == 0 ? 1 : n)), n_(n) {}
-  ~DeviceArray() { thrust::device_free(p_); }
+  explicit DeviceArray(size_t n) : n_(n) {
+#if KVRET_ON_GPU
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, (n == 0 ? 1 : n) * sizeof(T));
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    check_cuda(e, "cudaMalloc");
+    p_ = static_cast<T*>(p);
+#else
+    p_ = thrust::raw_pointer_cast(thrust::device_malloc<T>(n == 0 ? 1 : n));
+#endif
+  }
+  ~DeviceArray() {
+#if KVRET_ON_GPU
+    (void)cudaFree(p_);
+#else
+    thrust::device_free(thrust::device_pointer_cast(p_));
+#endif
+  }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const noexcept { return thrust::raw_pointer_cast(p_); }
+  T* get() const noexcept { return p_; }
   size_t size() const noexcept { return n_; }
 
  private:
-  thrust::device_ptr<T> p_;
+  T* p_ = nullptr;
   size_t n_;
 };
 
@@ -155,14 +181,28 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id) {}
+  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id) {
+#if KVRET_ON_GPU
+    int pageable = 0;
+    if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_id_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      pageable = 0;
+    }
+    pageable_access_ = pageable != 0;
+#endif
+  }
 
   const char* name() const noexcept override { return "cuda"; }
   PageAllocator& pages() noexcept override { return pages_; }
 
   void check_access(const TensorView& t) const override {
     const kvret_device d = t.device();
-    if (d.device_type == KVRET_DEVICE_CUDA_HOST) return;
+    if (d.device_type == KVRET_DEVICE_CUDA_HOST) {
+#if KVRET_ON_GPU
+      check_memory(t);
+#endif
+      return;
+    }
     require(d.device_type == KVRET_DEVICE_CUDA, KVRET_ERR_DEVICE,
             t.name() + ": device type " + std::to_string(d.device_type) +
                 " is not reachable by the CUDA backend (use memory of CUDA device " + std::to_string(device_id_) +
@@ -170,7 +210,43 @@ class CudaBackend final : public Backend {
     require(d.device_id == device_id_, KVRET_ERR_DEVICE,
             t.name() + ": is on CUDA device " + std::to_string(d.device_id) + "; the context uses device " +
                 std::to_string(device_id_) + " (config.device_id)");
+#if KVRET_ON_GPU
+    check_memory(t);
+#endif
   }
+#if KVRET_ON_GPU
+  /// The driver's view of t's memory (cudaMemoryTypeUnregistered for pageable host memory).
+  static cudaPointerAttributes attributes(const TensorView& t) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, t.data()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    return a;
+  }
+  /// The label against the memory itself: the host reads memory labelled KVRET_DEVICE_CUDA_HOST directly, so device
+  /// memory under that label would make it fault; and another GPU's memory is refused whatever its label.
+  void check_memory(const TensorView& t) const {
+    if (t.data() == nullptr || t.extent_bytes() == 0) return;
+    const cudaPointerAttributes a = attributes(t);
+    require(t.device().device_type != KVRET_DEVICE_CUDA_HOST || a.type != cudaMemoryTypeDevice, KVRET_ERR_DEVICE,
+            t.name() + ": is labelled KVRET_DEVICE_CUDA_HOST but is device memory (label it KVRET_DEVICE_CUDA)");
+    require(a.type != cudaMemoryTypeDevice || a.device == device_id_, KVRET_ERR_DEVICE,
+            t.name() + ": is memory of CUDA device " + std::to_string(a.device) + "; the context uses device " +
+                std::to_string(device_id_) + " (config.device_id)");
+  }
+  /// Memory a kernel reads or writes (the working set, attention's inputs and output): pageable host memory, where
+  /// the GPU has no pageable memory access, would make the kernel fault, and a fault on the device ends every later
+  /// call of the process. (Calls that read or write a tensor on the host copy it with cudaMemcpy, which reaches
+  /// pageable memory too.)
+  void check_kernel_access(const TensorView& t) const override {
+    if (pageable_access_ || t.data() == nullptr || t.extent_bytes() == 0) return;
+    require(attributes(t).type != cudaMemoryTypeUnregistered, KVRET_ERR_DEVICE,
+            t.name() + ": is pageable host memory, which kernels on CUDA device " + std::to_string(device_id_) +
+                " cannot reach; pass memory from cudaMalloc or cudaMallocManaged, or pinned memory (cudaHostAlloc, "
+                "cudaHostRegister)");
+  }
+#endif
   void check_stream(kvret_stream) const override {}
   void synchronize(kvret_stream stream) override {
 #if KVRET_ON_GPU
@@ -223,6 +299,9 @@ class CudaBackend final : public Backend {
       write_back(host.positions, out.positions);
       return rows;
     }
+    check_kernel_access(out.k);
+    check_kernel_access(out.v);
+    check_kernel_access(out.positions);
     if (served_by_sources != nullptr) *served_by_sources = 0;
     const int heads = store.n_kv_heads();
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
@@ -253,6 +332,7 @@ class CudaBackend final : public Backend {
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
               float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
     check_attend(config, q, k, v, rows, scale, out);
+    for (const TensorView* t : {&q, &k, &v, &out}) check_kernel_access(*t);
     DeviceScope scope(device_id_);
     const int32_t d = config.head_dim;
     const int64_t heads = config.n_q_heads;
@@ -270,6 +350,7 @@ class CudaBackend final : public Backend {
 
  private:
   int device_id_;
+  [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
 };
 

@@ -520,6 +520,8 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   ov.expect_dim(0, c.n_q_heads, "n_q_heads");
   ov.expect_dim(1, c.head_dim, "head_dim");
   require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
+  ctx_.backend().check_kernel_access(qv);
+  ctx_.backend().check_kernel_access(ov);
   // select into a buffer of our own
   check_layer(layer);
   require(length(layer) > 0, KVRET_ERR_STATE, "attend on " + layer_name(layer) + ", which holds no tokens");

@@ -101,6 +101,78 @@ TEST_F(OnCudaBackend, ItReadsDeviceAndPinnedMemoryAndRefusesTheRest) {
   test::expect_ok(kvret_seq_close(seq));
 }
 
+#if KVRET_TEST_CUDA_RUNTIME
+/// On a GPU: memory that does not match its label is refused before anything runs: device memory labelled as pinned
+/// (the host would fault reading it), and pageable host memory where a kernel would read or write it in place (the
+/// working set, attention's q and out) on a GPU without pageable memory access (a fault on the device would end
+/// every later call of the process). The context goes on working.
+TEST_F(OnCudaBackend, OnAGpuMemoryThatDoesNotMatchItsLabelIsRefused) {
+  int devices = 0, pageable = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0), cudaSuccess);
+  auto ctx = test::make_context(test::small_config(KVRET_INDEX_EXACT));
+  kvret_seq* seq = nullptr;
+  test::expect_ok(kvret_seq_open(ctx.get(), &seq));
+  F32 k({300, 2, 64}), v({300, 2, 64});
+  test::clustered_kv(300, 2, 64, 5, k, v);
+  void* device_keys = nullptr;
+  ASSERT_EQ(cudaMalloc(&device_keys, k.data.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(device_keys, k.data.data(), k.data.size() * sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  kvret_tensor kt = k.t;
+  kt.data = device_keys;
+  kt.device = {KVRET_DEVICE_CUDA_HOST, 0};
+  EXPECT_EQ(kvret_append_prefill(seq, 0, &kt, &v.t), KVRET_ERR_DEVICE);
+  EXPECT_NE(std::string(kvret_last_error()).find("k: is labelled KVRET_DEVICE_CUDA_HOST but is device memory"),
+            std::string::npos)
+      << kvret_last_error();
+  int64_t length = -1;
+  test::expect_ok(kvret_seq_length(seq, 0, &length));
+  EXPECT_EQ(length, 0) << "a refused append stores nothing";
+  kt.device = {KVRET_DEVICE_CUDA, 0};  // rightly labelled: stored
+  test::expect_ok(kvret_append_prefill(seq, 0, &kt, &v.t));
+  EXPECT_EQ(cudaFree(device_keys), cudaSuccess);
+
+  F32 q({8, 64});
+  q.data = test::random_vector(8 * 64, 3);
+  I32 sel({2, 20});
+  int32_t count = 0;
+  test::expect_ok(kvret_select(seq, 0, &q.t, 20, &sel.t, &count));
+  test::WorkingSetBuffers ws(seq, 0, count, 2, 64);
+  std::vector<float> pageable_k(ws.k.data.size()), pageable_q(q.data.begin(), q.data.end()), pageable_out(8 * 64);
+  kvret_working_set pageable_ws = ws.ws;
+  pageable_ws.k.data = pageable_k.data();
+  kvret_tensor pageable_qt = q.t, pageable_outt = q.t;
+  pageable_qt.data = pageable_q.data();
+  pageable_outt.data = pageable_out.data();
+  F32 out({8, 64});
+  kvret_stats before, after;
+  test::expect_ok(kvret_stats_init(&before));
+  test::expect_ok(kvret_stats_init(&after));
+  test::expect_ok(kvret_seq_stats(seq, &before));
+  int64_t rows = 0;
+  if (pageable == 0) {
+    EXPECT_EQ(kvret_fetch_async(seq, 0, &sel.t, count, &pageable_ws, &rows, nullptr), KVRET_ERR_DEVICE);
+    EXPECT_NE(std::string(kvret_last_error()).find("out.k: is pageable host memory"), std::string::npos)
+        << kvret_last_error();
+    EXPECT_EQ(kvret_seq_attend(seq, 0, &pageable_qt, 20, 0.0f, &out.t, nullptr), KVRET_ERR_DEVICE);
+    EXPECT_NE(std::string(kvret_last_error()).find("q: is pageable host memory"), std::string::npos)
+        << kvret_last_error();
+    EXPECT_EQ(kvret_seq_attend(seq, 0, &q.t, 20, 0.0f, &pageable_outt, nullptr), KVRET_ERR_DEVICE);
+    EXPECT_NE(std::string(kvret_last_error()).find("out: is pageable host memory"), std::string::npos)
+        << kvret_last_error();
+    test::expect_ok(kvret_seq_stats(seq, &after));
+    EXPECT_EQ(after.fetches, before.fetches) << "refused calls change nothing";
+    EXPECT_EQ(after.selections, before.selections);
+  }
+  // the context goes on working
+  test::expect_ok(kvret_fetch_async(seq, 0, &sel.t, count, &ws.ws, &rows, nullptr));
+  test::expect_ok(kvret_synchronize(ctx.get(), nullptr));
+  ws.expect_stored_keys(rows, k.data, 2, 64);
+  test::expect_ok(kvret_seq_attend(seq, 0, &q.t, 20, 0.0f, &out.t, nullptr));
+  test::expect_ok(kvret_seq_close(seq));
+}
+#endif
+
 /// select, fetch, attend and read on this backend equal the CPU backend's, bit for bit where no arithmetic is
 /// involved (positions, gathered rows, read rows), and the copies of device outputs leave every element between
 /// the written ones as it was.
