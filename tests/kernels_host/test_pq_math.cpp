@@ -115,14 +115,15 @@ TEST(PqMath, ClampTokensToTheLaunchBound) {
 }
 
 TEST(PqScoresLayout, TablesOncePerHeadThenPartials) {
-  // 2 sequences, 32 query heads, m = 2, 6 bits, 5000 tokens: 3 chunks
+  // 2 sequences, 32 query heads, m = 2, 6 bits, 5000 tokens: ceil(5000 / kPqChunkTokens) chunks
   const PqScoresLayout sum = pq_scores_layout(2, 32, 2, 6, 5000, true);
-  EXPECT_EQ(sum.n_chunks, 3);
+  const int32_t chunks = (5000 + kPqChunkTokens - 1) / kPqChunkTokens;
+  EXPECT_EQ(sum.n_chunks, chunks);
   EXPECT_EQ(sum.lut_offset, 0u);
   EXPECT_EQ(sum.lut_bytes, size_t{2} * 32 * 2 * 64 * sizeof(float));
   EXPECT_EQ(sum.partials_offset % kPqWorkspaceAlign, 0u);
   EXPECT_GE(sum.partials_offset, sum.lut_offset + sum.lut_bytes);
-  EXPECT_EQ(sum.partials_bytes, size_t{2} * 32 * 3 * sizeof(SoftmaxPartial));
+  EXPECT_EQ(sum.partials_bytes, size_t{2} * 32 * static_cast<size_t>(chunks) * sizeof(SoftmaxPartial));
   EXPECT_GE(sum.total, sum.partials_offset + sum.partials_bytes);
   EXPECT_EQ(sum.total % kPqWorkspaceAlign, 0u);
   // the max-logit fold needs the tables too, but no partials
@@ -134,7 +135,8 @@ TEST(PqScoresLayout, TablesOncePerHeadThenPartials) {
   // the tables do not grow with the sequence length; only the partials do
   const PqScoresLayout longer = pq_scores_layout(2, 32, 2, 6, 128 * 1024, true);
   EXPECT_EQ(longer.lut_bytes, sum.lut_bytes);
-  EXPECT_EQ(longer.partials_bytes, size_t{2} * 32 * 64 * sizeof(SoftmaxPartial));
+  EXPECT_EQ(longer.partials_bytes,
+            size_t{2} * 32 * static_cast<size_t>(128 * 1024 / kPqChunkTokens) * sizeof(SoftmaxPartial));
   // nothing to score: no workspace
   EXPECT_EQ(pq_scores_layout(0, 32, 2, 6, 5000, true).total, 0u);
   EXPECT_EQ(pq_scores_layout(2, 32, 2, 6, 0, true).total, 0u);
