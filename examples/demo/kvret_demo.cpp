@@ -357,6 +357,55 @@ void round_kv(float* x, size_t n, KvType type) {
   }
 }
 
+/// Host data as the backend under test takes it: the host pointer itself on the CPU backend, a copy in device memory
+/// (cudaMalloc) on the CUDA backend, where an engine's tensors live.
+class Staged {
+ public:
+  Staged(bool cuda, size_t bytes) : cuda_(cuda), bytes_(bytes) {
+#if defined(KVRET_DEMO_CUDA)
+    if (cuda_ && cudaMalloc(&device_, bytes == 0 ? 1 : bytes) != cudaSuccess)
+      fail("cudaMalloc of %zu bytes failed", bytes);
+#else
+    if (cuda_) fail("this kvret-demo was built without the CUDA runtime: --device cuda is not available");
+#endif
+  }
+  ~Staged() {
+#if defined(KVRET_DEMO_CUDA)
+    if (device_ != nullptr) cudaFree(device_);
+#endif
+  }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  /// Where the backend reads `host` (its first `bytes` bytes, at most the staged size).
+  void* put(void* host, size_t bytes) {
+#if defined(KVRET_DEMO_CUDA)
+    if (cuda_) {
+      if (bytes > bytes_ || cudaMemcpy(device_, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        fail("cudaMemcpy (staging %zu bytes) failed", bytes);
+      return device_;
+    }
+#endif
+    (void)bytes;
+    return host;
+  }
+  /// Where the backend writes what `get` then copies into `host`.
+  void* target(void* host) const { return cuda_ ? device_ : host; }
+  void get(void* host, size_t bytes) const {
+#if defined(KVRET_DEMO_CUDA)
+    if (cuda_ && (bytes > bytes_ || cudaMemcpy(host, device_, bytes, cudaMemcpyDeviceToHost) != cudaSuccess))
+      fail("cudaMemcpy (reading %zu bytes back) failed", bytes);
+#endif
+    (void)host;
+    (void)bytes;
+  }
+  int32_t device_type() const { return cuda_ ? KVRET_DEVICE_CUDA : KVRET_DEVICE_CPU; }
+
+ private:
+  bool cuda_;
+  size_t bytes_;
+  void* device_ = nullptr;
+};
+
 // Buffers the working set and the attention output live in: host memory for the CPU backend, device memory for CUDA.
 struct DeviceBuffers {
   bool cuda = false;
@@ -497,12 +546,14 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
     const size_t n = static_cast<size_t>(o.prefill) * HK * D;
     std::vector<float> k(n), v(n);
     std::vector<unsigned char> kc(n * fmt.bytes), vc(n * fmt.bytes);
+    Staged k_in(cuda, kc.size()), v_in(cuda, vc.size());
     Progress bar(o.progress, "[" + rec.name + "] prefill", L);
     for (int l = 0; l < L; ++l) {
       w.keys_values(l, 0, o.prefill, k.data(), v.data());
       convert_kv(k.data(), n, fmt.type, kc.data());
       convert_kv(v.data(), n, fmt.type, vc.data());
-      const Tensor kt(kc.data(), fmt.dtype, {o.prefill, HK, D}), vt(vc.data(), fmt.dtype, {o.prefill, HK, D});
+      const Tensor kt(k_in.put(kc.data(), kc.size()), fmt.dtype, {o.prefill, HK, D}, k_in.device_type()),
+          vt(v_in.put(vc.data(), vc.size()), fmt.dtype, {o.prefill, HK, D}, v_in.device_type());
       KVRET_CHECK(kvret_append_prefill(seq, l, kt.get(), vt.get()));
       bar.update(l + 1);
     }
@@ -547,7 +598,9 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   const Tensor ws_p(buf.ws_pos, kI32, {HK, cap_rows}, buf.device_type());
   const kvret_working_set ws{ws_k.t, ws_v.t, ws_p.t};
   const Tensor out_t(buf.out, kF32, {HQ, D}, buf.device_type());
-  const Tensor sel_t(positions.data(), kI32, {HK, rec.max_count});
+  Staged sel_buf(cuda, positions.size() * sizeof(int32_t)), k_step(cuda, kdc.size()), v_step(cuda, vdc.size()),
+      q_step(cuda, q_bytes);
+  const Tensor sel_t(sel_buf.target(positions.data()), kI32, {HK, rec.max_count}, sel_buf.device_type());
   double t_select = 0, t_fetch = 0, t_attend = 0;
   const auto t_decode = Clock::now();
   {
@@ -560,11 +613,12 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
         w.keys_values(l, pos, pos + 1, kd.data(), vd.data());
         convert_kv(kd.data(), kd.size(), fmt.type, kdc.data());
         convert_kv(vd.data(), vd.size(), fmt.type, vdc.data());
-        const Tensor kt(kdc.data(), fmt.dtype, {HK, D}), vt(vdc.data(), fmt.dtype, {HK, D});
+        const Tensor kt(k_step.put(kdc.data(), kdc.size()), fmt.dtype, {HK, D}, k_step.device_type()),
+            vt(v_step.put(vdc.data(), vdc.size()), fmt.dtype, {HK, D}, v_step.device_type());
         KVRET_CHECK(kvret_append_decode(seq, l, kt.get(), vt.get()));
 
         const float* qh = &queries[((static_cast<size_t>(l) * o.decode + s) * HQ) * D];
-        const Tensor q_host(const_cast<float*>(qh), kF32, {HQ, D});
+        const Tensor q_host(q_step.put(const_cast<float*>(qh), q_bytes), kF32, {HQ, D}, q_step.device_type());
         int32_t count = 0;
         int32_t budget = 0;
         KVRET_CHECK(kvret_seq_budget(seq, l, &budget));
@@ -587,6 +641,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
         t_fetch += std::chrono::duration<double>(t2 - t1).count();
         t_attend += std::chrono::duration<double>(t3 - t2).count();
         buf.read_back(ws_pos_bytes, q_bytes);
+        sel_buf.get(positions.data(), positions.size() * sizeof(int32_t));
 
         // record; check that the working set is sink + selected + local, in position order
         if (count < 0 || count > rec.max_count) fail("select returned count %d (capacity %d)", count, rec.max_count);
