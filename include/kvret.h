@@ -98,7 +98,11 @@ typedef enum kvret_device_type {
  * - CPU backend (config.device_type = KVRET_DEVICE_CPU): KVRET_DEVICE_CPU or KVRET_DEVICE_CUDA_HOST memory.
  * - CUDA backend (KVRET_DEVICE_CUDA): memory of the context's GPU (KVRET_DEVICE_CUDA with device_id =
  *   config.device_id) or pinned host memory (KVRET_DEVICE_CUDA_HOST, allocated mapped, e.g. cudaHostAlloc with
- *   cudaHostAllocMapped or PyTorch's pin_memory). Pageable KVRET_DEVICE_CPU memory is refused. Calls with a stream
+ *   cudaHostAllocMapped or PyTorch's pin_memory). Pageable KVRET_DEVICE_CPU memory is refused. The label is also
+ *   checked against the memory itself (cudaPointerGetAttributes): device memory labelled KVRET_DEVICE_CUDA_HOST,
+ *   another GPU's memory, and pageable host memory where a kernel touches the tensor in place (the working set of
+ *   kvret_fetch_async, the tensors of kvret_attend, q and out of kvret_seq_attend; unless the GPU has pageable
+ *   memory access) are KVRET_ERR_DEVICE before anything runs. Calls with a stream
  *   argument order their device work on that stream; the others (append, select, read) copy what they read from
  *   device memory after the work on the legacy default stream and return when their outputs are written. */
 
