@@ -21,6 +21,7 @@
 // Each is averaged over steps, layers and heads.
 //
 // Only kvret.h is used from kvret (KVRET_EXPERIMENTAL is not needed).
+#define KVRET_EXPERIMENTAL 1  // kvret_prefetch_async (NAME+prefetch)
 #include <kvret.h>
 #include <omp.h>
 #include <unistd.h>
@@ -56,7 +57,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct IndexChoice {
   const char* name;
   kvret_index_kind kind;
-  int quant_bits;  // the quant index's bits; 0: the library's default
+  int quant_bits;         // the quant index's bits; 0: the library's default
+  bool prefetch = false;  // NAME+prefetch: speculative prefetch with the current query as the next step's guess
+  std::string label() const { return std::string(name) + (prefetch ? "+prefetch" : ""); }
 };
 constexpr IndexChoice kIndexNames[] = {{"exact", KVRET_INDEX_EXACT, 0},         {"pq", KVRET_INDEX_PQ, 0},
                                        {"streaming", KVRET_INDEX_STREAMING, 0}, {"page", KVRET_INDEX_PAGE, 0},
@@ -104,7 +107,8 @@ void usage(FILE* f) {
       "  --pq-exact-fraction F  share of keys PQ keeps exact, 0 = none (library default)\n"
       "  --seed N            workload seed (1)\n"
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
-      "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant1, quant2)\n"
+      "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant1, quant2); NAME+prefetch:\n"
+      "                      after each step, kvret_prefetch_async with that step's query as the next one's guess\n"
       "  --kv-dtype T        f16, bf16 or f32 (f16)\n"
       "  --device D          cpu or cuda (cpu)\n"
       "  --json              print one JSON object on stdout instead of the table\n"
@@ -195,13 +199,18 @@ Options parse(int argc, char** argv) {
       size_t pos = 0;
       while (pos <= list.size()) {
         const size_t comma = std::min(list.find(',', pos), list.size());
-        const std::string name = list.substr(pos, comma - pos);
+        std::string name = list.substr(pos, comma - pos);
+        const std::string suffix = "+prefetch";
+        const bool prefetch = name.size() > suffix.size() && name.ends_with(suffix);
+        if (prefetch) name.resize(name.size() - suffix.size());
         const IndexChoice* found = nullptr;
         for (const auto& c : kIndexNames) {
           if (name == c.name) found = &c;
         }
-        if (!found) bad_arg("unknown index '%s' in --indexes", name.c_str());
+        if (!found) bad_arg("unknown index '%s' in --indexes", list.substr(pos, comma - pos).c_str());
+        if (prefetch && found->kind == KVRET_INDEX_STREAMING) bad_arg("streaming selects nothing to prefetch");
         o.indexes.push_back(*found);
+        o.indexes.back().prefetch = prefetch;
         pos = comma + 1;
       }
     } else if (a == "--kv-dtype") {
@@ -496,6 +505,7 @@ struct Record {  // what one index kind produced, for the quality pass
   double build_ms_per_layer = 0, select_us = 0, fetch_us = 0, attend_us = 0;
   double prefill_s = 0, decode_s = 0;
   int64_t host_bytes = 0, device_bytes = 0, index_bytes = 0;
+  double prefetch_hit_rate = -1;  // NAME+prefetch: stats.prefetch_hits over the middle rows fetched after a prefetch
   // quality (filled by the quality pass)
   double token_recall = 0, mass_recall = 0, output_error = 0;
 };
@@ -506,7 +516,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   const bool cuda = o.device == "cuda";
   const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim;
   Record rec;
-  rec.name = ix.name;
+  rec.name = ix.label();
   rec.kind = ix.kind;
 
   kvret_config cfg;
@@ -602,6 +612,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
       q_step(cuda, q_bytes);
   const Tensor sel_t(sel_buf.target(positions.data()), kI32, {HK, rec.max_count}, sel_buf.device_type());
   double t_select = 0, t_fetch = 0, t_attend = 0;
+  int64_t prefetched_rows = 0;  // middle rows fetched at steps that followed a prefetch
   const auto t_decode = Clock::now();
   {
     Progress bar(o.progress, "[" + rec.name + "] decode", static_cast<int64_t>(o.decode) * L);
@@ -637,6 +648,10 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
         KVRET_CHECK(kvret_attend(ctx, q_dev.get(), &ws.k, &ws.v, rows, 0.0f, out_t.get(), nullptr));
         KVRET_CHECK(kvret_synchronize(ctx, nullptr));
         auto t3 = Clock::now();
+        if (s > 0 && ix.prefetch) prefetched_rows += static_cast<int64_t>(count) * HK;
+        // the guess for the next step: this step's query (its own KV is never stored)
+        if (ix.prefetch && s + 1 < o.decode)
+          KVRET_CHECK(kvret_prefetch_async(seq, l, q_host.get(), KVRET_BUDGET_DEFAULT, nullptr));
         t_select += std::chrono::duration<double>(t1 - t0).count();
         t_fetch += std::chrono::duration<double>(t2 - t1).count();
         t_attend += std::chrono::duration<double>(t3 - t2).count();
@@ -686,6 +701,8 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
     rec.host_bytes = st.host_bytes;
     rec.device_bytes = st.device_bytes;
     rec.index_bytes = st.index_bytes;
+    if (ix.prefetch && prefetched_rows > 0)
+      rec.prefetch_hit_rate = static_cast<double>(st.prefetch_hits) / static_cast<double>(prefetched_rows);
   }
   KVRET_CHECK(kvret_seq_close(seq));
   KVRET_CHECK(kvret_destroy(ctx));
@@ -768,19 +785,22 @@ void print_table(const Options& o, const std::vector<Record>& recs, double total
     std::printf("working set = %d sink + budget + %d local tokens per KV head\n\n", recs.front().n_sink,
                 recs.front().n_local);
   }
-  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s\n", "index", "budget", "token", "mass", "output",
-              "build", "select", "fetch", "host", "device", "index");
-  std::printf("%-10s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s\n", "", "", "recall", "recall", "error", "ms/layer",
-              "us/layer", "us/layer", "bytes", "bytes", "bytes");
+  std::printf("%-15s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s %9s\n", "index", "budget", "token", "mass", "output",
+              "build", "select", "fetch", "host", "device", "index", "prefetch");
+  std::printf("%-15s %7s %8s %8s %8s %10s %10s %10s %11s %11s %11s %9s\n", "", "", "recall", "recall", "error",
+              "ms/layer", "us/layer", "us/layer", "bytes", "bytes", "bytes", "hit rate");
   for (const auto& r : recs) {
-    std::printf("%-10s %7lld %8.4f %8.4f %8.4f %10.2f %10.1f %10.1f %11s %11s %11s\n", r.name.c_str(),
+    char hit[16] = "-";
+    if (r.prefetch_hit_rate >= 0) std::snprintf(hit, sizeof hit, "%.4f", r.prefetch_hit_rate);
+    std::printf("%-15s %7lld %8.4f %8.4f %8.4f %10.2f %10.1f %10.1f %11s %11s %11s %9s\n", r.name.c_str(),
                 static_cast<long long>(r.budget), r.token_recall, r.mass_recall, r.output_error, r.build_ms_per_layer,
                 r.select_us, r.fetch_us, human_bytes(r.host_bytes).c_str(), human_bytes(r.device_bytes).c_str(),
-                human_bytes(r.index_bytes).c_str());
+                human_bytes(r.index_bytes).c_str(), hit);
   }
   std::printf(
       "\ntoken recall: selected vs the exact top-B of the same GQA-folded score (EXACT = 1 by construction);\n"
-      "mass recall: exact softmax mass (over all tokens) inside the working set; output error: ||o_ws - o||/||o||.\n"
+      "mass recall: exact softmax mass (over all tokens) inside the working set; output error: ||o_ws - o||/||o||;\n"
+      "prefetch hit rate: the share of the middle rows a step fetched that the previous step's prefetch had selected.\n"
       "total %.1f s\n",
       total_s);
 }
@@ -793,7 +813,7 @@ void print_json(const Options& o, const std::vector<Record>& recs, double total_
       o.layers, o.q_heads, o.kv_heads, o.head_dim, static_cast<long long>(o.prefill), o.decode, o.budget_ratio,
       o.budget, recs.empty() ? o.n_sink : recs.front().n_sink, recs.empty() ? o.n_local : recs.front().n_local,
       static_cast<unsigned long long>(o.seed), o.threads);
-  for (size_t i = 0; i < o.indexes.size(); ++i) std::printf("%s\"%s\"", i ? ", " : "", o.indexes[i].name);
+  for (size_t i = 0; i < o.indexes.size(); ++i) std::printf("%s\"%s\"", i ? ", " : "", o.indexes[i].label().c_str());
   std::printf("], \"kv_dtype\": \"%s\", \"device\": \"%s\", \"kvret_version\": \"%s\"}, \"results\": [",
               o.kv_dtype.c_str(), o.device.c_str(), kvret_version_string());
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -802,10 +822,12 @@ void print_json(const Options& o, const std::vector<Record>& recs, double total_
         "%s{\"index\": \"%s\", \"budget\": %lld, \"token_recall\": %.6f, \"mass_recall\": %.6f, "
         "\"output_error\": %.6f, \"build_ms_per_layer\": %.4f, \"select_us_per_layer\": %.3f, "
         "\"fetch_us_per_layer\": %.3f, \"attend_us_per_layer\": %.3f, \"host_bytes\": %lld, "
-        "\"device_bytes\": %lld, \"index_bytes\": %lld, \"prefill_s\": %.3f, \"decode_s\": %.3f}",
+        "\"device_bytes\": %lld, \"index_bytes\": %lld, \"prefill_s\": %.3f, \"decode_s\": %.3f, "
+        "\"prefetch_hit_rate\": %s}",
         i ? ", " : "", r.name.c_str(), static_cast<long long>(r.budget), r.token_recall, r.mass_recall, r.output_error,
         r.build_ms_per_layer, r.select_us, r.fetch_us, r.attend_us, static_cast<long long>(r.host_bytes),
-        static_cast<long long>(r.device_bytes), static_cast<long long>(r.index_bytes), r.prefill_s, r.decode_s);
+        static_cast<long long>(r.device_bytes), static_cast<long long>(r.index_bytes), r.prefill_s, r.decode_s,
+        r.prefetch_hit_rate >= 0 ? std::to_string(r.prefetch_hit_rate).c_str() : "null");
   }
   std::printf("], \"total_s\": %.3f}\n", total_s);
 }

@@ -77,14 +77,18 @@ class KvretAttention:
     (index builds start in the background) and, per decode call: append_decode, select, fetch, attend.
 
     budget: middle tokens per KV head (None: the context's default, budget_ratio of the length).
+    seq_attend: one call, Sequence.attend (kvret_seq_attend: select, fetch and attention inside kvret), instead of
+    select, fetch and attend; the way to run a context with quant_attention = 1 (attention over the low-bit copy of
+    every token with the selected rows exact), whose time counts as attention.
     Timings: kvret_seconds (append, select, fetch), attention_seconds (the attention over the working set),
     selected_rows (sum over calls of the working-set rows)."""
 
-    def __init__(self, model, ctx, keys, values, budget=None, use_kvret_attend=True):
+    def __init__(self, model, ctx, keys, values, budget=None, use_kvret_attend=True, seq_attend=False):
         self.model = model
         self.ctx = ctx
         self.budget = budget
         self.use_kvret_attend = use_kvret_attend
+        self.seq_attend = seq_attend
         self.seq = ctx.open_sequence()
         t0 = time.perf_counter()
         for l in range(model.n_layers):
@@ -100,6 +104,13 @@ class KvretAttention:
         t0 = time.perf_counter()
         seq = self.seq
         seq.append_decode(layer, k, v)
+        if self.seq_attend:
+            t1 = time.perf_counter()
+            out = seq.attend(layer, q, self.budget)
+            self.kvret_seconds += t1 - t0
+            self.attention_seconds += time.perf_counter() - t1
+            self.calls += 1
+            return out
         positions = seq.select(layer, q, self.budget)
         ws = seq.fetch(layer, positions)
         t1 = time.perf_counter()

@@ -21,7 +21,10 @@ Usage:
 
 Index variants: the names exact, pq, page, cluster, streaming, quant1, quant2 (the quant index at 1 or 2 bits), or
 NAME:field=value,... with kvret config fields, e.g.
-"pq-m4:index_kind=pq,pq_m=4" or "pq-noexact:index_kind=pq,pq_exact_fraction=0".
+"pq-m4:index_kind=pq,pq_m=4" or "pq-noexact:index_kind=pq,pq_exact_fraction=0". A variant with quant_attention=1
+decodes through Sequence.attend (kvret_seq_attend: SpeCache's attention over the low-bit copy of every token, the
+selected rows exact), e.g. "q1-attn64:index_kind=quant,quant_bits=1,quant_attention=1,budget=64"; a positive
+"budget" field (tokens) overrides the budget ratio.
 --check: exit 1 unless the reference answers every case right, EXACT does at every budget, and every variant named
 by --require does at the budgets >= --require-budget (the CTest case).
 """
@@ -255,7 +258,9 @@ def run(args):
                     if args.threads:
                         c["n_threads"] = args.threads
                     with kvret.Context(**kvret_decode.kvret_config(model, **c)) as ctx:
-                        attention = kvret_decode.KvretAttention(model, ctx, keys, values)
+                        attention = kvret_decode.KvretAttention(
+                            model, ctx, keys, values, seq_attend=bool(c.get("quant_attention", 0))
+                        )
                         try:
                             tokens, t = kvret_decode.generate(model, attention, tail, start, max_new, stop, done)
                         finally:
