@@ -253,6 +253,17 @@ typedef struct kvret_config {
                                 layer, the sink, local and selected tokens exact and every other middle token as the
                                 low-bit copy has it (computed on the host); 0 (default): over the working set, as
                                 for every other index. 1 needs index_kind = KVRET_INDEX_QUANT */
+
+  /* ClusterKV's reuse between steps (appended: older, smaller structs get the default; docs/cluster.md) */
+  int32_t cluster_reuse_steps; /**< R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its
+                                    last R fetches (steps) stay resident in the sequence: a copy of the rows
+                                    fetched from them (in kv_dtype), from which the next fetch serves the selected
+                                    rows it holds instead of the host store (the same bytes). A cluster fetched
+                                    again stays resident with every row it holds; one not fetched in R steps is
+                                    dropped. Hits count in stats.cluster_reuse_hits (and cache_hits), so
+                                    cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a layer
+                                    drops its copy; a fork starts without one. 0 = off; 0..1024; default 1.
+                                    Ignored by the other index kinds */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */
@@ -428,6 +439,12 @@ typedef struct kvret_stats {
   int64_t bytes_h2d;     /**< bytes moved host to device */
   int64_t disk_reads;    /**< disk tier reads */
   int64_t disk_writes;   /**< disk tier writes */
+  /* ClusterKV's reuse between steps (appended; config.cluster_reuse_steps, docs/cluster.md) */
+  int64_t cluster_reuse_rows;  /**< selected (middle) rows that fetches of KVRET_INDEX_CLUSTER layers wrote, summed
+                                    over KV heads (counted with reuse off too): the hit rate's denominator */
+  int64_t cluster_reuse_hits;  /**< those of them served from the resident copy of the clusters the layer fetched
+                                    in its last cluster_reuse_steps fetches (they count in cache_hits too) */
+  int64_t cluster_reuse_bytes; /**< bytes the resident copies hold now (keys, values and their position maps) */
 } kvret_stats;
 
 /** Sets struct_size and zeroes the rest. */

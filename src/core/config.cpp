@@ -50,9 +50,13 @@ void config_defaults(kvret_config* c) noexcept {
   c->quant_residual = 64;
   c->cluster_segment_tokens = 8192;
   c->quant_attention = 0;
+  c->cluster_reuse_steps = 1;
 }
 
 namespace {
+
+/// Most steps config.cluster_reuse_steps keeps a cluster resident (the copy is bounded by the layer's middle anyway).
+constexpr int32_t kMaxClusterReuseSteps = 1024;
 
 void check(bool ok, const std::string& field, const std::string& why) {
   require(ok, KVRET_ERR_INVALID_ARGUMENT, "config." + field + ": " + why);
@@ -75,7 +79,7 @@ void unsupported(bool ok, const std::string& what) {
               X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
                       X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)              \
-                          X(cluster_segment_tokens) X(quant_attention)
+                          X(cluster_segment_tokens) X(quant_attention) X(cluster_reuse_steps)
 // clang-format on
 
 namespace {
@@ -164,6 +168,8 @@ void validate_config(const kvret_config& c) {
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
   check(c.cluster_segment_tokens >= 0, "cluster_segment_tokens",
         "must be >= 0 (0 = no limit), got " + std::to_string(c.cluster_segment_tokens));
+  check(c.cluster_reuse_steps >= 0 && c.cluster_reuse_steps <= kMaxClusterReuseSteps, "cluster_reuse_steps",
+        "must be in 0..1024 (0 = off), got " + std::to_string(c.cluster_reuse_steps));
   check(c.page_size >= 1 && c.page_size <= 65536, "page_size",
         "must be in 1..65536, got " + std::to_string(c.page_size));
   check(c.quant_bits == 1 || c.quant_bits == 2, "quant_bits", "must be 1 or 2, got " + std::to_string(c.quant_bits));

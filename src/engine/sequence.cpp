@@ -12,6 +12,7 @@
 #include "core/parallel.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
+#include "index/cluster_retriever.hpp"
 #include "index/quant_retriever.hpp"
 #include "select/kvcrush.hpp"
 
@@ -230,6 +231,11 @@ void Sequence::truncate(int64_t length) {
     ctx_.release_host_bytes(freed);
   }
   for (KvCrushLayer& k : crush_) k.truncate(length);
+  for (size_t i = 0; i < reuse_.size(); ++i)  // a shortened layer's resident rows may not be its tokens any more
+    if (std::any_of(plans.begin(), plans.end(), [&](const Plan& p) { return p.layer == layers_[i].get(); })) {
+      reuse_[i].clear();
+      stats_.cluster_reuse_bytes += reuse_[i].bytes_change();
+    }
 }
 
 std::unique_ptr<Sequence> Sequence::fork() {
@@ -439,9 +445,39 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   }
   const auto sources = ctx_.row_sources();
   int64_t from_sources = 0;
-  ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
-                        sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
-                        &from_sources, stream);
+  // ClusterKV's reuse between steps: the layer's resident clusters serve first (docs/cluster.md)
+  const ClusterRetriever* clusters = nullptr;
+  ClusterReuseLayer* reuse = nullptr;
+  if (c.index_kind == KVRET_INDEX_CLUSTER) {
+    LayerState& l = layer_at(layer);
+    if (c.cluster_reuse_steps > 0 && count > 0) l.drain();  // the index must not change while it is read
+    clusters = dynamic_cast<const ClusterRetriever*>(&l.index());
+    if (clusters != nullptr && c.cluster_reuse_steps > 0 && count > 0) {
+      if (reuse_.empty()) reuse_.resize(static_cast<size_t>(c.n_layers));
+      reuse = &reuse_[static_cast<size_t>(layer)];
+    }
+  }
+  if (reuse == nullptr) {
+    ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
+                          sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
+                          &from_sources, stream);
+  } else {
+    try {
+      reuse->sync(*clusters, c.n_kv_heads);
+      std::vector<std::shared_ptr<const RowSource>> chain{
+          reuse->begin_fetch(g.mid_begin, count, c.cluster_reuse_steps)};
+      if (sources) chain.insert(chain.end(), sources->begin(), sources->end());
+      ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(), chain, this,
+                            layer, &from_sources, stream);
+    } catch (...) {
+      reuse->clear();  // a copy that may have been updated for some heads only: start again without one
+      stats_.cluster_reuse_bytes += reuse->bytes_change();
+      throw;
+    }
+    stats_.cluster_reuse_hits += reuse->last_hits();
+    stats_.cluster_reuse_bytes += reuse->bytes_change();
+  }
+  if (clusters != nullptr) stats_.cluster_reuse_rows += count * c.n_kv_heads;
   if (!prefetched_.empty() && !prefetched_[static_cast<size_t>(layer)].empty()) {
     // the rows of this fetch that the layer's last prefetch had selected (both ascending)
     auto& guessed = prefetched_[static_cast<size_t>(layer)];

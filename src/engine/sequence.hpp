@@ -9,6 +9,7 @@
 
 #include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
+#include "engine/cluster_reuse.hpp"
 #include "engine/kvcrush_layer.hpp"
 #include "engine/layer_state.hpp"
 #include "engine/stats.hpp"
@@ -146,6 +147,9 @@ class Sequence {
   std::vector<std::vector<std::vector<int32_t>>> prefetched_;
   /// Per layer, KVCrush's signatures (empty unless config.hamming_fraction > 0).
   std::vector<KvCrushLayer> crush_;
+  /// Per layer, ClusterKV's resident clusters (config.cluster_reuse_steps > 0 on a cluster index; sized at the
+  /// first fetch that uses them; a fork starts without).
+  std::vector<ClusterReuseLayer> reuse_;
   AttendScratch attend_scratch_;
   StatCounters stats_;
 };

@@ -19,6 +19,9 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   s.bytes_h2d = bytes_h2d.load();
   s.prefetch_hits = prefetch_hits.load();
   s.device_bytes = device_bytes.load();
+  s.cluster_reuse_rows = cluster_reuse_rows.load();
+  s.cluster_reuse_hits = cluster_reuse_hits.load();
+  s.cluster_reuse_bytes = cluster_reuse_bytes.load();
   // Only the fields the caller's struct has.
 #define KVRET_ADD(field) \
   if (out->struct_size >= offsetof(kvret_stats, field) + sizeof out->field) out->field += s.field
@@ -35,6 +38,9 @@ void StatCounters::add_to(kvret_stats* out) const noexcept {
   KVRET_ADD(bytes_h2d);
   KVRET_ADD(prefetch_hits);
   KVRET_ADD(device_bytes);
+  KVRET_ADD(cluster_reuse_rows);
+  KVRET_ADD(cluster_reuse_hits);
+  KVRET_ADD(cluster_reuse_bytes);
 #undef KVRET_ADD
 }
 
@@ -49,6 +55,8 @@ void StatCounters::add_into(StatCounters& o) const noexcept {
   o.cache_misses += cache_misses.load();
   o.bytes_h2d += bytes_h2d.load();
   o.prefetch_hits += prefetch_hits.load();
+  o.cluster_reuse_rows += cluster_reuse_rows.load();
+  o.cluster_reuse_hits += cluster_reuse_hits.load();
 }
 
 }  // namespace kvret

@@ -21,6 +21,9 @@ struct StatCounters {
   std::atomic<int64_t> bytes_h2d{0};
   std::atomic<int64_t> prefetch_hits{0};
   std::atomic<int64_t> device_bytes{0};  ///< live: the backend memory the sequence holds
+  std::atomic<int64_t> cluster_reuse_rows{0};
+  std::atomic<int64_t> cluster_reuse_hits{0};
+  std::atomic<int64_t> cluster_reuse_bytes{0};  ///< live: the resident clusters' copies
 
   /// Adds these counters to *out (fields beyond out->struct_size are left alone).
   void add_to(kvret_stats* out) const noexcept;

@@ -55,13 +55,14 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
     const uint8_t* skip = served.empty() ? nullptr : served.data();
 
     for (int64_t i = 0; i < std::min(rows, kPrefetchDistance); ++i) {
+      if (skip != nullptr && skip[i] != 0) continue;  // a source wrote it: the store's row is not read
       prefetch_row(store.key_row(h, positions[static_cast<size_t>(i)]), row_bytes);
       prefetch_row(store.value_row(h, positions[static_cast<size_t>(i)]), row_bytes);
     }
     auto* out_pos = reinterpret_cast<int32_t*>(out.positions.at({h}));
     const int64_t pos_stride = out.positions.stride(1);
     for (int64_t i = 0; i < rows; ++i) {
-      if (i + kPrefetchDistance < rows) {
+      if (i + kPrefetchDistance < rows && (skip == nullptr || skip[i + kPrefetchDistance] == 0)) {
         const int64_t ahead = positions[static_cast<size_t>(i + kPrefetchDistance)];
         prefetch_row(store.key_row(h, ahead), row_bytes);
         prefetch_row(store.value_row(h, ahead), row_bytes);

@@ -82,6 +82,8 @@ def test_invalid_pq_exact_fraction(fraction):
         ({"index_kind": "quant", "quant_attention": 2}, "quant_attention"),
         ({"index_kind": "pq", "quant_attention": 1}, "quant_attention"),
         ({"cluster_segment_tokens": -1}, "cluster_segment_tokens"),
+        ({"index_kind": "cluster", "cluster_reuse_steps": -1}, "cluster_reuse_steps"),
+        ({"index_kind": "cluster", "cluster_reuse_steps": 1025}, "cluster_reuse_steps"),
     ],
 )
 def test_invalid_quant_and_cluster_fields(overrides, field):

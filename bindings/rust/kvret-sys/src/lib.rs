@@ -147,6 +147,7 @@ pub struct kvret_config {
     pub quant_residual: i32,
     pub cluster_segment_tokens: i32,
     pub quant_attention: i32,
+    pub cluster_reuse_steps: i32,
 }
 
 // ---- context and sequences: opaque handles ----
@@ -203,6 +204,9 @@ pub struct kvret_stats {
     pub bytes_h2d: i64,
     pub disk_reads: i64,
     pub disk_writes: i64,
+    pub cluster_reuse_rows: i64,
+    pub cluster_reuse_hits: i64,
+    pub cluster_reuse_bytes: i64,
 }
 
 extern "C" {

@@ -407,6 +407,18 @@ impl Config {
         self.raw.quant_attention = self.int_field("quant_attention", value);
         self
     }
+
+    /// `kvret_config.cluster_reuse_steps`: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its last R fetches
+    /// (steps) stay resident in the sequence: a copy of the rows fetched from them (in kv_dtype), from
+    /// which the next fetch serves the selected rows it holds instead of the host store (the same bytes). A
+    /// cluster fetched again stays resident with every row it holds; one not fetched in R steps is dropped.
+    /// Hits count in stats.cluster_reuse_hits (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows
+    /// is the hit rate. Truncating a layer drops its copy; a fork starts without one. 0 = off; 0..1024;
+    /// default 1. Ignored by the other index kinds
+    pub fn cluster_reuse_steps(mut self, value: impl ConfigInt) -> Self {
+        self.raw.cluster_reuse_steps = self.int_field("cluster_reuse_steps", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

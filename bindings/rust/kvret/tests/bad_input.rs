@@ -277,6 +277,8 @@ fn config_values_past_the_c_types_are_refused() {
         (config().index_kind(IndexKind::Quant).quant_attention(2), "quant_attention"),
         (config().index_kind(IndexKind::Pq).quant_attention(1), "quant_attention"),
         (config().cluster_segment_tokens(-1), "cluster_segment_tokens"),
+        (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(-1), "cluster_reuse_steps"),
+        (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(1025), "cluster_reuse_steps"),
     ] {
         let error = expect_status(Context::new(&config), Status::InvalidArgument);
         assert!(error.message().contains(field), "{error}");

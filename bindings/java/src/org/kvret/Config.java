@@ -310,6 +310,20 @@ public final class Config {
   public int quantAttention() {
     return fields.getQuant_attention();
   }
+
+  /**
+   * kvret_config.cluster_reuse_steps: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's
+   * fetches took in its last R fetches (steps) stay resident in the sequence: a copy of the rows
+   * fetched from them (in kv_dtype), from which the next fetch serves the selected rows it holds
+   * instead of the host store (the same bytes). A cluster fetched again stays resident with every
+   * row it holds; one not fetched in R steps is dropped. Hits count in stats.cluster_reuse_hits
+   * (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a
+   * layer drops its copy; a fork starts without one. 0 = off; 0..1024; default 1. Ignored by the
+   * other index kinds
+   */
+  public int clusterReuseSteps() {
+    return fields.getCluster_reuse_steps();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -622,6 +636,21 @@ public final class Config {
      */
     public Builder quantAttention(int value) {
       fields.setQuant_attention(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.cluster_reuse_steps: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's
+     * fetches took in its last R fetches (steps) stay resident in the sequence: a copy of the rows
+     * fetched from them (in kv_dtype), from which the next fetch serves the selected rows it holds
+     * instead of the host store (the same bytes). A cluster fetched again stays resident with every
+     * row it holds; one not fetched in R steps is dropped. Hits count in stats.cluster_reuse_hits
+     * (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a
+     * layer drops its copy; a fork starts without one. 0 = off; 0..1024; default 1. Ignored by the
+     * other index kinds
+     */
+    public Builder clusterReuseSteps(int value) {
+      fields.setCluster_reuse_steps(value);
       return this;
     }
     // </generated setters>

@@ -73,10 +73,13 @@ public class ErrorsTest {
       Fixtures.config().indexKind(IndexKind.QUANT).quantResidual(-1),
       Fixtures.config().indexKind(IndexKind.QUANT).quantAttention(2),
       Fixtures.config().indexKind(IndexKind.PQ).quantAttention(1),
-      Fixtures.config().clusterSegmentTokens(-1)
+      Fixtures.config().clusterSegmentTokens(-1),
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(-1),
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(1025)
     };
     String[] fields = {
-      "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens"
+      "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens",
+      "cluster_reuse_steps", "cluster_reuse_steps"
     };
     for (int i = 0; i < bad.length; ++i) {
       Config config = bad[i].build();
