@@ -1,8 +1,10 @@
 // kvret-kvcrush-cost: what KVCrush (config.hamming_fraction) adds to a select, through the C ABI. For each index
 // kind: one layer of `tokens` clustered keys (32 query heads, 8 KV heads, head_dim 128, f32), then the median of
 // `reps` selects of `budget` tokens without KVCrush and with hamming_fraction = 0.25, and the first select with it
-// (which computes the layer's signatures).
-//   kvret-kvcrush-cost [tokens=32768] [budget=1024] [reps=20] [kinds=exact,page,quant,pq,cluster]
+// (which computes the layer's signatures). The kind "retained" times kvret_seq_retained_set instead (the
+// eviction-only mode, on a STREAMING context): the median of `reps` calls with hamming_fraction 0 and 0.25.
+//   kvret-kvcrush-cost [tokens=32768] [budget=1024] [reps=20] [kinds=exact,page,quant,pq,cluster] (kinds may add
+//   retained)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -87,6 +89,44 @@ Timing run(int32_t kind, float share, int64_t tokens, int32_t budget, int reps, 
   return t;
 }
 
+/// The median time of kvret_seq_retained_set (each call computes the window importance of every token afresh).
+double retained_ms(float share, int64_t tokens, int32_t budget, int reps, const std::vector<float>& k) {
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 1;
+  c.n_q_heads = kQHeads;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kDim;
+  c.kv_dtype = KVRET_KV_F32;
+  c.index_kind = KVRET_INDEX_STREAMING;
+  c.hamming_fraction = share;
+  kvret_context* ctx = nullptr;
+  check(kvret_create(&c, &ctx), "kvret_create");
+  kvret_seq* seq = nullptr;
+  check(kvret_seq_open(ctx, &seq), "kvret_seq_open");
+  std::vector<int64_t> kv_shape{tokens, kKvHeads, kDim}, out_shape{kKvHeads, budget};
+  const kvret_tensor kt = f32_tensor(const_cast<float*>(k.data()), kv_shape);
+  check(kvret_append_prefill(seq, 0, &kt, &kt), "kvret_append_prefill");
+  std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * static_cast<size_t>(budget));
+  kvret_tensor ot{};
+  ot.data = out.data();
+  ot.device = {KVRET_DEVICE_CPU, 0};
+  ot.ndim = 2;
+  ot.dtype = {KVRET_DTYPE_INT, 32, 1};
+  ot.shape = out_shape.data();
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    int32_t count = 0;
+    const double start = now_ms();
+    check(kvret_seq_retained_set(seq, 0, budget, &ot, &count), "kvret_seq_retained_set");
+    ms.push_back(now_ms() - start);
+  }
+  std::sort(ms.begin(), ms.end());
+  kvret_seq_close(seq);
+  kvret_destroy(ctx);
+  return ms[ms.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,6 +167,12 @@ int main(int argc, char** argv) {
     const Timing crushed = run(kind.kind, 0.25f, tokens, budget, reps, k, q);
     std::printf("%-8s %12.3f %12.3f %11.1f%% %18.1f\n", kind.name, plain.median_ms, crushed.median_ms,
                 100.0 * (crushed.median_ms - plain.median_ms) / plain.median_ms, crushed.first_ms);
+  }
+  if ((std::string(",") + kinds + ",").find(",retained,") != std::string::npos) {
+    const double plain = retained_ms(0.0f, tokens, budget, reps, k);
+    const double crushed = retained_ms(0.25f, tokens, budget, reps, k);
+    std::printf("%-8s %12.3f %12.3f %11.1f%%   (kvret_seq_retained_set, eviction-only)\n", "retained", plain, crushed,
+                100.0 * (crushed - plain) / plain);
   }
   return 0;
 }

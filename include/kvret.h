@@ -413,6 +413,43 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
 KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                         float scale, const kvret_tensor* out, kvret_stream stream);
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Eviction-only mode (KVCrush, docs/kvcrush.md): for engines that drop KV instead of offloading it
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/** The static retained set of `layer`: the middle positions an engine that evicts KV after the prefill keeps per
+ *  KV head, chosen without any decode query. Call it after the layer's prefill; the engine then keeps, per KV head,
+ *  the sink tokens (the first n_sink), these positions and the local window (the last n_local tokens), and may
+ *  drop every other token's KV.
+ *  - budget: middle tokens kept per KV head, sink and local not counted (as in kvret_select): 1 up to the layer's
+ *    length, or KVRET_BUDGET_DEFAULT for the sequence's default budget (kvret_seq_budget); *out_count receives
+ *    min(budget, middle tokens), 0 when the layer has no middle. 0, a negative budget other than the default, or
+ *    a budget above the layer's length is KVRET_ERR_BUDGET.
+ *  - The set is SnapKV's base plus KVCrush's representatives. Importance: an observation window of the layer's last
+ *    32 keys at this call (all of them when it holds fewer; the keys stand in for the prompt's last queries, which
+ *    the library never sees), each key taken as a query of its own KV head; a token's importance for a head is the
+ *    sum over the window rows of the softmax over all the layer's tokens of (k_j . k_t / sqrt(head_dim)). Of
+ *    count, floor(config.hamming_fraction * count) (at most config.hamming_buckets when that is positive) are
+ *    representatives, the rest the head's highest-importance middle tokens (ties to the earlier position). The
+ *    representatives are drawn from the other middle tokens by KVCrush's grouping (one bit per KV head: the token
+ *    is in that head's top half by importance; ordered by Hamming distance to the alternating anchor, cut into
+ *    buckets of near-equal size, from each the token of largest importance for the head). hamming_fraction = 0
+ *    gives SnapKV's top count tokens exactly. Works with every index kind (KVRET_INDEX_STREAMING included, whose
+ *    context builds no index: the natural configuration of an evicting engine); the index is not used.
+ *  - out_positions: int32 [n_kv_heads, >= count]; row h receives head h's count distinct middle positions,
+ *    ascending (elements past count are left as they were).
+ *  - Reads the layer's keys only: the sequence, its stats and the selections of later calls are unchanged (the
+ *    window of kvret_select's own KVCrush step is separate). Costs 32 x tokens x head_dim multiply-adds and 32 x
+ *    tokens exponentials per KV head, on the host, at every call (about 0.23 s at 32k tokens, 8 KV heads,
+ *    head_dim 128 on 2 cores: bench/kvcrush_cost.cpp).
+ *  - Errors (nothing is written): a NULL or closed seq, KVRET_ERR_INVALID_HANDLE; NULL out_count or out_positions,
+ *    KVRET_ERR_INVALID_ARGUMENT; layer outside [0, n_layers), KVRET_ERR_OUT_OF_RANGE; a layer holding no tokens
+ *    (no observation window: prefill it first), KVRET_ERR_STATE; out_positions not int32, too small or not of
+ *    rank 2, or in memory the backend cannot use, KVRET_ERR_DTYPE / KVRET_ERR_SHAPE / KVRET_ERR_DEVICE.
+ *  - Threads: as every call on a sequence (it must not overlap another call on the same sequence). */
+KVRET_API kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budget,
+                                              const kvret_tensor* out_positions, int32_t* out_count);
+
 /** Waits for the work the library enqueued on `stream` (no-op on the CPU backend). Errors of earlier
  *  asynchronous work surface here. */
 KVRET_API kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream);

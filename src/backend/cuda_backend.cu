@@ -23,6 +23,9 @@
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime_api.h>
+
+#include "store/host_kv_store.hpp"
+#include "working_set_gather.h"  // kernels/: the tuned gather
 #define KVRET_ON_GPU 1
 #else
 #define KVRET_ON_GPU 0
@@ -305,6 +308,9 @@ class CudaBackend final : public Backend {
     if (served_by_sources != nullptr) *served_by_sources = 0;
     const int heads = store.n_kv_heads();
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
+#if KVRET_ON_GPU
+    if (tuned_gather(store, mid_begin, mid_end, selected, count, rows, out, stream)) return rows;
+#endif
     std::vector<dm::RowCopy> copies;
     copies.reserve(static_cast<size_t>(heads * rows));
     for (int h = 0; h < heads; ++h) {
@@ -328,6 +334,79 @@ class CudaBackend final : public Backend {
     for_each_index(stream, n_threads, static_cast<int64_t>(copies.size()) * store.head_dim(), gather);
     return rows;  // device_copies is freed after the gather (cudaFree waits for the device)
   }
+
+#if KVRET_ON_GPU
+  /// The working-set gather of kernels/working_set_gather (16-byte pieces of rows straight from the mapped pinned
+  /// pages) where the outputs allow it: the store's element type, a head_dim of 64, 128 or 256, contiguous
+  /// [H, capacity, D] and [H, capacity] outputs. Returns false (nothing enqueued) otherwise: the Thrust gather
+  /// does the rest (f32 outputs of an f16 or bf16 store, strided outputs).
+  bool tuned_gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
+                    int64_t count, int64_t rows, const WorkingSetViews& out, kvret_stream stream) {
+    const int heads = store.n_kv_heads();
+    const int d = store.head_dim();
+    const int64_t capacity = out.k.dim(1);
+    const bool contiguous = out.k.stride(2) == 1 && out.k.stride(1) == d && out.k.stride(0) == capacity * d &&
+                            out.v.stride(2) == 1 && out.v.stride(1) == d && out.v.stride(0) == capacity * d &&
+                            out.v.dim(1) == capacity && out.positions.dim(1) == capacity &&
+                            out.positions.stride(1) == 1 && out.positions.stride(0) == capacity;
+    if (out.k.dtype() != store.dtype() || out.v.dtype() != store.dtype() || !contiguous ||
+        (d != 64 && d != 128 && d != 256) || rows <= 0 || rows > INT32_MAX || store.size() == 0) {
+      return false;
+    }
+    cuda::KvGeometry geo;
+    geo.n_kv_heads = heads;
+    geo.head_dim = d;
+    geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
+                    : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
+                                                   : cuda::ElemType::kF32;
+    // the pages of the store, as the device addresses them (each page is one mapped pinned allocation: keys of
+    // every head, then values)
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+    const int64_t row_bytes = static_cast<int64_t>(store.row_bytes());
+    std::vector<const void*> pages(static_cast<size_t>(2 * n_pages));
+    for (int64_t i = 0; i < n_pages; ++i) {
+      void* device = nullptr;
+      check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(store.key_row(0, i * page_tokens)), 0),
+                 "cudaHostGetDevicePointer");
+      pages[static_cast<size_t>(i)] = device;
+      pages[static_cast<size_t>(n_pages + i)] = static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
+    }
+    // every head's rows: sink, selected (ascending), local
+    std::vector<int32_t> positions(static_cast<size_t>(heads * rows));
+    for (int h = 0; h < heads; ++h) {
+      int32_t* p = positions.data() + static_cast<size_t>(h * rows);
+      for (int64_t t = 0; t < mid_begin; ++t) *p++ = static_cast<int32_t>(t);
+      for (int64_t i = 0; i < count; ++i) *p++ = selected[h][i];
+      for (int64_t t = mid_end; t < store.size(); ++t) *p++ = static_cast<int32_t>(t);
+    }
+    const DeviceArray<const void*> device_pages(pages.size());
+    const DeviceArray<int32_t> device_positions(positions.size());
+    const DeviceArray<cuda::WorkingSetGatherSeq> device_seq(1);
+    cuda::WorkingSetGatherSeq seq;
+    seq.host.k_pages = device_pages.get();
+    seq.host.v_pages = device_pages.get() + n_pages;
+    seq.host.page_tokens = page_tokens;
+    seq.host.token_stride = row_bytes;
+    seq.host.head_stride = page_tokens * row_bytes;
+    seq.host.n_tokens = store.size();
+    seq.positions = device_positions.get();
+    seq.positions_stride = rows;
+    seq.n_rows = static_cast<int32_t>(rows);
+    seq.out_k = out.k.data();
+    seq.out_v = out.v.data();
+    seq.out_positions = reinterpret_cast<int32_t*>(out.positions.data());
+    seq.out_capacity = capacity;
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
+    copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
+    copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);
+    // (a copy from pageable memory returns once its bytes are staged, so the host arrays may go)
+    check_cuda(
+        cuda::launch_working_set_gather(device_seq.get(), 1, static_cast<int32_t>(rows), geo, cuda_stream(stream)),
+        "launch_working_set_gather");
+    return true;  // the device arrays are freed after the gather (cudaFree waits for the device)
+  }
+#endif
 
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
               float scale, const TensorView& out, int n_threads, kvret_stream stream) override {

@@ -16,6 +16,7 @@
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
 #include "engine/context.hpp"
+#include "engine/retained_set.hpp"
 #include "engine/sequence.hpp"
 #include "kvret.h"
 
@@ -391,6 +392,15 @@ kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor*
     kvret::Sequence& s = sequence_of(seq);
     s.context().backend().check_stream(stream);
     s.attend(layer, q, budget, scale, out, stream);
+  });
+}
+
+kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budget, const kvret_tensor* out_positions,
+                                    int32_t* out_count) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    require_out(out_count, "out_count");
+    *out_count = static_cast<int32_t>(kvret::retained_set(s, layer, budget, out_positions));
   });
 }
 

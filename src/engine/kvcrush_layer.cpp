@@ -120,6 +120,16 @@ float KvCrushLayer::importance(int h, int64_t t) const noexcept {
   return importance_by_distance_[static_cast<size_t>(d)][i * static_cast<size_t>(heads_) + static_cast<size_t>(h)];
 }
 
+void KvCrushLayer::importance_range(int h, int64_t begin, int64_t end, float* out) const noexcept {
+  for (size_t d = 0; d < by_distance_.size(); ++d) {
+    const std::vector<int32_t>& list = by_distance_[d];
+    const float* imp = importance_by_distance_[d].data() + h;
+    for (auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), begin) - list.begin());
+         i < list.size() && list[i] < end; ++i)
+      out[list[i] - begin] = imp[i * static_cast<size_t>(heads_)];
+  }
+}
+
 int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                                           int64_t n_important, int64_t n_rep) const {
   const int64_t c = (mid_end - mid_begin) - n_important;  // the candidates

@@ -42,6 +42,9 @@ class KvCrushLayer {
   const std::vector<uint64_t>& bits() const noexcept { return bits_; }
   /// Head h's importance of token t < tokens() (a search of the distance lists: for tests).
   float importance(int h, int64_t t) const noexcept;
+  /// Head h's importance of the tokens [begin, end) (begin <= end <= tokens()) into out[0..end - begin): one pass
+  /// over the distance lists.
+  void importance_range(int h, int64_t begin, int64_t end, float* out) const noexcept;
 
  private:
   /// Appends tokens [n_, n_ + count) with their bits ([count, words]) and importance ([heads][count]) to the

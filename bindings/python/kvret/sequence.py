@@ -149,6 +149,26 @@ class Sequence(Resource):
             )
         return out[:, :count]
 
+    def retained_set(self, layer, budget=None, out=None):
+        """KVCrush's eviction-only mode: the middle positions to keep per KV head after the prefill, for an engine
+        that drops KV instead of offloading it (kvret_seq_retained_set). No query: SnapKV's top tokens by importance
+        from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket representatives of
+        the others (the context's hamming_fraction; 0 gives SnapKV's set exactly). Sink and local tokens are kept
+        besides and not counted in the budget. Changes nothing in the sequence.
+
+        Returns int32 positions [n_kv_heads, count], ascending per head, count = min(budget, middle tokens) (a view
+        of `out` when given: int32 [n_kv_heads, >= budget]). budget None means the sequence's default budget.
+        Raises KvretError: Status.STATE when the layer holds no tokens (no observation window), Status.BUDGET for
+        a budget of 0 or above the layer's length, Status.OUT_OF_RANGE for a bad layer."""
+        ctx = self._context
+        layer, budget_arg = _args.layer(layer), _args.budget(budget)
+        with self._lock:
+            handle = self._live()
+            if out is None:
+                out = np.empty((ctx._n_kv_heads, _width(handle, layer, budget)), dtype=np.int32)
+            count = _c.kvret_seq_retained_set(handle, layer, budget_arg, _t.as_output(out))
+        return out[:, :count]
+
     def select_scored(self, layer, q, budget=None, out=None):
         """:meth:`select`, with the score each position was ranked by (see kvret_select_scored).
 

@@ -309,6 +309,15 @@ extern "C" {
     ) -> kvret_status;
     pub fn kvret_synchronize(ctx: *mut kvret_context, stream: kvret_stream) -> kvret_status;
 
+    // ---- eviction-only mode (KVCrush) ----
+    pub fn kvret_seq_retained_set(
+        seq: *mut kvret_seq,
+        layer: i32,
+        budget: i32,
+        out_positions: *const kvret_tensor,
+        out_count: *mut i32,
+    ) -> kvret_status;
+
     pub fn kvret_stats_init(stats: *mut kvret_stats) -> kvret_status;
     pub fn kvret_seq_stats(seq: *const kvret_seq, out: *mut kvret_stats) -> kvret_status;
     pub fn kvret_context_stats(ctx: *const kvret_context, out: *mut kvret_stats) -> kvret_status;

@@ -308,6 +308,35 @@ impl<H: ContextHandle> SequenceOf<H> {
         count_of(count.into(), "kvret_select")
     }
 
+    /// KVCrush's eviction-only mode (`kvret_seq_retained_set`): the middle positions to keep per KV head of `layer`
+    /// after its prefill, for an engine that drops KV instead of offloading it. No query: SnapKV's top tokens by
+    /// importance from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket
+    /// representatives of the other middle tokens (the context's `hamming_fraction`; 0 gives SnapKV's set exactly).
+    /// Sink and local tokens are kept besides and not counted in `budget` (`None`: the default budget). The
+    /// selection holds min(budget, middle tokens) ascending positions per head. Changes nothing in the sequence.
+    /// Errors: status `State` when the layer holds no tokens (no observation window), `Budget` for a budget of 0 or
+    /// above the layer's length, `OutOfRange` for a bad layer.
+    pub fn retained_set(&mut self, layer: usize, budget: Option<usize>) -> Result<Selection> {
+        let (_, n_kv, _) = self.context.geometry();
+        let width = self.select_width(layer, budget)?;
+        let mut positions = buffer(product("positions", &[n_kv, width])?, "positions")?;
+        let count = self.retained_set_into(layer, budget, &mut positions)?;
+        Ok(Selection::new(positions, n_kv, width, count))
+    }
+
+    /// [`Sequence::retained_set`] into `positions`, `[n_kv_heads, width]` (its length a multiple of n_kv_heads, with
+    /// width >= the budget); returns the count per head.
+    pub fn retained_set_into(&mut self, layer: usize, budget: Option<usize>, positions: &mut [i32]) -> Result<usize> {
+        let (_, n_kv, _) = self.context.geometry();
+        let width = rows_of(positions.len(), n_kv, "positions", "n_kv_heads")?;
+        let mut out = TensorMut::named("positions", positions, &[n_kv, width])?;
+        let (layer, budget) = (layer_arg(layer)?, budget_arg(budget)?);
+        let out = out.raw();
+        let mut count = 0i32;
+        check(unsafe { sys::kvret_seq_retained_set(self.raw(), layer, budget, out.ptr(), &mut count) })?;
+        count_of(count.into(), "kvret_seq_retained_set")
+    }
+
     /// Fetches the working set of a selection into new buffers of element type `T` (the KV dtype or f32).
     pub fn fetch<T: Element>(&mut self, layer: usize, selection: &Selection) -> Result<WorkingSet<T>> {
         let (_, n_kv, d) = self.context.geometry();

@@ -225,6 +225,36 @@ public final class Sequence implements AutoCloseable {
   }
 
   /**
+   * KVCrush's eviction-only mode (kvret_seq_retained_set): the middle positions to keep per KV head of {@code
+   * layer} after its prefill, for an engine that drops KV instead of offloading it. No query: SnapKV's top tokens by
+   * importance from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket
+   * representatives of the other middle tokens (the context's {@code hammingFraction}; 0 gives SnapKV's set
+   * exactly). Sink and local tokens are kept besides and not counted in {@code budget} ({@link
+   * Kvret#BUDGET_DEFAULT} for the default). The selection holds min(budget, middle tokens) ascending positions per
+   * head. Changes nothing in the sequence.
+   *
+   * @throws KvretException status STATE when the layer holds no tokens (no observation window), BUDGET for a budget
+   *     of 0 or above the layer's length, OUT_OF_RANGE for a bad layer
+   */
+  public Selection retainedSet(int layer, int budget) {
+    synchronized (state) {
+      int width = width(layer, budget);
+      Tensor positions = Tensor.allocate(DType.I32, context.config().nKvHeads(), Math.max(width, 1));
+      return new Selection(positions, retainedSetInto(layer, budget, positions));
+    }
+  }
+
+  /** {@link #retainedSet} into {@code positions} (I32 [n_kv_heads, >= budget]); returns the count per head. */
+  public int retainedSetInto(int layer, int budget, Tensor positions) {
+    synchronized (state) {
+      Context.requireWritable(positions, "positions");
+      int[] count = new int[1];
+      KvretNative.kvret_seq_retained_set(state.handle, layer, budget, positions, count);
+      return count[0];
+    }
+  }
+
+  /**
    * Attention of q ([n_q_heads, head_dim]) over this step's working set of {@code layer}, in one call: select,
    * fetch and attention inside kvret (see kvret_seq_attend), into a new F32 [n_q_heads, head_dim] tensor. Pass
    * {@link Kvret#BUDGET_DEFAULT} for the default budget.
