@@ -3,12 +3,14 @@ package org.kvret;
 /** Statistics of a sequence or a context (kvret_stats). */
 public record Stats(long sequences, long tokensStored, long hostBytes, long deviceBytes, long diskBytes,
     long indexBytes, long indexBuilds, double indexBuildMs, long selections, long fetches, long fetchedRows,
-    long cacheHits, long cacheMisses, long prefetchHits, long bytesH2d, long diskReads, long diskWrites) {
+    long cacheHits, long cacheMisses, long prefetchHits, long bytesH2d, long diskReads, long diskWrites,
+    long clusterReuseRows, long clusterReuseHits, long clusterReuseBytes) {
   static Stats of(NativeStats s) {
     return new Stats(s.getSequences(), s.getTokens_stored(), s.getHost_bytes(), s.getDevice_bytes(), s.getDisk_bytes(),
         s.getIndex_bytes(), s.getIndex_builds(), s.getIndex_build_ms(), s.getSelections(), s.getFetches(),
         s.getFetched_rows(), s.getCache_hits(), s.getCache_misses(), s.getPrefetch_hits(), s.getBytes_h2d(),
-        s.getDisk_reads(), s.getDisk_writes());
+        s.getDisk_reads(), s.getDisk_writes(), s.getCluster_reuse_rows(), s.getCluster_reuse_hits(),
+        s.getCluster_reuse_bytes());
   }
 
   /** Runs {@code fill} on a fresh native stats struct and copies it out. */

@@ -123,6 +123,25 @@ public class RoundTripTest {
   }
 
   @Test
+  public void clusterReuseHitsShowInTheStats() {
+    try (Context ctx = Context.create(Fixtures.config().indexKind(IndexKind.CLUSTER).build());
+         Sequence a = ctx.openSequence()) {
+      a.appendPrefill(1, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor q = Fixtures.query(random);
+      WorkingSet ws = WorkingSet.allocate(
+          DType.F32, Fixtures.KV_HEADS, a.workingSetCapacity(1, Kvret.BUDGET_DEFAULT), Fixtures.HEAD_DIM);
+      for (int step = 0; step < 2; ++step) {  // the same query twice: the second fetch takes every row from reuse
+        Selection selection = a.select(1, q);
+        a.fetchInto(1, selection.tensor(), selection.count(), ws, 0);
+      }
+      Stats stats = a.stats();
+      assertTrue(stats.clusterReuseRows() > 0);
+      assertEquals(stats.clusterReuseRows() / 2, stats.clusterReuseHits());
+      assertTrue(stats.clusterReuseBytes() > 0);
+    }
+  }
+
+  @Test
   public void selectScoredRanksTheSelection() {
     try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
       seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
