@@ -5,7 +5,7 @@ import pathlib
 import re
 import sys
 
-ORDER = ["core", "store", "select", "index", "fetch", "backend", "engine", "c_api"]  # bottom to top
+ORDER = ["core", "store", "select", "index", "fetch", "backend", "engine", "session", "c_api"]  # bottom to top
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[1]) / "src"
 bad = []
 for path in sorted(root.rglob("*")):
