@@ -44,32 +44,52 @@ struct Timing {
   double first_ms = 0, median_ms = 0;
 };
 
+/// A one-layer context of `kind` with the keys k prefilled (values: the keys again) and its index built, and an
+/// int32 [n_kv_heads, budget] output tensor.
+struct Layer {
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  std::vector<int32_t> out;
+  std::vector<int64_t> out_shape;
+  kvret_tensor ot{};
+
+  Layer(int32_t kind, float share, int64_t tokens, int32_t budget, const std::vector<float>& k)
+      : out(static_cast<size_t>(kKvHeads) * static_cast<size_t>(budget)), out_shape{kKvHeads, budget} {
+    kvret_config c;
+    kvret_config_init(&c);
+    c.n_layers = 1;
+    c.n_q_heads = kQHeads;
+    c.n_kv_heads = kKvHeads;
+    c.head_dim = kDim;
+    c.kv_dtype = KVRET_KV_F32;
+    c.index_kind = kind;
+    c.hamming_fraction = share;
+    check(kvret_create(&c, &ctx), "kvret_create");
+    check(kvret_seq_open(ctx, &seq), "kvret_seq_open");
+    std::vector<int64_t> kv_shape{tokens, kKvHeads, kDim};
+    const kvret_tensor kt = f32_tensor(const_cast<float*>(k.data()), kv_shape);
+    check(kvret_append_prefill(seq, 0, &kt, &kt), "kvret_append_prefill");
+    check(kvret_wait_index(seq, 0), "kvret_wait_index");
+    ot.data = out.data();
+    ot.device = {KVRET_DEVICE_CPU, 0};
+    ot.ndim = 2;
+    ot.dtype = {KVRET_DTYPE_INT, 32, 1};
+    ot.shape = out_shape.data();
+  }
+  ~Layer() {
+    kvret_seq_close(seq);
+    kvret_destroy(ctx);
+  }
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+};
+
 Timing run(int32_t kind, float share, int64_t tokens, int32_t budget, int reps, const std::vector<float>& k,
            const std::vector<float>& q) {
-  kvret_config c;
-  kvret_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kQHeads;
-  c.n_kv_heads = kKvHeads;
-  c.head_dim = kDim;
-  c.kv_dtype = KVRET_KV_F32;
-  c.index_kind = kind;
-  c.hamming_fraction = share;
-  kvret_context* ctx = nullptr;
-  check(kvret_create(&c, &ctx), "kvret_create");
-  kvret_seq* seq = nullptr;
-  check(kvret_seq_open(ctx, &seq), "kvret_seq_open");
-  std::vector<int64_t> kv_shape{tokens, kKvHeads, kDim}, q_shape{kQHeads, kDim}, out_shape{kKvHeads, budget};
-  const kvret_tensor kt = f32_tensor(const_cast<float*>(k.data()), kv_shape);
-  check(kvret_append_prefill(seq, 0, &kt, &kt), "kvret_append_prefill");  // values: the keys again
-  check(kvret_wait_index(seq, 0), "kvret_wait_index");
-  std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * static_cast<size_t>(budget));
-  kvret_tensor ot{};
-  ot.data = out.data();
-  ot.device = {KVRET_DEVICE_CPU, 0};
-  ot.ndim = 2;
-  ot.dtype = {KVRET_DTYPE_INT, 32, 1};
-  ot.shape = out_shape.data();
+  Layer layer(kind, share, tokens, budget, k);
+  kvret_seq* seq = layer.seq;
+  const kvret_tensor& ot = layer.ot;
+  std::vector<int64_t> q_shape{kQHeads, kDim};
   const kvret_tensor qt = f32_tensor(const_cast<float*>(q.data()), q_shape);
   int32_t count = 0;
   Timing t;
@@ -84,36 +104,14 @@ Timing run(int32_t kind, float share, int64_t tokens, int32_t budget, int reps, 
   }
   std::sort(ms.begin(), ms.end());
   t.median_ms = ms[ms.size() / 2];
-  kvret_seq_close(seq);
-  kvret_destroy(ctx);
   return t;
 }
 
 /// The median time of kvret_seq_retained_set (each call computes the window importance of every token afresh).
 double retained_ms(float share, int64_t tokens, int32_t budget, int reps, const std::vector<float>& k) {
-  kvret_config c;
-  kvret_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kQHeads;
-  c.n_kv_heads = kKvHeads;
-  c.head_dim = kDim;
-  c.kv_dtype = KVRET_KV_F32;
-  c.index_kind = KVRET_INDEX_STREAMING;
-  c.hamming_fraction = share;
-  kvret_context* ctx = nullptr;
-  check(kvret_create(&c, &ctx), "kvret_create");
-  kvret_seq* seq = nullptr;
-  check(kvret_seq_open(ctx, &seq), "kvret_seq_open");
-  std::vector<int64_t> kv_shape{tokens, kKvHeads, kDim}, out_shape{kKvHeads, budget};
-  const kvret_tensor kt = f32_tensor(const_cast<float*>(k.data()), kv_shape);
-  check(kvret_append_prefill(seq, 0, &kt, &kt), "kvret_append_prefill");
-  std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * static_cast<size_t>(budget));
-  kvret_tensor ot{};
-  ot.data = out.data();
-  ot.device = {KVRET_DEVICE_CPU, 0};
-  ot.ndim = 2;
-  ot.dtype = {KVRET_DTYPE_INT, 32, 1};
-  ot.shape = out_shape.data();
+  Layer layer(KVRET_INDEX_STREAMING, share, tokens, budget, k);
+  kvret_seq* seq = layer.seq;
+  const kvret_tensor& ot = layer.ot;
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
     int32_t count = 0;
@@ -122,8 +120,6 @@ double retained_ms(float share, int64_t tokens, int32_t budget, int reps, const 
     ms.push_back(now_ms() - start);
   }
   std::sort(ms.begin(), ms.end());
-  kvret_seq_close(seq);
-  kvret_destroy(ctx);
   return ms[ms.size() / 2];
 }
 
