@@ -264,6 +264,14 @@ typedef struct kvret_config {
                                     cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a layer
                                     drops its copy; a fork starts without one. 0 = off; 0..1024; default 1.
                                     Ignored by the other index kinds */
+
+  /* The CUDA backend's device memory (appended: older, smaller structs get the default) */
+  int64_t device_bytes_limit; /**< most bytes of device memory the context's sequences keep between calls (the
+                                   working sets of kvret_seq_attend; stats.device_bytes); an allocation that would
+                                   pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes
+                                   anything. The temporaries of a call (gather lists, attention weights), freed
+                                   before it returns, are not counted. 0 = unlimited (default); >= 0. Ignored by
+                                   the CPU backend, which uses no device memory */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

@@ -10,6 +10,7 @@
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system_error.h>
 
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <string>
@@ -161,15 +162,46 @@ class PinnedPages final : public PageAllocator {
   }
 };
 
-/// Device memory for kvret's own tensors.
+/// The device memory a context keeps between calls, against config.device_bytes_limit (0: unlimited).
+class DeviceBudget {
+ public:
+  explicit DeviceBudget(int64_t limit) : limit_(limit) {}
+  /// Counts `bytes` more; KVRET_ERR_CAPACITY (nothing counted) when that would pass the limit.
+  void take(size_t bytes) {
+    const auto b = static_cast<int64_t>(bytes);
+    int64_t held = held_.load();
+    do {
+      require(limit_ == 0 || b <= limit_ - held, KVRET_ERR_CAPACITY,
+              "device memory is full: " + std::to_string(held) + " of " + std::to_string(limit_) +
+                  " bytes (config.device_bytes_limit) held, the call needs " + std::to_string(b) + " more");
+    } while (!held_.compare_exchange_weak(held, held + b));
+  }
+  void give(size_t bytes) noexcept { held_ -= static_cast<int64_t>(bytes); }
+
+ private:
+  int64_t limit_;
+  std::atomic<int64_t> held_{0};
+};
+
+/// Device memory for kvret's own tensors, counted in the context's budget while it lives.
 class ThrustBuffer final : public DeviceBuffer {
  public:
-  ThrustBuffer(size_t bytes, kvret_device device) : data_(bytes), device_(device) {}
+  ThrustBuffer(size_t bytes, kvret_device device, DeviceBudget& budget)
+      : taken_(bytes, budget), data_(bytes), device_(device) {}
   std::byte* data() const noexcept override { return data_.get(); }
   size_t bytes() const noexcept override { return data_.size(); }
   kvret_device device() const noexcept override { return device_; }
 
  private:
+  struct Taken {  // first member: counted before the allocation, given back after it is freed
+    Taken(size_t b, DeviceBudget& budget) : bytes(b), owner(budget) { owner.take(bytes); }
+    ~Taken() { owner.give(bytes); }
+    Taken(const Taken&) = delete;
+    Taken& operator=(const Taken&) = delete;
+    size_t bytes;
+    DeviceBudget& owner;
+  };
+  Taken taken_;
   DeviceArray<std::byte> data_;
   kvret_device device_;
 };
@@ -184,7 +216,7 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id) {
+  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id), budget_(config.device_bytes_limit) {
 #if KVRET_ON_GPU
     int pageable = 0;
     if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_id_) != cudaSuccess) {
@@ -282,7 +314,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override {
     DeviceScope scope(device_id_);
-    return std::make_unique<ThrustBuffer>(bytes, kvret_device{KVRET_DEVICE_CUDA, device_id_});
+    return std::make_unique<ThrustBuffer>(bytes, kvret_device{KVRET_DEVICE_CUDA, device_id_}, budget_);
   }
 
   int64_t gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
@@ -429,6 +461,7 @@ class CudaBackend final : public Backend {
 
  private:
   int device_id_;
+  DeviceBudget budget_;
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
 };

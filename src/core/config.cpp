@@ -51,6 +51,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->cluster_segment_tokens = 8192;
   c->quant_attention = 0;
   c->cluster_reuse_steps = 1;
+  c->device_bytes_limit = 0;
 }
 
 namespace {
@@ -79,7 +80,8 @@ void unsupported(bool ok, const std::string& what) {
               X(hamming_fraction) X(hamming_buckets) X(max_seq_tokens) X(host_bytes_limit) X(disk_path)               \
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
                       X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)              \
-                          X(cluster_segment_tokens) X(quant_attention) X(cluster_reuse_steps)
+                          X(cluster_segment_tokens) X(quant_attention) X(cluster_reuse_steps)                         \
+                              X(device_bytes_limit)
 // clang-format on
 
 namespace {
@@ -186,6 +188,7 @@ void validate_config(const kvret_config& c) {
   check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");
   check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
   check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");
+  check(c.device_bytes_limit >= 0, "device_bytes_limit", "must be >= 0 (0 = unlimited)");
   unsupported(c.disk_path == nullptr || c.disk_path[0] == '\0', "the disk tier (config.disk_path)");
   check(c.block_tokens >= 1, "block_tokens", "must be >= 1");
   check(c.cache_policy == KVRET_CACHE_LRU || c.cache_policy == KVRET_CACHE_LFU, "cache_policy", "unknown value");

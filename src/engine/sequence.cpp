@@ -568,18 +568,24 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   a.selected.resize(std::max(a.selected.size(), static_cast<size_t>(c.n_kv_heads * width)));
   const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
   Backend& backend = ctx_.backend();
+  if (c.quant_attention == 0) {
+    // f32 buffers of our own for the working set, for up to `width` selected rows, before anything changes (the
+    // CUDA backend refuses them past config.device_bytes_limit)
+    const TokenGroups g = groups(layer);
+    const int64_t most = g.mid_begin + width + (g.length - g.mid_end);
+    const size_t kv_bytes = static_cast<size_t>(c.n_kv_heads * most * c.head_dim) * sizeof(float);
+    reserve(backend, a.k, kv_bytes);
+    reserve(backend, a.v, kv_bytes);
+    reserve(backend, a.positions, static_cast<size_t>(c.n_kv_heads * most) * sizeof(int32_t));
+  }
   const kvret_tensor st = own_tensor(a.selected.data(), backend.host_memory(), selected_shape);
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   if (c.quant_attention != 0) {  // SpeCache's output rule, over the whole low-bit copy
     attend_quantized(layer, qv, a.selected.data(), width, count, scale, ov);
     return;
   }
-  // fetch into f32 buffers of our own, then attend over them
+  // fetch into the buffers, then attend over them
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
-  const size_t kv_bytes = static_cast<size_t>(c.n_kv_heads * capacity * c.head_dim) * sizeof(float);
-  reserve(backend, a.k, kv_bytes);
-  reserve(backend, a.v, kv_bytes);
-  reserve(backend, a.positions, static_cast<size_t>(c.n_kv_heads * capacity) * sizeof(int32_t));
   int64_t on_device = 0;
   for (const auto* b : {&a.k, &a.v, &a.positions})
     if ((*b)->device().device_type == KVRET_DEVICE_CUDA) on_device += static_cast<int64_t>((*b)->bytes());

@@ -173,6 +173,69 @@ TEST_F(OnCudaBackend, OnAGpuMemoryThatDoesNotMatchItsLabelIsRefused) {
 }
 #endif
 
+/// config.device_bytes_limit bounds the device memory a context keeps between calls (kvret_seq_attend's working
+/// sets): a call that would pass it is KVRET_ERR_CAPACITY naming the field, before anything changes.
+TEST_F(OnCudaBackend, DeviceBytesLimitRefusesBeforeAnythingChanges) {
+  for (const int64_t limit : {int64_t{1024}, int64_t{1} << 24}) {
+    SCOPED_TRACE(limit);
+    kvret_config c = test::small_config(KVRET_INDEX_EXACT);
+    c.device_bytes_limit = limit;
+    auto ctx = test::make_context(c);
+    kvret_seq* seq = nullptr;
+    test::expect_ok(kvret_seq_open(ctx.get(), &seq));
+    F32 k({300, 2, 64}), v({300, 2, 64});
+    test::clustered_kv(300, 2, 64, 5, k, v);
+    test::expect_ok(kvret_append_prefill(seq, 0, &k.t, &v.t));
+    F32 q({8, 64}), out({8, 64}, 7.0f);
+    q.data = test::random_vector(8 * 64, 3);
+    q.refresh();
+    kvret_stats before, after;
+    test::expect_ok(kvret_stats_init(&before));
+    test::expect_ok(kvret_stats_init(&after));
+    test::expect_ok(kvret_seq_stats(seq, &before));
+    const kvret_status s = kvret_seq_attend(seq, 0, &q.t, 20, 0.0f, &out.t, nullptr);
+    test::expect_ok(kvret_synchronize(ctx.get(), nullptr));
+    test::expect_ok(kvret_seq_stats(seq, &after));
+    if (limit == 1024) {
+      EXPECT_EQ(s, KVRET_ERR_CAPACITY);
+      EXPECT_NE(std::string(kvret_last_error()).find("config.device_bytes_limit"), std::string::npos)
+          << kvret_last_error();
+      EXPECT_EQ(after.selections, before.selections) << "a refused call changes nothing";
+      EXPECT_EQ(after.fetches, before.fetches);
+      EXPECT_EQ(after.device_bytes, 0);
+      EXPECT_EQ(out.data[0], 7.0f) << "nothing written";
+    } else {
+      EXPECT_EQ(s, KVRET_OK) << kvret_last_error();
+      EXPECT_GT(after.device_bytes, 0);
+      EXPECT_LE(after.device_bytes, limit);
+      EXPECT_EQ(after.selections, before.selections + 1);
+    }
+    test::expect_ok(kvret_seq_close(seq));
+  }
+}
+
+TEST(DeviceBytesLimit, IsValidatedAndTheCpuBackendIgnoresIt) {
+  kvret_config c = test::small_config(KVRET_INDEX_EXACT);
+  c.device_bytes_limit = -1;
+  kvret_context* ctx = nullptr;
+  EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kvret_last_error()).find("device_bytes_limit"), std::string::npos) << kvret_last_error();
+  EXPECT_EQ(ctx, nullptr);
+  if (test::device_type() != KVRET_DEVICE_CPU) return;
+  c.device_bytes_limit = 1;  // the CPU backend keeps no device memory
+  auto cpu = test::make_context(c);
+  kvret_seq* seq = nullptr;
+  test::expect_ok(kvret_seq_open(cpu.get(), &seq));
+  F32 k({300, 2, 64}), v({300, 2, 64});
+  test::clustered_kv(300, 2, 64, 5, k, v);
+  test::expect_ok(kvret_append_prefill(seq, 0, &k.t, &v.t));
+  F32 q({8, 64}), out({8, 64});
+  q.data = test::random_vector(8 * 64, 3);
+  q.refresh();
+  test::expect_ok(kvret_seq_attend(seq, 0, &q.t, 20, 0.0f, &out.t, nullptr));
+  test::expect_ok(kvret_seq_close(seq));
+}
+
 /// select, fetch, attend and read on this backend equal the CPU backend's, bit for bit where no arithmetic is
 /// involved (positions, gathered rows, read rows), and the copies of device outputs leave every element between
 /// the written ones as it was.

@@ -84,6 +84,7 @@ def test_invalid_pq_exact_fraction(fraction):
         ({"cluster_segment_tokens": -1}, "cluster_segment_tokens"),
         ({"index_kind": "cluster", "cluster_reuse_steps": -1}, "cluster_reuse_steps"),
         ({"index_kind": "cluster", "cluster_reuse_steps": 1025}, "cluster_reuse_steps"),
+        ({"device_bytes_limit": -1}, "device_bytes_limit"),
     ],
 )
 def test_invalid_quant_and_cluster_fields(overrides, field):

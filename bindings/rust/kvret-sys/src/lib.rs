@@ -148,6 +148,7 @@ pub struct kvret_config {
     pub cluster_segment_tokens: i32,
     pub quant_attention: i32,
     pub cluster_reuse_steps: i32,
+    pub device_bytes_limit: i64,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -419,6 +419,16 @@ impl Config {
         self.raw.cluster_reuse_steps = self.int_field("cluster_reuse_steps", value);
         self
     }
+
+    /// `kvret_config.device_bytes_limit`: most bytes of device memory the context's sequences keep between calls (the working sets of
+    /// kvret_seq_attend; stats.device_bytes); an allocation that would pass it is KVRET_ERR_CAPACITY,
+    /// naming this field, before the call changes anything. The temporaries of a call (gather lists,
+    /// attention weights), freed before it returns, are not counted. 0 = unlimited (default); >= 0. Ignored
+    /// by the CPU backend, which uses no device memory
+    pub fn device_bytes_limit(mut self, value: impl ConfigInt) -> Self {
+        self.raw.device_bytes_limit = self.int_field("device_bytes_limit", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

@@ -279,6 +279,7 @@ fn config_values_past_the_c_types_are_refused() {
         (config().cluster_segment_tokens(-1), "cluster_segment_tokens"),
         (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(-1), "cluster_reuse_steps"),
         (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(1025), "cluster_reuse_steps"),
+        (config().device_bytes_limit(-1i64), "device_bytes_limit"),
     ] {
         let error = expect_status(Context::new(&config), Status::InvalidArgument);
         assert!(error.message().contains(field), "{error}");

@@ -324,6 +324,17 @@ public final class Config {
   public int clusterReuseSteps() {
     return fields.getCluster_reuse_steps();
   }
+
+  /**
+   * kvret_config.device_bytes_limit: most bytes of device memory the context's sequences keep
+   * between calls (the working sets of kvret_seq_attend; stats.device_bytes); an allocation that
+   * would pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes anything. The
+   * temporaries of a call (gather lists, attention weights), freed before it returns, are not
+   * counted. 0 = unlimited (default); >= 0. Ignored by the CPU backend, which uses no device memory
+   */
+  public long deviceBytesLimit() {
+    return fields.getDevice_bytes_limit();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -651,6 +662,19 @@ public final class Config {
      */
     public Builder clusterReuseSteps(int value) {
       fields.setCluster_reuse_steps(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.device_bytes_limit: most bytes of device memory the context's sequences keep
+     * between calls (the working sets of kvret_seq_attend; stats.device_bytes); an allocation that
+     * would pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes anything. The
+     * temporaries of a call (gather lists, attention weights), freed before it returns, are not
+     * counted. 0 = unlimited (default); >= 0. Ignored by the CPU backend, which uses no device
+     * memory
+     */
+    public Builder deviceBytesLimit(long value) {
+      fields.setDevice_bytes_limit(value);
       return this;
     }
     // </generated setters>

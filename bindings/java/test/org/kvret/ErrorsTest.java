@@ -75,11 +75,12 @@ public class ErrorsTest {
       Fixtures.config().indexKind(IndexKind.PQ).quantAttention(1),
       Fixtures.config().clusterSegmentTokens(-1),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(-1),
-      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(1025)
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(1025),
+      Fixtures.config().deviceBytesLimit(-1)
     };
     String[] fields = {
       "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens",
-      "cluster_reuse_steps", "cluster_reuse_steps"
+      "cluster_reuse_steps", "cluster_reuse_steps", "device_bytes_limit"
     };
     for (int i = 0; i < bad.length; ++i) {
       Config config = bad[i].build();
