@@ -421,11 +421,10 @@ struct DeviceBuffers {
   void* ws_k = nullptr;
   void* ws_v = nullptr;
   void* ws_pos = nullptr;
-  void* q = nullptr;
   void* out = nullptr;
   std::vector<unsigned char> host_k, host_v, host_pos, host_out;
 
-  DeviceBuffers(bool use_cuda, size_t kv_bytes, size_t pos_bytes, size_t q_bytes, size_t out_bytes) : cuda(use_cuda) {
+  DeviceBuffers(bool use_cuda, size_t kv_bytes, size_t pos_bytes, size_t out_bytes) : cuda(use_cuda) {
     if (!cuda) {
       host_k.resize(kv_bytes);
       host_v.resize(kv_bytes);
@@ -444,19 +443,17 @@ struct DeviceBuffers {
     alloc(&ws_k, kv_bytes);
     alloc(&ws_v, kv_bytes);
     alloc(&ws_pos, pos_bytes);
-    alloc(&q, q_bytes);
     alloc(&out, out_bytes);
     host_pos.resize(pos_bytes);
     host_out.resize(out_bytes);
 #else
-    (void)q_bytes;
     fail("this kvret-demo was built without the CUDA runtime: --device cuda is not available");
 #endif
   }
   ~DeviceBuffers() {
 #if defined(KVRET_DEMO_CUDA)
     if (cuda) {
-      for (void* p : {ws_k, ws_v, ws_pos, q, out}) cudaFree(p);
+      for (void* p : {ws_k, ws_v, ws_pos, out}) cudaFree(p);
     }
 #endif
   }
@@ -464,17 +461,6 @@ struct DeviceBuffers {
   DeviceBuffers& operator=(const DeviceBuffers&) = delete;
 
   int32_t device_type() const { return cuda ? KVRET_DEVICE_CUDA : KVRET_DEVICE_CPU; }
-  /// Where the query must be for kvret_attend (device memory on CUDA).
-  const void* stage_query(const float* q_host, size_t bytes) {
-#if defined(KVRET_DEMO_CUDA)
-    if (cuda) {
-      if (cudaMemcpy(q, q_host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) fail("cudaMemcpy (query) failed");
-      return q;
-    }
-#endif
-    (void)bytes;
-    return q_host;
-  }
   /// Host copies of the working-set positions and the attention output.
   void read_back(size_t pos_bytes, size_t out_bytes) {
 #if defined(KVRET_DEMO_CUDA)
@@ -599,7 +585,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   const size_t ws_kv_bytes = static_cast<size_t>(HK) * cap_rows * D * fmt.bytes;
   const size_t ws_pos_bytes = static_cast<size_t>(HK) * cap_rows * sizeof(int32_t);
   const size_t q_bytes = static_cast<size_t>(HQ) * D * sizeof(float);
-  DeviceBuffers buf(cuda, ws_kv_bytes, ws_pos_bytes, q_bytes, q_bytes);
+  DeviceBuffers buf(cuda, ws_kv_bytes, ws_pos_bytes, q_bytes);
   std::vector<int32_t> positions(static_cast<size_t>(HK) * rec.max_count);
   std::vector<float> kd(static_cast<size_t>(HK) * D), vd(static_cast<size_t>(HK) * D);
   std::vector<unsigned char> kdc(kd.size() * fmt.bytes), vdc(vd.size() * fmt.bytes);
@@ -629,7 +615,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
         KVRET_CHECK(kvret_append_decode(seq, l, kt.get(), vt.get()));
 
         const float* qh = &queries[((static_cast<size_t>(l) * o.decode + s) * HQ) * D];
-        const Tensor q_host(q_step.put(const_cast<float*>(qh), q_bytes), kF32, {HQ, D}, q_step.device_type());
+        const Tensor q_t(q_step.put(const_cast<float*>(qh), q_bytes), kF32, {HQ, D}, q_step.device_type());
         int32_t count = 0;
         int32_t budget = 0;
         KVRET_CHECK(kvret_seq_budget(seq, l, &budget));
@@ -637,21 +623,21 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
           fail("kvret_seq_budget: %d, above the %d the demo planned for", budget, rec.max_count);
         auto t0 = Clock::now();
         if (ix.kind != KVRET_INDEX_STREAMING) {
-          KVRET_CHECK(kvret_select(seq, l, q_host.get(), KVRET_BUDGET_DEFAULT, sel_t.get(), &count));
+          KVRET_CHECK(kvret_select(seq, l, q_t.get(), KVRET_BUDGET_DEFAULT, sel_t.get(), &count));
         }
         auto t1 = Clock::now();
         int64_t rows = 0;
         KVRET_CHECK(kvret_fetch_async(seq, l, sel_t.get(), count, &ws, &rows, nullptr));
         KVRET_CHECK(kvret_synchronize(ctx, nullptr));
         auto t2 = Clock::now();
-        const Tensor q_dev(const_cast<void*>(buf.stage_query(qh, q_bytes)), kF32, {HQ, D}, buf.device_type());
-        KVRET_CHECK(kvret_attend(ctx, q_dev.get(), &ws.k, &ws.v, rows, 0.0f, out_t.get(), nullptr));
+        // the query staged for select serves the attention too
+        KVRET_CHECK(kvret_attend(ctx, q_t.get(), &ws.k, &ws.v, rows, 0.0f, out_t.get(), nullptr));
         KVRET_CHECK(kvret_synchronize(ctx, nullptr));
         auto t3 = Clock::now();
         if (s > 0 && ix.prefetch) prefetched_rows += static_cast<int64_t>(count) * HK;
         // the guess for the next step: this step's query (its own KV is never stored)
         if (ix.prefetch && s + 1 < o.decode)
-          KVRET_CHECK(kvret_prefetch_async(seq, l, q_host.get(), KVRET_BUDGET_DEFAULT, nullptr));
+          KVRET_CHECK(kvret_prefetch_async(seq, l, q_t.get(), KVRET_BUDGET_DEFAULT, nullptr));
         t_select += std::chrono::duration<double>(t1 - t0).count();
         t_fetch += std::chrono::duration<double>(t2 - t1).count();
         t_attend += std::chrono::duration<double>(t3 - t2).count();
