@@ -345,14 +345,13 @@ class CudaBackend final : public Backend {
 #endif
     std::vector<dm::RowCopy> copies;
     copies.reserve(static_cast<size_t>(heads * rows));
+    std::vector<int32_t> order(static_cast<size_t>(rows));
     for (int h = 0; h < heads; ++h) {
-      int64_t r = 0;
-      const auto add = [&](int64_t p) {
-        copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r++, static_cast<int32_t>(p)});
-      };
-      for (int64_t p = 0; p < mid_begin; ++p) add(p);
-      for (int64_t i = 0; i < count; ++i) add(selected[h][i]);
-      for (int64_t p = mid_end; p < store.size(); ++p) add(p);
+      working_set_positions(mid_begin, mid_end, store.size(), count > 0 ? selected[h] : nullptr, count, order.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t p = order[static_cast<size_t>(r)];
+        copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r, p});
+      }
     }
     if (copies.empty()) return rows;
     const DeviceArray<dm::RowCopy> device_copies(copies.size());
@@ -404,14 +403,10 @@ class CudaBackend final : public Backend {
       pages[static_cast<size_t>(i)] = device;
       pages[static_cast<size_t>(n_pages + i)] = static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
     }
-    // every head's rows: sink, selected (ascending), local
     std::vector<int32_t> positions(static_cast<size_t>(heads * rows));
-    for (int h = 0; h < heads; ++h) {
-      int32_t* p = positions.data() + static_cast<size_t>(h * rows);
-      for (int64_t t = 0; t < mid_begin; ++t) *p++ = static_cast<int32_t>(t);
-      for (int64_t i = 0; i < count; ++i) *p++ = selected[h][i];
-      for (int64_t t = mid_end; t < store.size(); ++t) *p++ = static_cast<int32_t>(t);
-    }
+    for (int h = 0; h < heads; ++h)
+      working_set_positions(mid_begin, mid_end, store.size(), count > 0 ? selected[h] : nullptr, count,
+                            positions.data() + static_cast<size_t>(h * rows));
     const DeviceArray<const void*> device_pages(pages.size());
     const DeviceArray<int32_t> device_positions(positions.size());
     const DeviceArray<cuda::WorkingSetGatherSeq> device_seq(1);

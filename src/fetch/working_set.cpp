@@ -26,6 +26,13 @@ void write_row(const RowRequest& request, int kv, int64_t i, const std::byte* ro
   convert_row(row, type, view.at({request.head, i}), view.dtype(), static_cast<size_t>(request.store->head_dim()));
 }
 
+void working_set_positions(int64_t mid_begin, int64_t mid_end, int64_t length, const int32_t* selected, int64_t count,
+                           int32_t* out) noexcept {
+  for (int64_t p = 0; p < mid_begin; ++p) *out++ = static_cast<int32_t>(p);
+  for (int64_t i = 0; i < count; ++i) *out++ = selected[i];
+  for (int64_t p = mid_end; p < length; ++p) *out++ = static_cast<int32_t>(p);
+}
+
 int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                            int64_t count, const WorkingSetViews& out, int n_threads,
                            const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence,
@@ -40,10 +47,7 @@ int64_t gather_working_set(const HostKvStore& store, int64_t mid_begin, int64_t 
   parallel_for(n_kv, n_threads, rows * n_kv >= 4096, Schedule::kStatic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     std::vector<int32_t> positions(static_cast<size_t>(rows));
-    int64_t r = 0;
-    for (int64_t p = 0; p < mid_begin; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
-    for (int64_t i = 0; i < count; ++i) positions[static_cast<size_t>(r++)] = selected[h][i];
-    for (int64_t p = mid_end; p < length; ++p) positions[static_cast<size_t>(r++)] = static_cast<int32_t>(p);
+    working_set_positions(mid_begin, mid_end, length, count > 0 ? selected[h] : nullptr, count, positions.data());
     std::vector<uint8_t> served;
     if (!sources.empty()) {
       served.assign(static_cast<size_t>(rows), 0);

@@ -44,6 +44,11 @@ class RowSource {
 /// Writes one row (`head_dim` elements of dtype `type`) to row i of request.out for `kv` 0 (keys) or 1 (values).
 void write_row(const RowRequest& request, int kv, int64_t i, const std::byte* row, DType type);
 
+/// One KV head's working-set positions in row order: the sink [0, mid_begin), the `count` selected positions, the
+/// local window [mid_end, length). `out` receives mid_begin + count + (length - mid_end) entries.
+void working_set_positions(int64_t mid_begin, int64_t mid_end, int64_t length, const int32_t* selected, int64_t count,
+                           int32_t* out) noexcept;
+
 /// Writes the rows and returns the row count per head: mid_begin + count + (store.size() - mid_end).
 /// selected[h] holds `count` ascending middle positions. Capacity must have been checked by the caller. The
 /// `sources` are asked first (none: every row from the store); *served_by_sources counts the rows they wrote.
