@@ -66,10 +66,15 @@ sanitize() {  # sanitize TOOL SECONDS [extra compute-sanitizer options]
   note "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.txt" | tail -1)"
 }
 
-check() {
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/ctest.txt" 2>&1
+gpu_tests() {
+  (cd "$BUILD" && timeout "${GPU_TESTS_SECONDS:-300}" ctest -L gpu --output-on-failure --timeout 120) \
+    >"$OUT/ctest.txt" 2>&1
   note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
   note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
+}
+
+check() {
+  gpu_tests
   sanitize memcheck "${MEMCHECK_SECONDS:-240}" --leak-check full
 }
 
@@ -90,17 +95,15 @@ backend_memcheck() {
 }
 
 # The whole C++ suite and the C program against device_type = KVRET_DEVICE_CUDA on the GPU (as scripts/
-# cuda_backend_omp.sh does on Thrust's OpenMP system). The suite's tensors are ordinary host allocations labelled
-# KVRET_DEVICE_CUDA, which the GPU reaches only where the driver runs in HMM addressing mode; CUDA_LAUNCH_BLOCKING
-# makes every stream-ordered call complete before the suite reads its outputs.
+# cuda_backend_omp.sh does on Thrust's OpenMP system). In a build with the CUDA runtime their tensors are managed
+# memory (tests/cpu/test_util.hpp, test_c_api_managed); CUDA_LAUNCH_BLOCKING makes every stream-ordered call
+# complete before a test reads its outputs.
 backend() {
   local t=${BACKEND_SECONDS:-240}
   (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
     timeout "$t" "$BUILD/bin/test_cpu" --gtest_brief=1 >"$OUT/backend_cpu_suite.txt" 2>&1
     echo "rc=$?" >>"$OUT/backend_cpu_suite.txt"
-    local c_api="$BUILD/bin/test_c_api_managed"  # its tensors in managed memory (tests/CMakeLists.txt)
-    [[ -x "$c_api" ]] || c_api="$BUILD/bin/test_c_api"
-    timeout 60 "$c_api" >"$OUT/backend_c_api.txt" 2>&1
+    timeout 60 "$BUILD/bin/test_c_api_managed" >"$OUT/backend_c_api.txt" 2>&1
     echo "rc=$?" >>"$OUT/backend_c_api.txt")
   note "C++ suite on the CUDA backend: $(tail -1 "$OUT/backend_cpu_suite.txt") $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/backend_cpu_suite.txt" | tr '\n' ' ')"
   note "C program on the CUDA backend: $(tail -2 "$OUT/backend_c_api.txt" | tr '\n' ' ')"
@@ -134,10 +137,7 @@ case "$phase" in
   backend-bench) build && backend_bench ;;
   proof) build && backend && backend_memcheck && sanitize memcheck "${MEMCHECK_SECONDS:-240}" --leak-check full &&
     sanitizers ;;
-  first) build && { (cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) >"$OUT/ctest.txt" 2>&1
-    note "ctest -L gpu: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt" | tail -1)"
-    note "skipped: $(grep -c '(Skipped)' "$OUT/ctest.txt") (0 expected on a GPU machine)"
-    backend; QUICK=1 bench; } ;;
+  first) build && gpu_tests && backend && QUICK=1 bench ;;
   all) build && check && sanitizers && backend && bench && backend_bench ;;
   *) echo "usage: $0 check|sanitize|bench|backend|backend-memcheck|backend-bench|proof|first|all" >&2; exit 2 ;;
 esac
