@@ -73,7 +73,8 @@ typedef enum kvret_status {
   KVRET_ERR_CORRUPT = 15,         /**< a file of the disk tier or a saved session is corrupt or truncated */
   KVRET_ERR_CUDA = 16,            /**< a CUDA runtime error (including ones from earlier asynchronous work) */
   KVRET_ERR_VERSION = 17,         /**< a struct_size this library does not understand */
-  KVRET_ERR_INTERNAL = 18         /**< a bug in kvret; please report it with the message */
+  KVRET_ERR_INTERNAL = 18,        /**< a bug in kvret; please report it with the message */
+  KVRET_ERR_NOT_FOUND = 19        /**< no saved session has that id (never saved, dropped, expired or evicted) */
 } kvret_status;
 
 /** A static, human-readable name for a status ("KVRET_ERR_SHAPE", ...). Never NULL. */
@@ -160,6 +161,20 @@ typedef enum kvret_gqa_fold {
 /** Replacement policy of the GPU block cache (CUDA backend). */
 typedef enum kvret_cache_policy { KVRET_CACHE_LRU = 0, KVRET_CACHE_LFU = 1 } kvret_cache_policy;
 
+/** Which saved session a full tier of the session store evicts (docs/sessions.md). */
+typedef enum kvret_session_policy {
+  KVRET_SESSION_SCHEDULER_AWARE = 0, /**< the one the job queue (kvret_session_schedule) needs furthest in the future;
+                                          sessions not in the queue first, least recently used first (AttentionStore) */
+  KVRET_SESSION_LRU = 1,             /**< the least recently used */
+  KVRET_SESSION_FIFO = 2             /**< the earliest stored */
+} kvret_session_policy;
+
+/** How the rotary embedding pairs the dimensions of a head (config.rope_keys). */
+typedef enum kvret_rope_layout {
+  KVRET_ROPE_NEOX = 0, /**< dimension i pairs with i + rope_dims/2 (GPT-NeoX, Llama in Hugging Face) */
+  KVRET_ROPE_GPTJ = 1  /**< dimension 2i pairs with 2i + 1 (GPT-J, Meta's original Llama) */
+} kvret_rope_layout;
+
 typedef struct kvret_config {
   size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
 
@@ -210,7 +225,8 @@ typedef struct kvret_config {
   /* storage and capacity */
   int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
   int64_t host_bytes_limit; /**< capacity of the host KV store over all sequences; 0 = unlimited; default 0 */
-  const char* disk_path;    /**< directory of the disk tier (reserved); NULL = no disk tier. kvret_create copies
+  const char* disk_path;    /**< directory of the session store's disk tier (docs/sessions.md), created if missing;
+                                 NULL or "" = no disk tier. kvret_create copies
                                  the string; kvret_get_config returns a pointer valid until kvret_destroy */
 
   /* GPU block cache (CUDA backend) */
@@ -272,6 +288,38 @@ typedef struct kvret_config {
                                    anything. The temporaries of a call (gather lists, attention weights), freed
                                    before it returns, are not counted. 0 = unlimited (default); >= 0. Ignored by
                                    the CPU backend, which uses no device memory */
+
+  /* The session store (AttentionStore; docs/sessions.md; appended: older, smaller structs get the defaults). Its
+     disk tier is the directory config.disk_path. */
+  int64_t session_dram_bytes; /**< capacity of the session store's host DRAM tier in bytes; 0 = unlimited;
+                                   default 0; >= 0 */
+  int64_t session_disk_bytes; /**< capacity of the disk tier (config.disk_path) in bytes; 0 = unlimited; default 0;
+                                   >= 0 */
+  int64_t session_ttl_ms;     /**< a saved session expires this many milliseconds after its save (then it is a
+                                   miss, and its bytes are freed); 0 = never; default 0; >= 0 */
+  int32_t session_policy;     /**< a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+
+  /* Positional decoupling: keys stored before the rotary embedding (appended: older, smaller structs get the
+     defaults; docs/sessions.md) */
+  int32_t rope_keys;                   /**< 1: the keys appended are before RoPE; kvret rotates them at the position
+                                            each token has now (its index in the sequence) wherever keys are read:
+                                            index builds, select, fetch, attention and kvret_seq_read. Queries stay
+                                            rotated as before. 0 (default): keys are given rotated */
+  int32_t rope_dims;                   /**< rotated dimensions of each head (even, <= head_dim; the rest pass
+                                            unrotated); 0 = head_dim (default) */
+  int32_t rope_layout;                 /**< a kvret_rope_layout; default KVRET_ROPE_NEOX */
+  float rope_theta;                    /**< the base of the rotary frequencies; > 0; default 10000 */
+  float rope_scale_factor;             /**< Llama-3 frequency scaling: the factor; 0 = none (default); else >= 1 */
+  float rope_low_freq_factor;          /**< Llama-3 scaling: low-frequency factor; > 0; default 1 */
+  float rope_high_freq_factor;         /**< Llama-3 scaling: high-frequency factor; > rope_low_freq_factor;
+                                            default 4 */
+  int32_t rope_original_max_positions; /**< Llama-3 scaling: the original context length; >= 1; default 8192 */
+
+  /* The shared session tier (appended: older, smaller structs get the default; docs/sessions.md) */
+  const char* session_shared_url; /**< a Redis server every node of a serving stack reads saved sessions from:
+                                       redis://[:password@]host[:port][/db][?prefix=P&timeout_ms=N], or rediss://
+                                       for TLS; NULL or "" = none (default). kvret_create copies the string;
+                                       kvret_get_config returns a pointer valid until kvret_destroy */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */
@@ -422,6 +470,59 @@ KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvr
                                         float scale, const kvret_tensor* out, kvret_stream stream);
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * Sessions across conversation turns (AttentionStore, docs/sessions.md)
+ *
+ * A context keeps a session store: a host DRAM tier (config.session_dram_bytes), a disk tier (the directory
+ * config.disk_path, config.session_disk_bytes) and optionally a shared tier on Redis (config.session_shared_url).
+ * A session is the whole of a sequence at the end of a turn (every layer's keys, values and index), stored all or
+ * nothing under an id: a non-empty string of at most 255 bytes (any bytes but NUL). The next turn opens a new
+ * sequence from it and appends only the new tokens; the index is restored, not rebuilt. Every call here has the
+ * strong guarantee: on failure the store and the sequences are as they were.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/** Where a saved session is (kvret_session_where). */
+typedef enum kvret_session_tier {
+  KVRET_TIER_NONE = 0,  /**< not stored: opening it is KVRET_ERR_NOT_FOUND */
+  KVRET_TIER_DRAM = 1,  /**< host memory */
+  KVRET_TIER_DISK = 2,  /**< the disk tier */
+  KVRET_TIER_SHARED = 3 /**< only in the shared tier */
+} kvret_session_tier;
+
+/** Saves what `seq` holds now under `session_id`, replacing an older save of that id once the new one is whole.
+ *  The sequence stays open and unchanged (saving shares its KV pages copy on write, as kvret_seq_fork does), so the
+ *  engine may go on appending to it or close it. Waits for the sequence's background builds. The session goes
+ *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
+ *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). Writes to disk and to the shared tier run in
+ *  the background; kvret_session_flush waits for them. */
+KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
+/** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
+ *  it shares the saved pages copy on write; from disk or the shared tier the layers load in the background in
+ *  order, and every call on layer l (kvret_wait_index(seq, l) among them) first waits for that layer, so layer l
+ *  computes while layer l + 1 loads. No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose
+ *  bytes fail their checksums is KVRET_ERR_CORRUPT (and is dropped). */
+KVRET_API kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out);
+/** Removes a session from every tier. KVRET_ERR_NOT_FOUND when there was none. */
+KVRET_API kvret_status kvret_session_drop(kvret_context* ctx, const char* session_id);
+/** The scheduler's job queue: the ids of the sessions it will run next, in order (n >= 0; ids may repeat). With
+ *  config.session_policy = KVRET_SESSION_SCHEDULER_AWARE, eviction keeps the sessions needed soonest, and the
+ *  sessions of the look-ahead window that are on disk are read into DRAM in the background. Replaces the previous
+ *  queue. */
+KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* const* session_ids, int32_t n);
+/** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. */
+KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
+/** Waits for the store's background writes (saves to disk and to the shared tier, evictions, prefetches) and
+ *  reports the first failure among them since the last flush. */
+KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
+
+/** Context-window truncation: drops `count` tokens of every layer, starting after its first `keep` tokens (keep 0:
+ *  the earliest tokens; keep = config.n_sink keeps the attention sinks, as StreamingLLM does). The tokens after
+ *  them move `count` positions earlier; with config.rope_keys = 1 their keys are rotated at the new positions from
+ *  then on, and each layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens is
+ *  unchanged; one holding fewer than keep + count loses the rest. Waits for the sequence's background builds.
+ *  Strong guarantee. keep < 0 or count < 0: KVRET_ERR_INVALID_ARGUMENT; count 0 is a no-op. */
+KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_t count);
+
+/* ---------------------------------------------------------------------------------------------------------------
  * Eviction-only mode (KVCrush, docs/kvcrush.md): for engines that drop KV instead of offloading it
  * ------------------------------------------------------------------------------------------------------------- */
 
@@ -471,7 +572,7 @@ typedef struct kvret_stats {
   int64_t tokens_stored; /**< tokens over all layers */
   int64_t host_bytes;    /**< KV bytes in host memory */
   int64_t device_bytes;  /**< bytes in GPU memory (index, windows, cache) */
-  int64_t disk_bytes;    /**< bytes in the disk tier */
+  int64_t disk_bytes;    /**< bytes of the session store's files in the disk tier (context stats) */
   int64_t index_bytes;   /**< bytes of the index (wherever it lives) */
   int64_t index_builds;  /**< completed layer builds */
   double index_build_ms; /**< summed wall time of those builds */
@@ -482,14 +583,26 @@ typedef struct kvret_stats {
   int64_t cache_misses;  /**< rows read from host memory */
   int64_t prefetch_hits; /**< fetched middle rows that the layer's last kvret_prefetch_async had selected */
   int64_t bytes_h2d;     /**< bytes moved host to device */
-  int64_t disk_reads;    /**< disk tier reads */
-  int64_t disk_writes;   /**< disk tier writes */
+  int64_t disk_reads;    /**< files the session store read from the disk tier (context stats) */
+  int64_t disk_writes;   /**< files the session store wrote to the disk tier (context stats) */
   /* ClusterKV's reuse between steps (appended; config.cluster_reuse_steps, docs/cluster.md) */
   int64_t cluster_reuse_rows;  /**< selected (middle) rows that fetches of KVRET_INDEX_CLUSTER layers wrote, summed
                                     over KV heads (counted with reuse off too): the hit rate's denominator */
   int64_t cluster_reuse_hits;  /**< those of them served from the resident copy of the clusters the layer fetched
                                     in its last cluster_reuse_steps fetches (they count in cache_hits too) */
   int64_t cluster_reuse_bytes; /**< bytes the resident copies hold now (keys, values and their position maps) */
+  /* The session store (appended; context stats only, 0 in a sequence's; docs/sessions.md). A session's bytes are
+     its keys and values plus its index's, in every tier. */
+  int64_t session_saves;      /**< kvret_session_save calls that stored a session */
+  int64_t session_hits_dram;  /**< kvret_session_open served from host DRAM */
+  int64_t session_hits_disk;  /**< kvret_session_open served from the disk tier */
+  int64_t session_misses;     /**< kvret_session_open answered KVRET_ERR_NOT_FOUND */
+  int64_t session_evictions;  /**< sessions moved from DRAM to disk, or dropped, to make room */
+  int64_t session_expired;    /**< sessions dropped by config.session_ttl_ms */
+  int64_t session_corrupt;    /**< sessions dropped because a file failed its checks (KVRET_ERR_CORRUPT) */
+  int64_t session_dram_bytes; /**< bytes of the sessions held in DRAM now */
+  int64_t session_dram_count; /**< sessions held in DRAM now */
+  int64_t session_disk_count; /**< sessions held on disk now */
 } kvret_stats;
 
 /** Sets struct_size and zeroes the rest. */

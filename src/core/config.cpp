@@ -1,5 +1,6 @@
 #include "core/config.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <iterator>
 
@@ -52,6 +53,19 @@ void config_defaults(kvret_config* c) noexcept {
   c->quant_attention = 0;
   c->cluster_reuse_steps = 1;
   c->device_bytes_limit = 0;
+  c->session_dram_bytes = 0;
+  c->session_disk_bytes = 0;
+  c->session_ttl_ms = 0;
+  c->session_policy = KVRET_SESSION_SCHEDULER_AWARE;
+  c->rope_keys = 0;
+  c->rope_dims = 0;
+  c->rope_layout = KVRET_ROPE_NEOX;
+  c->rope_theta = 10000.0f;
+  c->rope_scale_factor = 0.0f;
+  c->rope_low_freq_factor = 1.0f;
+  c->rope_high_freq_factor = 4.0f;
+  c->rope_original_max_positions = 8192;
+  c->session_shared_url = nullptr;
 }
 
 namespace {
@@ -81,7 +95,11 @@ void unsupported(bool ok, const std::string& what) {
                   X(block_tokens) X(cache_policy) X(cache_capacity_tokens) X(n_threads) X(background_build)           \
                       X(check_finite) X(seed) X(pq_exact_fraction) X(quant_group_size) X(quant_residual)              \
                           X(cluster_segment_tokens) X(quant_attention) X(cluster_reuse_steps)                         \
-                              X(device_bytes_limit)
+                              X(device_bytes_limit) X(session_dram_bytes) X(session_disk_bytes)           \
+                                  X(session_ttl_ms) X(session_policy) X(rope_keys) X(rope_dims)               \
+                                      X(rope_layout) X(rope_theta) X(rope_scale_factor)                       \
+                                          X(rope_low_freq_factor) X(rope_high_freq_factor)                    \
+                                              X(rope_original_max_positions) X(session_shared_url)
 // clang-format on
 
 namespace {
@@ -131,6 +149,7 @@ kvret_config read_config(const kvret_config* user, std::string* disk_path) {
   validate_config(c);
   disk_path->assign(c.disk_path ? c.disk_path : "");
   c.disk_path = nullptr;
+  c.session_shared_url = nullptr;  // validated unset above (the shared tier is not built yet)
   return c;
 }
 
@@ -189,7 +208,30 @@ void validate_config(const kvret_config& c) {
   check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
   check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");
   check(c.device_bytes_limit >= 0, "device_bytes_limit", "must be >= 0 (0 = unlimited)");
-  unsupported(c.disk_path == nullptr || c.disk_path[0] == '\0', "the disk tier (config.disk_path)");
+  check(c.session_dram_bytes >= 0, "session_dram_bytes", "must be >= 0 (0 = unlimited)");
+  check(c.session_disk_bytes >= 0, "session_disk_bytes", "must be >= 0 (0 = unlimited)");
+  check(c.session_ttl_ms >= 0, "session_ttl_ms", "must be >= 0 (0 = never)");
+  check(c.session_policy == KVRET_SESSION_SCHEDULER_AWARE || c.session_policy == KVRET_SESSION_LRU ||
+            c.session_policy == KVRET_SESSION_FIFO,
+        "session_policy", "unknown value " + std::to_string(c.session_policy));
+  check(c.rope_keys == 0 || c.rope_keys == 1, "rope_keys", "must be 0 or 1, got " + std::to_string(c.rope_keys));
+  check(c.rope_dims >= 0 && c.rope_dims <= c.head_dim && c.rope_dims % 2 == 0, "rope_dims",
+        "must be even and in 0..head_dim (0 = head_dim), got " + std::to_string(c.rope_dims));
+  check(c.rope_layout == KVRET_ROPE_NEOX || c.rope_layout == KVRET_ROPE_GPTJ, "rope_layout",
+        "unknown value " + std::to_string(c.rope_layout));
+  check(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f, "rope_theta",
+        "must be finite and > 0, got " + std::to_string(c.rope_theta));
+  check(c.rope_scale_factor == 0.0f || (std::isfinite(c.rope_scale_factor) && c.rope_scale_factor >= 1.0f),
+        "rope_scale_factor", "must be 0 (no scaling) or finite and >= 1, got " + std::to_string(c.rope_scale_factor));
+  check(std::isfinite(c.rope_low_freq_factor) && c.rope_low_freq_factor > 0.0f, "rope_low_freq_factor",
+        "must be finite and > 0, got " + std::to_string(c.rope_low_freq_factor));
+  check(std::isfinite(c.rope_high_freq_factor) && c.rope_high_freq_factor > c.rope_low_freq_factor,
+        "rope_high_freq_factor",
+        "must be finite and > rope_low_freq_factor, got " + std::to_string(c.rope_high_freq_factor));
+  check(c.rope_original_max_positions >= 1, "rope_original_max_positions",
+        "must be >= 1, got " + std::to_string(c.rope_original_max_positions));
+  unsupported(c.session_shared_url == nullptr || c.session_shared_url[0] == '\0',
+              "the shared session tier (config.session_shared_url)");
   check(c.block_tokens >= 1, "block_tokens", "must be >= 1");
   check(c.cache_policy == KVRET_CACHE_LRU || c.cache_policy == KVRET_CACHE_LFU, "cache_policy", "unknown value");
   check(c.cache_capacity_tokens >= 0, "cache_capacity_tokens", "must be >= 0");
