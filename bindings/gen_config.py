@@ -6,8 +6,8 @@ config field is one edit of the header (plus its default and validation in the l
     python3 bindings/gen_config.py --check  # exits 1 if a generated block is not what the header gives (CTest)
 
 Each binding file holds its generated code between marker comments; everything else in it is written by hand.
-Fields whose accessors are hand-written (struct_size, the device pair, disk_path) are skipped; enum and boolean
-fields are listed below, every other field maps by its C type."""
+Fields whose accessors are hand-written (struct_size, the device pair, the strings disk_path and session_shared_url)
+are skipped; enum and boolean fields are listed below, every other field maps by its C type."""
 import pathlib
 import re
 import sys
@@ -17,10 +17,11 @@ HEADER = ROOT / "include" / "kvret.h"
 JAVA = ROOT / "bindings" / "java" / "src" / "org" / "kvret" / "Config.java"
 RUST = ROOT / "bindings" / "rust" / "kvret" / "src" / "config.rs"
 
-SKIP = {"struct_size", "device_type", "device_id", "disk_path"}
+SKIP = {"struct_size", "device_type", "device_id", "disk_path", "session_shared_url"}
 ENUMS = {"kv_dtype": ("KvDtype", "KvDtype"), "gqa_fold": ("GqaFold", "GqaFold"),
-         "index_kind": ("IndexKind", "IndexKind"), "cache_policy": ("CachePolicy", "CachePolicy")}  # Java, Rust
-BOOLS = {"background_build", "check_finite"}
+         "index_kind": ("IndexKind", "IndexKind"), "cache_policy": ("CachePolicy", "CachePolicy"),
+         "session_policy": ("SessionPolicy", "SessionPolicy"), "rope_layout": ("RopeLayout", "RopeLayout")}  # Java, Rust
+BOOLS = {"background_build", "check_finite", "rope_keys"}
 JAVA_TYPES = {"int32_t": "int", "int64_t": "long", "uint64_t": "long", "float": "float"}
 # Rust: the integer counts and sizes (every int32_t/int64_t field is validated >= 0 by the library: no negative
 # sentinel) take any primitive integer (`impl ConfigInt`: usize like the rest of the Rust API, or the C type); a value

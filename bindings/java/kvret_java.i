@@ -7,7 +7,9 @@
  *    strides, byte offset) become a kvret_tensor without a copy; a working set is an org.kvret.WorkingSet;
  *  - a non-OK kvret_status throws org.kvret.KvretException(status, kvret_last_error()) from inside the same native
  *    call, so the message is read on the thread that failed;
- *  - single outputs come back through one-element arrays (long[], int[]).
+ *  - single outputs come back through one-element arrays (long[], int[]);
+ *  - strings (session ids, the config's disk_path and session_shared_url) cross as byte[] of UTF-8 without a NUL,
+ *    encoded by the Java classes (JNI's own strings are modified UTF-8), copied NUL-terminated for the call.
  */
 %module KvretNative
 
@@ -161,6 +163,35 @@ static int kvret_java_working_set_from(JNIEnv* jenv, jobject working_set, kvret_
   out->set.positions = out->positions.tensor;
   return 0;
 }
+
+/** A NUL-terminated malloc'd copy of a byte[] (free it), or NULL with a Java exception pending. */
+static char* kvret_java_c_string(JNIEnv* jenv, jbyteArray bytes, const char* name) {
+  char message[96];
+  if (bytes == NULL) {
+    snprintf(message, sizeof(message), "kvret: %s is null", name);
+    kvret_java_throw_class(jenv, "java/lang/NullPointerException", message);
+    return NULL;
+  }
+  jsize length = (*jenv)->GetArrayLength(jenv, bytes);
+  char* copy = (char*)malloc((size_t)length + 1);
+  if (copy == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/OutOfMemoryError", name);
+    return NULL;
+  }
+  (*jenv)->GetByteArrayRegion(jenv, bytes, 0, length, (jbyte*)copy);
+  if ((*jenv)->ExceptionCheck(jenv)) {
+    free(copy);
+    return NULL;
+  }
+  copy[length] = '\0';
+  if (strlen(copy) != (size_t)length) {
+    free(copy);
+    snprintf(message, sizeof(message), "kvret: %s contains a NUL byte", name);
+    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException", message);
+    return NULL;
+  }
+  return copy;
+}
 %}
 
 /* ---- status: a failure throws KvretException from inside the native call ---- */
@@ -221,6 +252,64 @@ KVRET_JAVA_OUT(int32_t, out_count, jintArray, int[], jint, SetIntArrayRegion)
 KVRET_JAVA_OUT(int32_t, out_budget, jintArray, int[], jint, SetIntArrayRegion)
 KVRET_JAVA_OUT(int64_t, out_tokens, jlongArray, long[], jlong, SetLongArrayRegion)
 KVRET_JAVA_OUT(int64_t, out_rows, jlongArray, long[], jlong, SetLongArrayRegion)
+
+KVRET_JAVA_OUT(int32_t, out_tier, jintArray, int[], jint, SetIntArrayRegion)
+
+/* ---- strings: byte[] of UTF-8 (null: NULL where the C call takes it) ---- */
+%define KVRET_JAVA_BYTES(NAME, NULLABLE)
+%typemap(jni) const char* NAME "jbyteArray"
+%typemap(jtype) const char* NAME "byte[]"
+%typemap(jstype) const char* NAME "byte[]"
+%typemap(javain) const char* NAME "$javainput"
+%typemap(in) const char* NAME (char* copy = NULL) {
+  if ($input != NULL || !NULLABLE) {
+    copy = kvret_java_c_string(jenv, $input, #NAME);
+    if (copy == NULL) return $null;
+  }
+  $1 = copy;
+}
+%typemap(freearg) const char* NAME {
+  free(copy$argnum);
+}
+%enddef
+KVRET_JAVA_BYTES(session_id, 0)
+KVRET_JAVA_BYTES(disk_path, 1)
+KVRET_JAVA_BYTES(session_shared_url, 1)
+
+/* ---- session_schedule: byte[][] of session ids ---- */
+%typemap(jni) (const char* const* session_ids, int32_t n) "jobjectArray"
+%typemap(jtype) (const char* const* session_ids, int32_t n) "byte[][]"
+%typemap(jstype) (const char* const* session_ids, int32_t n) "byte[][]"
+%typemap(javain) (const char* const* session_ids, int32_t n) "$javainput"
+%typemap(in) (const char* const* session_ids, int32_t n) (char** id_array = NULL, jsize id_count = 0) {
+  if ($input == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/NullPointerException", "kvret: session_ids is null");
+    return $null;
+  }
+  jsize count = (*jenv)->GetArrayLength(jenv, $input);
+  id_array = (char**)calloc(count > 0 ? (size_t)count : 1, sizeof(char*));
+  if (id_array == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/OutOfMemoryError", "kvret: session_ids");
+    return $null;
+  }
+  for (jsize i = 0; i < count; ++i) {
+    jbyteArray item = (jbyteArray)(*jenv)->GetObjectArrayElement(jenv, $input, i);
+    id_array[i] = (*jenv)->ExceptionCheck(jenv) ? NULL : kvret_java_c_string(jenv, item, "session_ids[i]");
+    if (item != NULL) (*jenv)->DeleteLocalRef(jenv, item);
+    if (id_array[i] == NULL) {
+      for (jsize j = 0; j < i; ++j) free(id_array[j]);
+      free(id_array);
+      return $null;
+    }
+    id_count = i + 1;
+  }
+  $1 = ($1_ltype)id_array;
+  $2 = (int32_t)count;
+}
+%typemap(freearg) (const char* const* session_ids, int32_t n) {
+  for (jsize i = 0; i < id_count$argnum; ++i) free(id_array$argnum[i]);
+  free(id_array$argnum);
+}
 
 /* ---- tensors and working sets ---- */
 %typemap(jni) const kvret_tensor* "jobject"

@@ -431,23 +431,74 @@ static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
   kvret_py_tensor_release(&ws$argnum.positions);
 }
 
-/* ---- the config's disk_path: None or bytes (os.fsencode of the path), without a NUL ---- */
-%typemap(in) const char* disk_path {
+/* ---- the config's strings: None or bytes (os.fsencode of the path, the URL in UTF-8), without a NUL ---- */
+%define KVRET_PY_OPTIONAL_BYTES(NAME)
+%typemap(in) const char* NAME {
   if ($input == Py_None) {
     $1 = NULL;
   } else {
     char* bytes = NULL;
     Py_ssize_t size = 0;
     if (!PyBytes_Check($input) || PyBytes_AsStringAndSize($input, &bytes, &size) != 0) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kvret: disk_path must be None or bytes");
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kvret: " #NAME " must be None or bytes");
       SWIG_fail;
     }
     if ((size_t)size != strlen(bytes)) {
-      PyErr_SetString(PyExc_ValueError, "kvret: disk_path contains a NUL character");
+      PyErr_SetString(PyExc_ValueError, "kvret: " #NAME " contains a NUL character");
       SWIG_fail;
     }
     $1 = bytes;
   }
+}
+%enddef
+KVRET_PY_OPTIONAL_BYTES(disk_path)
+KVRET_PY_OPTIONAL_BYTES(session_shared_url)
+
+/* ---- session ids: bytes without a NUL (the package encodes a str as UTF-8); the library judges the length ---- */
+%{
+/** The bytes of a session id, or NULL with a Python exception set. */
+static const char* kvret_py_session_id(PyObject* obj, const char* name) {
+  char* bytes = NULL;
+  Py_ssize_t size = 0;
+  if (!PyBytes_Check(obj) || PyBytes_AsStringAndSize(obj, &bytes, &size) != 0) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "kvret: %s must be bytes", name);
+    return NULL;
+  }
+  if ((size_t)size != strlen(bytes)) {
+    PyErr_Format(PyExc_ValueError, "kvret: %s contains a NUL character", name);
+    return NULL;
+  }
+  return bytes;
+}
+%}
+%typemap(in) const char* session_id {
+  $1 = (char*)kvret_py_session_id($input, "session_id");
+  if ($1 == NULL) SWIG_fail;
+}
+/* A sequence of them; the list (and so its items) is held until the call returns. */
+%typemap(in) (const char* const* session_ids, int32_t n) (PyObject* fast = NULL, const char** id_array = NULL) {
+  fast = PySequence_Fast($input, "kvret: session_ids must be a sequence of bytes");
+  if (fast == NULL) SWIG_fail;
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+  if (count > INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "kvret: more session ids than an int32 counts");
+    SWIG_fail;
+  }
+  id_array = (const char**)PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(const char*));
+  if (id_array == NULL) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    id_array[i] = kvret_py_session_id(PySequence_Fast_GET_ITEM(fast, i), "session_ids[i]");
+    if (id_array[i] == NULL) SWIG_fail;
+  }
+  $1 = ($1_ltype)id_array;
+  $2 = (int32_t)count;
+}
+%typemap(freearg) (const char* const* session_ids, int32_t n) {
+  PyMem_Free((void*)id_array$argnum);
+  Py_XDECREF(fast$argnum);
 }
 
 /* ---- streams: None or an integer (a cudaStream_t value) ---- */
@@ -485,6 +536,7 @@ static PyObject* kvret_swig_dlpack_view(PyObject* capsule, PyObject* dtype) {
 %enddef
 KVRET_PY_SCALAR_OUT(int32_t, out_count)
 KVRET_PY_SCALAR_OUT(int32_t, out_budget)
+KVRET_PY_SCALAR_OUT(int32_t, out_tier)
 KVRET_PY_SCALAR_OUT(int64_t, out_tokens)
 KVRET_PY_SCALAR_OUT(int64_t, out_rows)
 

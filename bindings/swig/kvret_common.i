@@ -25,14 +25,17 @@
 %immutable kvret_config::struct_size;
 %immutable kvret_stats::struct_size;
 
-/* The config's disk_path is a borrowed string: a SWIG setter would have to copy (and leak) it. The bindings pass it
- * to kvret_swig_create instead, which borrows the binding's string for the duration of kvret_create. */
+/* The config's strings (disk_path, session_shared_url) are borrowed: a SWIG setter would have to copy (and leak)
+ * them. The bindings pass them to kvret_swig_create instead, which borrows the binding's strings for the duration of
+ * kvret_create. */
 %ignore kvret_config::disk_path;
+%ignore kvret_config::session_shared_url;
 %ignore kvret_create;
 
 %inline %{
-/** kvret_create with the config's disk_path given separately (NULL = no disk tier). */
-static kvret_status kvret_swig_create(const kvret_config* config, const char* disk_path, kvret_context** out) {
+/** kvret_create with the config's strings given separately (NULL = no disk tier, no shared tier). */
+static kvret_status kvret_swig_create(const kvret_config* config, const char* disk_path,
+                                      const char* session_shared_url, kvret_context** out) {
   kvret_config copy;
   if (config == NULL) {
     kvret_status status = kvret_config_init(&copy);
@@ -41,6 +44,7 @@ static kvret_status kvret_swig_create(const kvret_config* config, const char* di
     copy = *config;
   }
   copy.disk_path = disk_path;
+  copy.session_shared_url = session_shared_url;
   return kvret_create(&copy, out);
 }
 
@@ -52,6 +56,11 @@ static void kvret_swig_config_copy(kvret_config* dst, const kvret_config* src) {
 /** The disk_path of a config (NULL when none); the string belongs to whoever filled the config. */
 static const char* kvret_swig_config_disk_path(const kvret_config* config) {
   return config == NULL ? NULL : config->disk_path;
+}
+
+/** The session_shared_url of a config (NULL when none); the string belongs to whoever filled the config. */
+static const char* kvret_swig_config_session_shared_url(const kvret_config* config) {
+  return config == NULL ? NULL : config->session_shared_url;
 }
 %}
 

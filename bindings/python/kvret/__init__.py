@@ -14,7 +14,7 @@ Every failed call raises :class:`KvretError` with the library's status and messa
 
 from . import _args
 from . import kvret_swig as _c
-from .context import Context
+from .context import Context, SessionTier
 from .errors import KvretError, Status
 from .sequence import Sequence, WorkingSet
 
@@ -40,4 +40,14 @@ def status_string(status):
     return _c.kvret_status_string(_args.int32(status, "status"))
 
 
-__all__ = ["BUDGET_DEFAULT", "Context", "KvretError", "Sequence", "Status", "WorkingSet", "status_string", "version"]
+__all__ = [
+    "BUDGET_DEFAULT",
+    "Context",
+    "KvretError",
+    "Sequence",
+    "SessionTier",
+    "Status",
+    "WorkingSet",
+    "status_string",
+    "version",
+]

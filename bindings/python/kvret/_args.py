@@ -91,6 +91,32 @@ def scale(value, name="scale"):
     return 0.0 if value is None else real(value, name)
 
 
+def session_id(value, name="session_id"):
+    """A session id as the bytes the library takes: a str (encoded as UTF-8) or bytes-like, without a NUL. Its length
+    (1 to 255 bytes) is the library's to judge, with its message."""
+    if isinstance(value, str):
+        try:
+            value = value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise KvretError(Status.INVALID_ARGUMENT, f"{name} cannot be encoded as UTF-8 ({error.reason})") from None
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value)
+    else:
+        raise TypeError(f"kvret: {name} must be a str or bytes, not {type(value).__name__}")
+    if b"\0" in value:
+        raise KvretError(Status.INVALID_ARGUMENT, f"{name} contains a NUL character")
+    return value
+
+
+def non_negative(value, name):
+    """value as a Python int >= 0 (ValueError when negative), capped at INT64's maximum: for counts of tokens, where
+    anything past the sequence means the whole of it."""
+    value = index(value, name)
+    if value < 0:
+        raise ValueError(f"kvret: {name} must be >= 0, got {_shown(value)}")
+    return min(value, INT64[1])
+
+
 _INTEGER_TYPES = {"int32_t": (INT32, "an int32"), "int64_t": (INT64, "an int64"), "uint64_t": (UINT64, "a uint64")}
 
 

@@ -1,8 +1,9 @@
 """Context configuration: keyword arguments onto the fields of kvret_config.
 
 Every field of kvret_config is a keyword of the same name (n_layers=..., budget=...). Enumerated fields also take
-names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", device_type="cuda". The extra
-keyword device="cuda:1" sets device_type and device_id together. Values are checked as the calls' arguments are (see
+names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", session_policy="lru",
+rope_layout="gptj", device_type="cuda". The extra keyword device="cuda:1" sets device_type and device_id together.
+The strings disk_path (a str or path) and session_shared_url (a str, "redis://host:port/db") are None when unset. Values are checked as the calls' arguments are (see
 kvret._args): integers from integers only, within their C type (else KvretError, Status.INVALID_ARGUMENT).
 
 The config dicts this module returns (Context.config, defaults()) give enumerated fields by name (the first name
@@ -35,6 +36,12 @@ _ENUM_NAMES = {
         "quant": _c.KVRET_INDEX_QUANT,
     },
     "cache_policy": {"lru": _c.KVRET_CACHE_LRU, "lfu": _c.KVRET_CACHE_LFU},
+    "session_policy": {
+        "scheduler_aware": _c.KVRET_SESSION_SCHEDULER_AWARE,
+        "lru": _c.KVRET_SESSION_LRU,
+        "fifo": _c.KVRET_SESSION_FIFO,
+    },
+    "rope_layout": {"neox": _c.KVRET_ROPE_NEOX, "gptj": _c.KVRET_ROPE_GPTJ},
 }
 
 # Each value's name in a config dict: the first name listed for it above.
@@ -47,7 +54,7 @@ FIELDS = tuple(
     name
     for name, value in vars(_c.kvret_config).items()
     if isinstance(value, property) and name not in ("thisown", "struct_size")
-) + ("disk_path",)
+) + ("disk_path", "session_shared_url")
 
 # Each field's C type, from the proxy's docstrings ("n_layers : int32_t", SWIG's autodoc).
 _FIELD_TYPES = {
@@ -95,21 +102,38 @@ def _disk_path(value):
     return path
 
 
+def _shared_url(value):
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"kvret: session_shared_url must be None or a string, not {type(value).__name__}")
+    if "\0" in value:
+        raise KvretError(Status.INVALID_ARGUMENT, "session_shared_url contains a NUL character")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise KvretError(
+            Status.INVALID_ARGUMENT, f"session_shared_url cannot be encoded as UTF-8 ({error.reason})"
+        ) from None
+
+
 def make(options):
-    """(kvret_config, disk_path) from keyword options; unknown keywords raise TypeError."""
+    """(kvret_config, disk_path, session_shared_url) from keyword options; unknown keywords raise TypeError."""
     config = _c.kvret_config()
     _c.kvret_config_init(config)
-    disk_path = None
+    disk_path = shared_url = None
     for name, value in options.items():
         if name == "device":
             config.device_type, config.device_id = _parse_device(value)
         elif name == "disk_path":
             disk_path = _disk_path(value)
+        elif name == "session_shared_url":
+            shared_url = _shared_url(value)
         elif name in FIELDS:
             _set(config, name, _field_value(name, value))
         else:
             raise TypeError(f"kvret: unknown config field {name!r}; the fields are {', '.join(FIELDS)} and device")
-    return config, disk_path
+    return config, disk_path, shared_url
 
 
 def defaults():
@@ -122,8 +146,9 @@ def defaults():
 def to_dict(config):
     """The fields of a kvret_config as a dict; enumerated fields by name (a number this version has no name for stays
     a number)."""
-    values = {name: getattr(config, name) for name in FIELDS if name != "disk_path"}
+    values = {name: getattr(config, name) for name in FIELDS if name not in ("disk_path", "session_shared_url")}
     for name, names in _ENUM_VALUES.items():
         values[name] = names.get(values[name], values[name])
     values["disk_path"] = _c.kvret_swig_config_disk_path(config)
+    values["session_shared_url"] = _c.kvret_swig_config_session_shared_url(config)
     return values

@@ -1,6 +1,7 @@
 """Context: the model geometry, index settings and stores shared by many sequences."""
 
 import contextlib
+import enum
 import weakref
 
 import numpy as np
@@ -26,6 +27,15 @@ def stats_dict(stats):
     return {name: getattr(stats, name) for name in STATS_FIELDS}
 
 
+class SessionTier(enum.IntEnum):
+    """kvret_session_tier: where a saved session is (:meth:`Context.session_tier`)."""
+
+    NONE = _c.KVRET_TIER_NONE  # not stored: open_session gives None
+    DRAM = _c.KVRET_TIER_DRAM  # host memory
+    DISK = _c.KVRET_TIER_DISK  # the disk tier (config disk_path)
+    SHARED = _c.KVRET_TIER_SHARED  # only in the shared tier (config session_shared_url)
+
+
 class Context(Resource):
     """A kvret context. Keyword arguments are kvret_config fields (see :mod:`kvret.config`), e.g.::
 
@@ -38,8 +48,8 @@ class Context(Resource):
     """
 
     def __init__(self, **config):
-        cfg, disk_path = _config.make(config)
-        self._handle = _c.kvret_swig_create(cfg, disk_path)
+        cfg, disk_path, shared_url = _config.make(config)
+        self._handle = _c.kvret_swig_create(cfg, disk_path, shared_url)
         self._sequences = weakref.WeakSet()
         effective = _c.kvret_config()
         _c.kvret_config_init(effective)
@@ -93,6 +103,66 @@ class Context(Resource):
     def open_sequence(self):
         """Opens an empty sequence."""
         return Sequence(self)
+
+    # ---- sessions across conversation turns (docs/sessions.md) ----
+    def open_session(self, session_id):
+        """A new :class:`Sequence` holding what :meth:`Sequence.save_session` saved under `session_id` (the same
+        tokens, index and selections), or None when no session has that id (never saved, dropped, expired or
+        evicted). A session id is a str (encoded as UTF-8) or bytes: 1 to 255 bytes, no NUL. A stored session whose
+        bytes fail their checks raises KvretError with Status.CORRUPT (and is dropped)."""
+        session_id = _args.session_id(session_id)
+        handle = self._live()
+        try:
+            seq = _c.kvret_session_open(handle, session_id)
+        except KvretError as error:
+            if error.status == Status.NOT_FOUND:
+                return None
+            raise
+        return Sequence(self, _handle=seq)
+
+    def drop_session(self, session_id):
+        """Removes a saved session from every tier. Returns True if there was one, False if not."""
+        session_id = _args.session_id(session_id)
+        handle = self._live()
+        try:
+            _c.kvret_session_drop(handle, session_id)
+        except KvretError as error:
+            if error.status == Status.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    def schedule_sessions(self, session_ids):
+        """The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; an empty
+        iterable clears it). It replaces the previous queue. With session_policy="scheduler_aware", eviction keeps
+        the sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in the
+        background."""
+        if isinstance(session_ids, (str, bytes, bytearray, memoryview)):
+            raise TypeError("kvret: session_ids must be an iterable of session ids, not a single id")
+        try:
+            ids = list(session_ids)
+        except TypeError:
+            raise TypeError(
+                f"kvret: session_ids must be an iterable of session ids, not {type(session_ids).__name__}"
+            ) from None
+        ids = [_args.session_id(value, f"session_ids[{i}]") for i, value in enumerate(ids)]
+        handle = self._live()
+        _c.kvret_session_schedule(handle, ids)
+
+    def session_tier(self, session_id):
+        """Where a saved session is now: a :class:`SessionTier` (SessionTier.NONE when there is none)."""
+        session_id = _args.session_id(session_id)
+        handle = self._live()
+        tier = _c.kvret_session_where(handle, session_id)
+        try:
+            return SessionTier(tier)
+        except ValueError:
+            raise KvretError(Status.INTERNAL, f"kvret_session_where gave an unknown tier {tier}") from None
+
+    def flush_sessions(self):
+        """Waits for the session store's background writes (saves to disk and to the shared tier, evictions,
+        prefetches) and raises the first failure among them since the last flush."""
+        _c.kvret_session_flush(self._live())
 
     # ---- calls ----
     def attend(self, q, k, v, rows=None, scale=None, out=None, stream=None):

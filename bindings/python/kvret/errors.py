@@ -27,6 +27,7 @@ class Status(enum.IntEnum):
     CUDA = _c.KVRET_ERR_CUDA
     VERSION = _c.KVRET_ERR_VERSION
     INTERNAL = _c.KVRET_ERR_INTERNAL
+    NOT_FOUND = _c.KVRET_ERR_NOT_FOUND
 
 
 class KvretError(RuntimeError):

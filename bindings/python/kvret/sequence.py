@@ -103,6 +103,29 @@ class Sequence(Resource):
         with self._lock:
             _c.kvret_seq_truncate(self._live(), min(length, _args.INT64[1]))  # beyond every layer: a no-op
 
+    def drop_front(self, keep, count):
+        """Context-window truncation: drops `count` tokens of every layer after its first `keep` tokens (keep 0: the
+        earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move
+        `count` positions earlier (with rope_keys=True their keys are rotated at their new positions) and each
+        layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens is unchanged; one
+        holding fewer than keep + count loses the rest. keep and count are non-negative integers (ValueError when
+        negative); count 0 changes nothing; on failure nothing changes (see kvret_seq_drop_front)."""
+        keep, count = _args.non_negative(keep, "keep"), _args.non_negative(count, "count")
+        with self._lock:
+            _c.kvret_seq_drop_front(self._live(), keep, count)
+
+    # ---- sessions ----
+    def save_session(self, session_id):
+        """Saves what this sequence holds now under `session_id` (a str, encoded as UTF-8, or bytes: 1 to 255
+        bytes, no NUL) in the context's session store, replacing an older save of that id once the new one is
+        whole. The sequence stays open and unchanged: go on appending to it, or close it; a later turn reopens it
+        with :meth:`Context.open_session`. A session that fits no tier raises KvretError with Status.CAPACITY and
+        nothing is stored. Writes to disk and to the shared tier finish in the background
+        (:meth:`Context.flush_sessions` waits for them)."""
+        session_id = _args.session_id(session_id)
+        with self._lock:
+            _c.kvret_session_save(self._live(), session_id)
+
     # ---- queries ----
     def length(self, layer):
         """Tokens stored for `layer` (sink + middle + local)."""

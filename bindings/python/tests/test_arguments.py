@@ -71,6 +71,8 @@ def sequence_calls(seq, rng):
         ("read.begin", ["begin", "range"], "int64", lambda x: seq.read(0, x, 4)),
         ("read.end", ["end", "range"], "int64", lambda x: seq.read(0, 0, x)),
         ("truncate.length", ["length"], "length", lambda x: seq.truncate(x)),
+        ("drop_front.keep", ["keep"], "length", lambda x: seq.drop_front(x, 1)),
+        ("drop_front.count", ["count"], "length", lambda x: seq.drop_front(0, x)),
         ("ctx.attend.rows", ["rows"], "int64", lambda x: ctx.attend(q, k_heads, v_heads, x)),
         ("ctx.attend.scale", ["scale"], "float", lambda x: ctx.attend(q, k_heads, v_heads, scale=x)),
         ("ctx.attend.stream", ["stream"], "stream", lambda x: ctx.attend(q, k_heads, v_heads, stream=x)),
@@ -143,8 +145,8 @@ def config_values(field):
 def test_every_config_field_is_checked_before_swig():
     checked = 0
     for field in kvret.config.FIELDS:
-        if field == "disk_path":
-            continue
+        if field in ("disk_path", "session_shared_url"):
+            continue  # strings: below
         for value in config_values(field):
             if isinstance(value, str) and field in kvret.config._ENUM_NAMES:
                 continue  # a name: refused with ValueError (below)
@@ -160,6 +162,12 @@ def test_every_config_field_is_checked_before_swig():
     check_refused(lambda x: make_context(device=x), f"cuda:{2**31}", ["device"])
     check_refused(lambda x: make_context(disk_path=x), 5, ["disk_path"])
     check_refused(lambda x: make_context(disk_path=x), "/tmp/a\0b", ["disk_path"])
+    for value in (5, b"redis://localhost", ["redis://localhost"]):
+        error = check_refused(lambda x: make_context(session_shared_url=x), value, ["session_shared_url"])
+        assert isinstance(error, TypeError)
+    for value in ("redis://local\0host:6379", "redis://\ud800"):
+        error = check_refused(lambda x: make_context(session_shared_url=x), value, ["session_shared_url"])
+        assert error.status == kvret.Status.INVALID_ARGUMENT
 
 
 def test_config_values_that_fit_are_taken():

@@ -16,10 +16,12 @@ public final class Config {
 
   private final NativeConfig fields;
   private final String diskPath;
+  private final String sessionSharedUrl;
 
-  private Config(NativeConfig fields, String diskPath) {
+  private Config(NativeConfig fields, String diskPath, String sessionSharedUrl) {
     this.fields = fields;
     this.diskPath = diskPath;
+    this.sessionSharedUrl = sessionSharedUrl;
     CLEANER.register(this, fields::delete);
   }
 
@@ -34,7 +36,8 @@ public final class Config {
 
   /** Adopts a native config filled by the library (kvret_get_config). */
   static Config adopt(NativeConfig fields) {
-    return new Config(fields, KvretNative.kvret_swig_config_disk_path(fields));
+    return new Config(fields, KvretNative.kvret_swig_config_disk_path(fields),
+        KvretNative.kvret_swig_config_session_shared_url(fields));
   }
 
   /** A builder that starts from this config. */
@@ -42,6 +45,7 @@ public final class Config {
     Builder builder = new Builder();
     KvretNative.kvret_swig_config_copy(builder.fields, fields);
     builder.diskPath = diskPath;
+    builder.sessionSharedUrl = sessionSharedUrl;
     return builder;
   }
 
@@ -59,9 +63,14 @@ public final class Config {
     return fields.getDevice_id();
   }
 
-  /** The disk tier's directory, or null for none. */
+  /** The directory of the session store's disk tier, or null for none (kvret_config.disk_path). */
   public String diskPath() {
     return diskPath;
+  }
+
+  /** The Redis URL of the shared session tier, or null for none (kvret_config.session_shared_url). */
+  public String sessionSharedUrl() {
+    return sessionSharedUrl;
   }
 
   // The accessors of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
@@ -335,12 +344,99 @@ public final class Config {
   public long deviceBytesLimit() {
     return fields.getDevice_bytes_limit();
   }
+
+  /**
+   * kvret_config.session_dram_bytes: capacity of the session store's host DRAM tier in bytes; 0 =
+   * unlimited; default 0; >= 0
+   */
+  public long sessionDramBytes() {
+    return fields.getSession_dram_bytes();
+  }
+
+  /**
+   * kvret_config.session_disk_bytes: capacity of the disk tier (config.disk_path) in bytes; 0 =
+   * unlimited; default 0; >= 0
+   */
+  public long sessionDiskBytes() {
+    return fields.getSession_disk_bytes();
+  }
+
+  /**
+   * kvret_config.session_ttl_ms: a saved session expires this many milliseconds after its save
+   * (then it is a miss, and its bytes are freed); 0 = never; default 0; >= 0
+   */
+  public long sessionTtlMs() {
+    return fields.getSession_ttl_ms();
+  }
+
+  /** kvret_config.session_policy: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+  public SessionPolicy sessionPolicy() {
+    return SessionPolicy.fromCode(fields.getSession_policy());
+  }
+
+  /**
+   * kvret_config.rope_keys: 1: the keys appended are before RoPE; kvret rotates them at the
+   * position each token has now (its index in the sequence) wherever keys are read: index builds,
+   * select, fetch, attention and kvret_seq_read. Queries stay rotated as before. 0 (default): keys
+   * are given rotated
+   */
+  public boolean ropeKeys() {
+    return fields.getRope_keys() != 0;
+  }
+
+  /**
+   * kvret_config.rope_dims: rotated dimensions of each head (even, <= head_dim; the rest pass
+   * unrotated); 0 = head_dim (default)
+   */
+  public int ropeDims() {
+    return fields.getRope_dims();
+  }
+
+  /** kvret_config.rope_layout: a kvret_rope_layout; default KVRET_ROPE_NEOX */
+  public RopeLayout ropeLayout() {
+    return RopeLayout.fromCode(fields.getRope_layout());
+  }
+
+  /** kvret_config.rope_theta: the base of the rotary frequencies; > 0; default 10000 */
+  public float ropeTheta() {
+    return fields.getRope_theta();
+  }
+
+  /**
+   * kvret_config.rope_scale_factor: Llama-3 frequency scaling: the factor; 0 = none (default); else
+   * >= 1
+   */
+  public float ropeScaleFactor() {
+    return fields.getRope_scale_factor();
+  }
+
+  /** kvret_config.rope_low_freq_factor: Llama-3 scaling: low-frequency factor; > 0; default 1 */
+  public float ropeLowFreqFactor() {
+    return fields.getRope_low_freq_factor();
+  }
+
+  /**
+   * kvret_config.rope_high_freq_factor: Llama-3 scaling: high-frequency factor; >
+   * rope_low_freq_factor; default 4
+   */
+  public float ropeHighFreqFactor() {
+    return fields.getRope_high_freq_factor();
+  }
+
+  /**
+   * kvret_config.rope_original_max_positions: Llama-3 scaling: the original context length; >= 1;
+   * default 8192
+   */
+  public int ropeOriginalMaxPositions() {
+    return fields.getRope_original_max_positions();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
   public static final class Builder {
     private final NativeConfig fields = new NativeConfig();
     private String diskPath;
+    private String sessionSharedUrl;
 
     private Builder() {
       CLEANER.register(this, fields::delete);
@@ -350,7 +446,7 @@ public final class Config {
     public Config build() {
       NativeConfig copy = new NativeConfig();
       KvretNative.kvret_swig_config_copy(copy, fields);
-      return new Config(copy, diskPath);
+      return new Config(copy, diskPath, sessionSharedUrl);
     }
 
     /** Where the index and working set live: CPU (default) or CUDA with a device ordinal. */
@@ -360,9 +456,22 @@ public final class Config {
       return this;
     }
 
-    /** The disk tier's directory (reserved by the library); null for none. */
+    /**
+     * The directory of the session store's disk tier, created if missing; null or "" for none. A NUL character is
+     * refused by {@link Context#create} (KvretException, INVALID_ARGUMENT).
+     */
     public Builder diskPath(String value) {
       diskPath = value;
+      return this;
+    }
+
+    /**
+     * The shared session tier: a Redis server every node of a serving stack reads saved sessions from,
+     * {@code redis://[:password@]host[:port][/db][?prefix=P&timeout_ms=N]} or {@code rediss://} for TLS; null or ""
+     * for none (default). A library built without the Redis client refuses it (KvretException, UNSUPPORTED).
+     */
+    public Builder sessionSharedUrl(String value) {
+      sessionSharedUrl = value;
       return this;
     }
 
@@ -675,6 +784,104 @@ public final class Config {
      */
     public Builder deviceBytesLimit(long value) {
       fields.setDevice_bytes_limit(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.session_dram_bytes: capacity of the session store's host DRAM tier in bytes; 0 =
+     * unlimited; default 0; >= 0
+     */
+    public Builder sessionDramBytes(long value) {
+      fields.setSession_dram_bytes(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.session_disk_bytes: capacity of the disk tier (config.disk_path) in bytes; 0 =
+     * unlimited; default 0; >= 0
+     */
+    public Builder sessionDiskBytes(long value) {
+      fields.setSession_disk_bytes(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.session_ttl_ms: a saved session expires this many milliseconds after its save
+     * (then it is a miss, and its bytes are freed); 0 = never; default 0; >= 0
+     */
+    public Builder sessionTtlMs(long value) {
+      fields.setSession_ttl_ms(value);
+      return this;
+    }
+
+    /** kvret_config.session_policy: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+    public Builder sessionPolicy(SessionPolicy value) {
+      fields.setSession_policy(value.code);
+      return this;
+    }
+
+    /**
+     * kvret_config.rope_keys: 1: the keys appended are before RoPE; kvret rotates them at the
+     * position each token has now (its index in the sequence) wherever keys are read: index builds,
+     * select, fetch, attention and kvret_seq_read. Queries stay rotated as before. 0 (default):
+     * keys are given rotated
+     */
+    public Builder ropeKeys(boolean value) {
+      fields.setRope_keys(value ? 1 : 0);
+      return this;
+    }
+
+    /**
+     * kvret_config.rope_dims: rotated dimensions of each head (even, <= head_dim; the rest pass
+     * unrotated); 0 = head_dim (default)
+     */
+    public Builder ropeDims(int value) {
+      fields.setRope_dims(value);
+      return this;
+    }
+
+    /** kvret_config.rope_layout: a kvret_rope_layout; default KVRET_ROPE_NEOX */
+    public Builder ropeLayout(RopeLayout value) {
+      fields.setRope_layout(value.code);
+      return this;
+    }
+
+    /** kvret_config.rope_theta: the base of the rotary frequencies; > 0; default 10000 */
+    public Builder ropeTheta(float value) {
+      fields.setRope_theta(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.rope_scale_factor: Llama-3 frequency scaling: the factor; 0 = none (default);
+     * else >= 1
+     */
+    public Builder ropeScaleFactor(float value) {
+      fields.setRope_scale_factor(value);
+      return this;
+    }
+
+    /** kvret_config.rope_low_freq_factor: Llama-3 scaling: low-frequency factor; > 0; default 1 */
+    public Builder ropeLowFreqFactor(float value) {
+      fields.setRope_low_freq_factor(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.rope_high_freq_factor: Llama-3 scaling: high-frequency factor; >
+     * rope_low_freq_factor; default 4
+     */
+    public Builder ropeHighFreqFactor(float value) {
+      fields.setRope_high_freq_factor(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.rope_original_max_positions: Llama-3 scaling: the original context length; >= 1;
+     * default 8192
+     */
+    public Builder ropeOriginalMaxPositions(int value) {
+      fields.setRope_original_max_positions(value);
       return this;
     }
     // </generated setters>

@@ -5,6 +5,7 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.locks.ReadWriteLock;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -134,7 +135,8 @@ public final class Context implements AutoCloseable {
   /** Creates a context; throws {@link KvretException} if the config is invalid. */
   public static Context create(Config config) {
     long[] out = new long[1];
-    KvretNative.kvret_swig_create(config.fields(), config.diskPath(), out);
+    KvretNative.kvret_swig_create(config.fields(), NativeStrings.utf8OrNull(config.diskPath(), "disk_path"),
+        NativeStrings.utf8OrNull(config.sessionSharedUrl(), "session_shared_url"), out);
     return new Context(out[0]);
   }
 
@@ -159,6 +161,102 @@ public final class Context implements AutoCloseable {
       long[] out = new long[1];
       KvretNative.kvret_seq_open(state.handle, out);
       return track(out[0]);
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  // ---- sessions across conversation turns ----
+
+  /**
+   * A new sequence holding what {@link Sequence#saveSession} saved under {@code sessionId} (the same tokens, index
+   * and selections), or an empty Optional when no session has that id (never saved, dropped, expired or evicted).
+   * Close it like any sequence. A session id is 1 to 255 bytes of UTF-8 without a NUL character.
+   *
+   * @throws NullPointerException if sessionId is null
+   * @throws KvretException status INVALID_ARGUMENT for a bad id, CORRUPT for a stored session whose bytes fail
+   *     their checks (it is dropped), INVALID_HANDLE once the context is closed
+   */
+  public Optional<Sequence> openSession(String sessionId) {
+    byte[] id = NativeStrings.utf8(sessionId, "session_id");
+    state.lifetime.readLock().lock();
+    try {
+      long[] out = new long[1];
+      try {
+        KvretNative.kvret_session_open(state.handle, id, out);
+      } catch (KvretException e) {
+        if (e.status() == Status.NOT_FOUND) {
+          return Optional.empty();
+        }
+        throw e;
+      }
+      return Optional.of(track(out[0]));
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  /** Removes a saved session from every tier; true if there was one, false if not. */
+  public boolean dropSession(String sessionId) {
+    byte[] id = NativeStrings.utf8(sessionId, "session_id");
+    state.lifetime.readLock().lock();
+    try {
+      KvretNative.kvret_session_drop(state.handle, id);
+      return true;
+    } catch (KvretException e) {
+      if (e.status() == Status.NOT_FOUND) {
+        return false;
+      }
+      throw e;
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  /**
+   * The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; an empty list
+   * clears it). It replaces the previous queue. With {@link SessionPolicy#SCHEDULER_AWARE}, eviction keeps the
+   * sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in the
+   * background.
+   *
+   * @throws NullPointerException if the list or one of its ids is null
+   */
+  public void scheduleSessions(List<String> sessionIds) {
+    byte[][] ids = new byte[sessionIds.size()][];
+    int i = 0;
+    for (String sessionId : sessionIds) {
+      ids[i] = NativeStrings.utf8(sessionId, "session_ids[" + i + "]");
+      ++i;
+    }
+    state.lifetime.readLock().lock();
+    try {
+      KvretNative.kvret_session_schedule(state.handle, ids);
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  /** Where a saved session is now ({@link SessionTier#NONE} when there is none). */
+  public SessionTier sessionTier(String sessionId) {
+    byte[] id = NativeStrings.utf8(sessionId, "session_id");
+    state.lifetime.readLock().lock();
+    try {
+      int[] tier = new int[1];
+      KvretNative.kvret_session_where(state.handle, id, tier);
+      return SessionTier.fromCode(tier[0]);
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  /**
+   * Waits for the session store's background writes (saves to disk and to the shared tier, evictions, prefetches)
+   * and throws the first failure among them since the last flush.
+   */
+  public void flushSessions() {
+    state.lifetime.readLock().lock();
+    try {
+      KvretNative.kvret_session_flush(state.handle);
     } finally {
       state.lifetime.readLock().unlock();
     }

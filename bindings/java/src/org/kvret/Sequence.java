@@ -133,6 +133,44 @@ public final class Sequence implements AutoCloseable {
     }
   }
 
+  /**
+   * Context-window truncation: drops {@code count} tokens of every layer after its first {@code keep} tokens (keep
+   * 0: the earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move
+   * {@code count} positions earlier (with rope keys on, their keys are rotated at their new positions) and each
+   * layer's index is rebuilt for the keys it now has. A layer holding at most {@code keep} tokens is unchanged; one
+   * holding fewer than keep + count loses the rest. Count 0 changes nothing; on failure nothing changes (see
+   * kvret_seq_drop_front).
+   *
+   * @throws IllegalArgumentException if keep or count is negative
+   */
+  public void dropFront(long keep, long count) {
+    if (keep < 0) throw new IllegalArgumentException("keep must be >= 0, got " + keep);
+    if (count < 0) throw new IllegalArgumentException("count must be >= 0, got " + count);
+    synchronized (state) {
+      KvretNative.kvret_seq_drop_front(state.handle, keep, count);
+    }
+  }
+
+  // ---- sessions ----
+
+  /**
+   * Saves what this sequence holds now under {@code sessionId} (1 to 255 bytes of UTF-8 without a NUL character)
+   * in the context's session store, replacing an older save of that id once the new one is whole. The sequence
+   * stays open and unchanged: go on appending to it, or close it; a later turn reopens it with {@link
+   * Context#openSession}. Writes to disk and to the shared tier finish in the background ({@link
+   * Context#flushSessions} waits for them).
+   *
+   * @throws NullPointerException if sessionId is null
+   * @throws KvretException status INVALID_ARGUMENT for a bad id, CAPACITY when the session fits no tier (nothing
+   *     is stored), INVALID_HANDLE once the sequence is closed
+   */
+  public void saveSession(String sessionId) {
+    byte[] id = NativeStrings.utf8(sessionId, "session_id");
+    synchronized (state) {
+      KvretNative.kvret_session_save(state.handle, id);
+    }
+  }
+
   // ---- queries ----
 
   /** Tokens stored for {@code layer}. */

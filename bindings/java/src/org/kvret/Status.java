@@ -21,6 +21,7 @@ public enum Status {
   CUDA(16),
   VERSION(17),
   INTERNAL(18),
+  NOT_FOUND(19),
   /** A status this version of the binding does not know. */
   UNKNOWN(-1);
 
