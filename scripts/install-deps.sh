@@ -10,7 +10,10 @@ for arg in "$@"; do
   [[ "$arg" == "--sanitizers" ]] && sanitizers=1
 done
 
-apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev)
+# zlib: the session store's checksums; hiredis and redis-server: the shared session tier on Redis and its tests
+# (each test starts its own redis-server on loopback)
+apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libhiredis-dev
+  redis-server)
 if [[ $minimal == 0 ]]; then
   apt_packages+=(swig openjdk-17-jdk-headless junit4 libhamcrest-java libfaiss-dev libopenblas-dev clang-format)
 fi
