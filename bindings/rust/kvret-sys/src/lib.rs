@@ -41,6 +41,7 @@ pub const KVRET_ERR_CORRUPT: kvret_status = 15;
 pub const KVRET_ERR_CUDA: kvret_status = 16;
 pub const KVRET_ERR_VERSION: kvret_status = 17;
 pub const KVRET_ERR_INTERNAL: kvret_status = 18;
+pub const KVRET_ERR_NOT_FOUND: kvret_status = 19;
 
 // ---- tensors (DLPack's DLTensor layout) ----
 pub type kvret_device_type = c_int;
@@ -103,6 +104,15 @@ pub type kvret_cache_policy = c_int;
 pub const KVRET_CACHE_LRU: kvret_cache_policy = 0;
 pub const KVRET_CACHE_LFU: kvret_cache_policy = 1;
 
+pub type kvret_session_policy = c_int;
+pub const KVRET_SESSION_SCHEDULER_AWARE: kvret_session_policy = 0;
+pub const KVRET_SESSION_LRU: kvret_session_policy = 1;
+pub const KVRET_SESSION_FIFO: kvret_session_policy = 2;
+
+pub type kvret_rope_layout = c_int;
+pub const KVRET_ROPE_NEOX: kvret_rope_layout = 0;
+pub const KVRET_ROPE_GPTJ: kvret_rope_layout = 1;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kvret_config {
@@ -149,6 +159,19 @@ pub struct kvret_config {
     pub quant_attention: i32,
     pub cluster_reuse_steps: i32,
     pub device_bytes_limit: i64,
+    pub session_dram_bytes: i64,
+    pub session_disk_bytes: i64,
+    pub session_ttl_ms: i64,
+    pub session_policy: i32,
+    pub rope_keys: i32,
+    pub rope_dims: i32,
+    pub rope_layout: i32,
+    pub rope_theta: f32,
+    pub rope_scale_factor: f32,
+    pub rope_low_freq_factor: f32,
+    pub rope_high_freq_factor: f32,
+    pub rope_original_max_positions: i32,
+    pub session_shared_url: *const c_char,
 }
 
 // ---- context and sequences: opaque handles ----
@@ -174,6 +197,13 @@ pub struct kvret_stream_opaque {
 pub type kvret_stream = *mut kvret_stream_opaque;
 
 pub const KVRET_BUDGET_DEFAULT: i32 = -1;
+
+// ---- sessions ----
+pub type kvret_session_tier = c_int;
+pub const KVRET_TIER_NONE: kvret_session_tier = 0;
+pub const KVRET_TIER_DRAM: kvret_session_tier = 1;
+pub const KVRET_TIER_DISK: kvret_session_tier = 2;
+pub const KVRET_TIER_SHARED: kvret_session_tier = 3;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +238,16 @@ pub struct kvret_stats {
     pub cluster_reuse_rows: i64,
     pub cluster_reuse_hits: i64,
     pub cluster_reuse_bytes: i64,
+    pub session_saves: i64,
+    pub session_hits_dram: i64,
+    pub session_hits_disk: i64,
+    pub session_misses: i64,
+    pub session_evictions: i64,
+    pub session_expired: i64,
+    pub session_corrupt: i64,
+    pub session_dram_bytes: i64,
+    pub session_dram_count: i64,
+    pub session_disk_count: i64,
 }
 
 extern "C" {
@@ -308,6 +348,21 @@ extern "C" {
         out: *const kvret_tensor,
         stream: kvret_stream,
     ) -> kvret_status;
+
+    // ---- sessions across conversation turns ----
+    pub fn kvret_session_save(seq: *mut kvret_seq, session_id: *const c_char) -> kvret_status;
+    pub fn kvret_session_open(
+        ctx: *mut kvret_context,
+        session_id: *const c_char,
+        out: *mut *mut kvret_seq,
+    ) -> kvret_status;
+    pub fn kvret_session_drop(ctx: *mut kvret_context, session_id: *const c_char) -> kvret_status;
+    pub fn kvret_session_schedule(ctx: *mut kvret_context, session_ids: *const *const c_char, n: i32) -> kvret_status;
+    pub fn kvret_session_where(ctx: *mut kvret_context, session_id: *const c_char, out_tier: *mut i32) -> kvret_status;
+    pub fn kvret_session_flush(ctx: *mut kvret_context) -> kvret_status;
+
+    pub fn kvret_seq_drop_front(seq: *mut kvret_seq, keep: i64, count: i64) -> kvret_status;
+
     pub fn kvret_synchronize(ctx: *mut kvret_context, stream: kvret_stream) -> kvret_status;
 
     // ---- eviction-only mode (KVCrush) ----

@@ -39,6 +39,21 @@ pub enum CachePolicy {
     Lfu = sys::KVRET_CACHE_LFU as isize,
 }
 
+/// Which saved session a full tier of the session store evicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionPolicy {
+    SchedulerAware = sys::KVRET_SESSION_SCHEDULER_AWARE as isize,
+    Lru = sys::KVRET_SESSION_LRU as isize,
+    Fifo = sys::KVRET_SESSION_FIFO as isize,
+}
+
+/// How the rotary embedding pairs the dimensions of a head (pre-RoPE keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    Neox = sys::KVRET_ROPE_NEOX as isize,
+    Gptj = sys::KVRET_ROPE_GPTJ as isize,
+}
+
 /// Where a context keeps its index and working sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -94,11 +109,13 @@ impl<T: sealed::Sealed> ConfigInt for T {}
 pub struct Config {
     raw: sys::kvret_config,
     disk_path: Option<CString>,
+    session_shared_url: Option<CString>,
     /// (field, message) of each value a setter could not store; refused by Context::new.
     rejected: Vec<(&'static str, String)>,
 }
 
-// SAFETY: raw.disk_path is always null (the path lives in `disk_path` and is only lent during kvret_create).
+// SAFETY: raw.disk_path and raw.session_shared_url are always null (the strings live in `disk_path` and
+// `session_shared_url` and are only lent during kvret_create).
 unsafe impl Send for Config {}
 unsafe impl Sync for Config {}
 
@@ -114,28 +131,37 @@ impl Config {
         // SAFETY: an all-zero kvret_config is a valid value to initialize.
         let mut raw: sys::kvret_config = unsafe { std::mem::zeroed() };
         check(unsafe { sys::kvret_config_init(&mut raw) }).expect("kvret_config_init");
-        Config { raw, disk_path: None, rejected: Vec::new() }
+        Config { raw, disk_path: None, session_shared_url: None, rejected: Vec::new() }
     }
 
-    /// Adopts a config filled by the library, copying its disk path.
+    /// Adopts a config filled by the library, copying its strings.
     pub(crate) fn from_raw(mut raw: sys::kvret_config) -> Self {
-        let disk_path = (!raw.disk_path.is_null())
-            // SAFETY: the library hands out a NUL-terminated path that is valid while the context lives.
-            .then(|| unsafe { CStr::from_ptr(raw.disk_path) }.to_owned());
+        let copy = |text: *const std::ffi::c_char| {
+            // SAFETY: the library hands out NUL-terminated strings that are valid while the context lives.
+            (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) }.to_owned())
+        };
+        let (disk_path, session_shared_url) = (copy(raw.disk_path), copy(raw.session_shared_url));
         raw.disk_path = std::ptr::null();
-        Config { raw, disk_path, rejected: Vec::new() }
+        raw.session_shared_url = std::ptr::null();
+        Config { raw, disk_path, session_shared_url, rejected: Vec::new() }
     }
 
-    /// All fields, as `kvret_config` (its `disk_path` is null: see [`Config::disk_path_str`]). A field whose
+    /// All fields, as `kvret_config` (its `disk_path` and `session_shared_url` are null: see
+    /// [`Config::disk_path_str`], [`Config::session_shared_url_str`]). A field whose
     /// setter got a value out of its C type's range holds that type's nearest bound here, and the config is
     /// refused by [`Context::new`](crate::Context::new).
     pub fn raw(&self) -> &sys::kvret_config {
         &self.raw
     }
 
-    /// The disk tier's directory, if any.
+    /// The directory of the session store's disk tier, if any.
     pub fn disk_path_str(&self) -> Option<&str> {
         self.disk_path.as_deref().and_then(|p| p.to_str().ok())
+    }
+
+    /// The Redis URL of the shared session tier, if any.
+    pub fn session_shared_url_str(&self) -> Option<&str> {
+        self.session_shared_url.as_deref().and_then(|p| p.to_str().ok())
     }
 
     /// The values the setters could not store, as an error (status InvalidArgument) naming the first field.
@@ -161,14 +187,28 @@ impl Config {
         })
     }
 
-    /// Calls `f` with the raw config whose disk_path points at this config's path.
+    /// Calls `f` with the raw config whose strings point at this config's.
     pub(crate) fn with_raw<T>(&self, f: impl FnOnce(&sys::kvret_config) -> T) -> T {
         let mut raw = self.raw;
         raw.disk_path = self.disk_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        raw.session_shared_url = self.session_shared_url.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
         f(&raw)
     }
 
-    // The setters of every field but the device and the disk path, from include/kvret.h (bindings/gen_config.py;
+    /// Stores an optional string field, or records that it holds a NUL byte.
+    fn string_field(&mut self, field: &'static str, value: Option<&str>) -> Option<CString> {
+        self.rejected.retain(|(f, _)| *f != field);
+        match value.map(CString::new) {
+            None => None,
+            Some(Ok(text)) => Some(text),
+            Some(Err(_)) => {
+                self.rejected.push((field, format!("config.{field} contains a NUL byte")));
+                None
+            }
+        }
+    }
+
+    // The setters of every field but the device and the strings, from include/kvret.h (bindings/gen_config.py;
     // do not edit by hand).
     // <generated setters>
     /// `kvret_config.n_layers`: default 32
@@ -429,6 +469,81 @@ impl Config {
         self.raw.device_bytes_limit = self.int_field("device_bytes_limit", value);
         self
     }
+
+    /// `kvret_config.session_dram_bytes`: capacity of the session store's host DRAM tier in bytes; 0 = unlimited; default 0; >= 0
+    pub fn session_dram_bytes(mut self, value: impl ConfigInt) -> Self {
+        self.raw.session_dram_bytes = self.int_field("session_dram_bytes", value);
+        self
+    }
+
+    /// `kvret_config.session_disk_bytes`: capacity of the disk tier (config.disk_path) in bytes; 0 = unlimited; default 0; >= 0
+    pub fn session_disk_bytes(mut self, value: impl ConfigInt) -> Self {
+        self.raw.session_disk_bytes = self.int_field("session_disk_bytes", value);
+        self
+    }
+
+    /// `kvret_config.session_ttl_ms`: a saved session expires this many milliseconds after its save (then it is a miss, and its bytes are
+    /// freed); 0 = never; default 0; >= 0
+    pub fn session_ttl_ms(mut self, value: impl ConfigInt) -> Self {
+        self.raw.session_ttl_ms = self.int_field("session_ttl_ms", value);
+        self
+    }
+
+    /// `kvret_config.session_policy`: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE
+    pub fn session_policy(mut self, value: SessionPolicy) -> Self {
+        self.raw.session_policy = value as i32;
+        self
+    }
+
+    /// `kvret_config.rope_keys`: 1: the keys appended are before RoPE; kvret rotates them at the position each token has now (its
+    /// index in the sequence) wherever keys are read: index builds, select, fetch, attention and
+    /// kvret_seq_read. Queries stay rotated as before. 0 (default): keys are given rotated
+    pub fn rope_keys(mut self, value: bool) -> Self {
+        self.raw.rope_keys = value.into();
+        self
+    }
+
+    /// `kvret_config.rope_dims`: rotated dimensions of each head (even, <= head_dim; the rest pass unrotated); 0 = head_dim (default)
+    pub fn rope_dims(mut self, value: impl ConfigInt) -> Self {
+        self.raw.rope_dims = self.int_field("rope_dims", value);
+        self
+    }
+
+    /// `kvret_config.rope_layout`: a kvret_rope_layout; default KVRET_ROPE_NEOX
+    pub fn rope_layout(mut self, value: RopeLayout) -> Self {
+        self.raw.rope_layout = value as i32;
+        self
+    }
+
+    /// `kvret_config.rope_theta`: the base of the rotary frequencies; > 0; default 10000
+    pub fn rope_theta(mut self, value: f32) -> Self {
+        self.raw.rope_theta = value;
+        self
+    }
+
+    /// `kvret_config.rope_scale_factor`: Llama-3 frequency scaling: the factor; 0 = none (default); else >= 1
+    pub fn rope_scale_factor(mut self, value: f32) -> Self {
+        self.raw.rope_scale_factor = value;
+        self
+    }
+
+    /// `kvret_config.rope_low_freq_factor`: Llama-3 scaling: low-frequency factor; > 0; default 1
+    pub fn rope_low_freq_factor(mut self, value: f32) -> Self {
+        self.raw.rope_low_freq_factor = value;
+        self
+    }
+
+    /// `kvret_config.rope_high_freq_factor`: Llama-3 scaling: high-frequency factor; > rope_low_freq_factor; default 4
+    pub fn rope_high_freq_factor(mut self, value: f32) -> Self {
+        self.raw.rope_high_freq_factor = value;
+        self
+    }
+
+    /// `kvret_config.rope_original_max_positions`: Llama-3 scaling: the original context length; >= 1; default 8192
+    pub fn rope_original_max_positions(mut self, value: impl ConfigInt) -> Self {
+        self.raw.rope_original_max_positions = self.int_field("rope_original_max_positions", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {
@@ -439,18 +554,19 @@ impl Config {
         self
     }
 
-    /// The disk tier's directory (reserved by the library). A path with a NUL byte is an error at context creation
-    /// (status InvalidArgument).
+    /// The directory of the session store's disk tier, created if missing (`None` or "": no disk tier). A path
+    /// with a NUL byte is an error at context creation (status InvalidArgument).
     pub fn disk_path(mut self, path: Option<&str>) -> Self {
-        self.rejected.retain(|(f, _)| *f != "disk_path");
-        self.disk_path = match path.map(CString::new) {
-            None => None,
-            Some(Ok(path)) => Some(path),
-            Some(Err(_)) => {
-                self.rejected.push(("disk_path", "config.disk_path contains a NUL byte".to_owned()));
-                None
-            }
-        };
+        self.disk_path = self.string_field("disk_path", path);
+        self
+    }
+
+    /// The shared session tier: a Redis server every node of a serving stack reads saved sessions from,
+    /// `redis://[:password@]host[:port][/db][?prefix=P&timeout_ms=N]` or `rediss://` for TLS (`None` or "": none,
+    /// the default). A URL with a NUL byte is an error at context creation (status InvalidArgument); a library built
+    /// without the Redis client refuses a URL (status Unsupported).
+    pub fn session_shared_url(mut self, url: Option<&str>) -> Self {
+        self.session_shared_url = self.string_field("session_shared_url", url);
         self
     }
 }

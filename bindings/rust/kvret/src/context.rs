@@ -4,6 +4,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::error::{check, rust_error, shape_error, Result, Status};
 use crate::sequence::{budget_arg, count_of, layer_arg, ArcSequence, ContextHandle, Selection, Sequence, SequenceOf};
+use crate::session::{session_id, SessionTier};
 use crate::sys;
 use crate::tensor::{buffer, product, Element, TensorMut, TensorRef};
 use crate::working_set::WorkingSet;
@@ -66,6 +67,65 @@ impl Context {
     /// context lives until the last of its `Arc`s and sequences is dropped.
     pub fn open_sequence_arc(self: &Arc<Self>) -> Result<ArcSequence> {
         SequenceOf::open(Arc::clone(self))
+    }
+
+    // ---- sessions across conversation turns ----
+
+    /// A new sequence holding what [`Sequence::save_session`] saved under `session_id` (the same tokens, index and
+    /// selections), borrowing this context; `Ok(None)` when no session has that id (never saved, dropped, expired
+    /// or evicted). A session id is a `&str` (its UTF-8) or bytes: 1 to 255 bytes without a NUL, else status
+    /// `InvalidArgument`. A stored session whose bytes fail their checks is status `Corrupt` (and is dropped).
+    pub fn open_session(&self, session_id: impl AsRef<[u8]>) -> Result<Option<Sequence<'_>>> {
+        SequenceOf::open_session(self, session_id.as_ref())
+    }
+
+    /// [`open_session`](Self::open_session) for an [`ArcSequence`], which shares this context.
+    pub fn open_session_arc(self: &Arc<Self>, session_id: impl AsRef<[u8]>) -> Result<Option<ArcSequence>> {
+        SequenceOf::open_session(Arc::clone(self), session_id.as_ref())
+    }
+
+    /// Removes a saved session from every tier: `Ok(true)` if there was one, `Ok(false)` if not.
+    pub fn drop_session(&self, session_id: impl AsRef<[u8]>) -> Result<bool> {
+        let id = session_id_arg(session_id.as_ref())?;
+        match check(unsafe { sys::kvret_session_drop(self.raw(), id.as_ptr()) }) {
+            Ok(()) => Ok(true),
+            Err(error) if error.status() == Status::NotFound => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; none clears
+    /// it). It replaces the previous queue. With [`SessionPolicy::SchedulerAware`](crate::SessionPolicy), eviction
+    /// keeps the sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in
+    /// the background.
+    pub fn schedule_sessions<I>(&self, session_ids: I) -> Result<()>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let ids = session_ids
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| session_id(id.as_ref(), &format!("session_ids[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        let n = i32::try_from(ids.len())
+            .map_err(|_| rust_error(Status::InvalidArgument, format!("{} session ids (past i32)", ids.len())))?;
+        let pointers: Vec<*const std::ffi::c_char> = ids.iter().map(|id| id.as_ptr()).collect();
+        check(unsafe { sys::kvret_session_schedule(self.raw(), pointers.as_ptr(), n) })
+    }
+
+    /// Where a saved session is now; `None` when it is not stored.
+    pub fn session_tier(&self, session_id: impl AsRef<[u8]>) -> Result<Option<SessionTier>> {
+        let id = session_id_arg(session_id.as_ref())?;
+        let mut tier = sys::KVRET_TIER_NONE;
+        check(unsafe { sys::kvret_session_where(self.raw(), id.as_ptr(), &mut tier) })?;
+        SessionTier::from_code(tier)
+    }
+
+    /// Waits for the session store's background writes (saves to disk and to the shared tier, evictions,
+    /// prefetches) and returns the first failure among them since the last flush.
+    pub fn flush_sessions(&self) -> Result<()> {
+        check(unsafe { sys::kvret_session_flush(self.raw()) })
     }
 
     /// Attention of q (exactly `[n_q_heads, head_dim]`) over a working set fetched for this context's geometry:
@@ -168,6 +228,10 @@ impl Context {
         check(unsafe { sys::kvret_context_stats(self.raw(), &mut stats) })?;
         Ok(stats)
     }
+}
+
+fn session_id_arg(id: &[u8]) -> Result<std::ffi::CString> {
+    session_id(id, "session_id")
 }
 
 impl Drop for Context {

@@ -25,11 +25,12 @@ pub enum Status {
     Cuda,
     Version,
     Internal,
+    NotFound,
     /// A status this version of the crate does not know.
     Unknown(i32),
 }
 
-const STATUSES: [(Status, sys::kvret_status); 18] = [
+const STATUSES: [(Status, sys::kvret_status); 19] = [
     (Status::InvalidArgument, sys::KVRET_ERR_INVALID_ARGUMENT),
     (Status::InvalidHandle, sys::KVRET_ERR_INVALID_HANDLE),
     (Status::Shape, sys::KVRET_ERR_SHAPE),
@@ -48,6 +49,7 @@ const STATUSES: [(Status, sys::kvret_status); 18] = [
     (Status::Cuda, sys::KVRET_ERR_CUDA),
     (Status::Version, sys::KVRET_ERR_VERSION),
     (Status::Internal, sys::KVRET_ERR_INTERNAL),
+    (Status::NotFound, sys::KVRET_ERR_NOT_FOUND),
 ];
 
 impl Status {

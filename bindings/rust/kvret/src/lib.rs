@@ -41,15 +41,17 @@ mod context;
 mod error;
 mod half;
 mod sequence;
+mod session;
 mod tensor;
 mod working_set;
 
-pub use config::{CachePolicy, Config, ConfigInt, Device, GqaFold, IndexKind, KvDtype};
+pub use config::{CachePolicy, Config, ConfigInt, Device, GqaFold, IndexKind, KvDtype, RopeLayout, SessionPolicy};
 pub use context::Context;
 pub use error::{KvretError, Result, Status};
 pub use half::{Bf16, F16};
 pub use kvret_sys as sys;
 pub use sequence::{ArcSequence, ContextHandle, Selection, Sequence, SequenceOf};
+pub use session::SessionTier;
 pub use tensor::{Element, Scalar, TensorMut, TensorRef};
 pub use working_set::WorkingSet;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::{check, rust_error, shape_error, Result, Status};
+use crate::session::session_id;
 use crate::sys;
 use crate::tensor::{buffer, product, Element, TensorMut, TensorRef};
 use crate::working_set::WorkingSet;
@@ -123,6 +124,17 @@ impl<H: ContextHandle> SequenceOf<H> {
         Self::adopt(context, raw, "kvret_seq_open")
     }
 
+    /// Opens the sequence saved under `id`; `None` on a miss.
+    pub(crate) fn open_session(context: H, id: &[u8]) -> Result<Option<Self>> {
+        let id = session_id(id, "session_id")?;
+        let mut raw = std::ptr::null_mut();
+        match check(unsafe { sys::kvret_session_open(context.raw(), id.as_ptr(), &mut raw) }) {
+            Ok(()) => Self::adopt(context, raw, "kvret_session_open").map(Some),
+            Err(error) if error.status() == Status::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     fn adopt(context: H, raw: *mut sys::kvret_seq, call: &str) -> Result<Self> {
         let raw =
             NonNull::new(raw).ok_or_else(|| rust_error(Status::Internal, format!("{call} returned no sequence")))?;
@@ -193,6 +205,30 @@ impl<H: ContextHandle> SequenceOf<H> {
     pub fn truncate(&mut self, length: usize) -> Result<()> {
         let length = i64::try_from(length).unwrap_or(i64::MAX); // beyond every layer: a no-op
         check(unsafe { sys::kvret_seq_truncate(self.raw(), length) })
+    }
+
+    /// Context-window truncation: drops `count` tokens of every layer after its first `keep` tokens (keep 0: the
+    /// earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move `count`
+    /// positions earlier (with [`Config::rope_keys`](crate::Config::rope_keys) their keys are rotated at their new
+    /// positions) and each layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens
+    /// is unchanged; one holding fewer than keep + count loses the rest. Count 0 changes nothing; on failure nothing
+    /// changes (see `kvret_seq_drop_front`).
+    pub fn drop_front(&mut self, keep: usize, count: usize) -> Result<()> {
+        // past i64: past every layer, which means the same as i64::MAX
+        let (keep, count) = (i64::try_from(keep).unwrap_or(i64::MAX), i64::try_from(count).unwrap_or(i64::MAX));
+        check(unsafe { sys::kvret_seq_drop_front(self.raw(), keep, count) })
+    }
+
+    // ---- sessions ----
+
+    /// Saves what this sequence holds now under `session_id` (a `&str`, its UTF-8, or bytes: 1 to 255 bytes without
+    /// a NUL, else status `InvalidArgument`) in the context's session store, replacing an older save of that id
+    /// once the new one is whole. The sequence is unchanged: go on appending to it, or drop it; a later turn reopens
+    /// it with [`Context::open_session`]. A session that fits no tier is status `Capacity` and nothing is stored.
+    /// Writes to disk and to the shared tier finish in the background ([`Context::flush_sessions`] waits for them).
+    pub fn save_session(&mut self, session_id: impl AsRef<[u8]>) -> Result<()> {
+        let id = crate::session::session_id(session_id.as_ref(), "session_id")?;
+        check(unsafe { sys::kvret_session_save(self.raw(), id.as_ptr()) })
     }
 
     // ---- queries ----
