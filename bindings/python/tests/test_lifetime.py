@@ -72,6 +72,8 @@ def sequence_calls(seq, rng):
         "wait_index": lambda: seq.wait_index(),
         "fork": lambda: seq.fork(),
         "truncate": lambda: seq.truncate(3),
+        "drop_front": lambda: seq.drop_front(4, 3),
+        "save_session": lambda: seq.save_session("s"),
         "length": lambda: seq.length(0),
         "budget": lambda: seq.budget(0),
         "working_set_capacity": lambda: seq.working_set_capacity(0),
@@ -121,6 +123,11 @@ def test_a_closed_context_says_it_is_closed(rng):
         lambda: ctx.select_batch([], 0, q[None]),
         ctx.synchronize,
         ctx.stats,
+        lambda: ctx.open_session("s"),
+        lambda: ctx.drop_session("s"),
+        lambda: ctx.schedule_sessions(["s"]),
+        lambda: ctx.session_tier("s"),
+        ctx.flush_sessions,
     ]
     for call in calls:
         assert_closed(call, "the context is closed")
