@@ -108,8 +108,9 @@ class Context(Resource):
     def open_session(self, session_id):
         """A new :class:`Sequence` holding what :meth:`Sequence.save_session` saved under `session_id` (the same
         tokens, index and selections), or None when no session has that id (never saved, dropped, expired or
-        evicted). A session id is a str (encoded as UTF-8) or bytes: 1 to 255 bytes, no NUL. A stored session whose
-        bytes fail their checks raises KvretError with Status.CORRUPT (and is dropped)."""
+        evicted). The session stays stored. A session id is a str (encoded as UTF-8) or bytes: 1 to 255 bytes, no
+        NUL. A stored session whose files fail their checks raises KvretError with Status.CORRUPT and is dropped (the
+        next open gives None)."""
         session_id = _args.session_id(session_id)
         handle = self._live()
         try:
@@ -134,9 +135,9 @@ class Context(Resource):
 
     def schedule_sessions(self, session_ids):
         """The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; an empty
-        iterable clears it). It replaces the previous queue. With session_policy="scheduler_aware", eviction keeps
-        the sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in the
-        background."""
+        iterable clears it; an id need not be stored yet). It replaces the previous queue. With
+        session_policy="scheduler_aware", eviction keeps the sessions needed soonest, and those of the look-ahead
+        window that are on disk are read into DRAM."""
         if isinstance(session_ids, (str, bytes, bytearray, memoryview)):
             raise TypeError("kvret: session_ids must be an iterable of session ids, not a single id")
         try:
@@ -160,8 +161,8 @@ class Context(Resource):
             raise KvretError(Status.INTERNAL, f"kvret_session_where gave an unknown tier {tier}") from None
 
     def flush_sessions(self):
-        """Waits for the session store's background writes (saves to disk and to the shared tier, evictions,
-        prefetches) and raises the first failure among them since the last flush."""
+        """Raises the first failure, since the last flush, of the work the session store does after a call has
+        returned (removing the files of a dropped, replaced or expired session), which no call reports itself."""
         _c.kvret_session_flush(self._live())
 
     # ---- calls ----

@@ -119,9 +119,9 @@ class Sequence(Resource):
         """Saves what this sequence holds now under `session_id` (a str, encoded as UTF-8, or bytes: 1 to 255
         bytes, no NUL) in the context's session store, replacing an older save of that id once the new one is
         whole. The sequence stays open and unchanged: go on appending to it, or close it; a later turn reopens it
-        with :meth:`Context.open_session`. A session that fits no tier raises KvretError with Status.CAPACITY and
-        nothing is stored. Writes to disk and to the shared tier finish in the background
-        (:meth:`Context.flush_sessions` waits for them)."""
+        with :meth:`Context.open_session`. Raises KvretError, and changes nothing, with Status.CAPACITY for a
+        session that fits no tier, Status.IO when a disk write it needs fails (a full disk), Status.UNSUPPORTED for
+        a sequence of a context with hamming_fraction > 0 (KVCrush's state is not saved)."""
         session_id = _args.session_id(session_id)
         with self._lock:
             _c.kvret_session_save(self._live(), session_id)

@@ -131,6 +131,23 @@ def test_sessions_move_to_the_disk_tier_and_open_from_it(rng, tmp_path):
         second.close()
 
 
+def test_a_new_context_on_the_same_directory_sees_the_saved_sessions(rng, tmp_path):
+    with make_context(disk_path=tmp_path, session_dram_bytes=1) as ctx, filled_sequence(ctx, rng) as seq:
+        seq.save_session("persisted")  # fits no DRAM: straight to disk
+        assert ctx.session_tier("persisted") == kvret.SessionTier.DISK
+        expected = contents(seq)
+    with make_context(disk_path=tmp_path) as ctx:
+        assert ctx.session_tier("persisted") == kvret.SessionTier.DISK
+        with ctx.open_session("persisted") as reopened:
+            for (k, v), (ek, ev) in zip(contents(reopened), expected):
+                np.testing.assert_array_equal(k, ek)
+                np.testing.assert_array_equal(v, ev)
+        assert ctx.open_session("persisted") is not None  # opening leaves it stored
+        assert ctx.drop_session("persisted") is True
+    with make_context(disk_path=tmp_path) as ctx:
+        assert ctx.session_tier("persisted") == kvret.SessionTier.NONE
+
+
 def test_session_tier_values():
     assert [tier.name for tier in kvret.SessionTier] == ["NONE", "DRAM", "DISK", "SHARED"]
     assert [int(tier) for tier in kvret.SessionTier] == [0, 1, 2, 3]

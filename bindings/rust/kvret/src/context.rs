@@ -73,8 +73,9 @@ impl Context {
 
     /// A new sequence holding what [`Sequence::save_session`] saved under `session_id` (the same tokens, index and
     /// selections), borrowing this context; `Ok(None)` when no session has that id (never saved, dropped, expired
-    /// or evicted). A session id is a `&str` (its UTF-8) or bytes: 1 to 255 bytes without a NUL, else status
-    /// `InvalidArgument`. A stored session whose bytes fail their checks is status `Corrupt` (and is dropped).
+    /// or evicted); the session stays stored. A session id is a `&str` (its UTF-8) or bytes: 1 to 255 bytes without
+    /// a NUL, else status `InvalidArgument`. A stored session whose files fail their checks is status `Corrupt`, and
+    /// is dropped (the next open is `Ok(None)`).
     pub fn open_session(&self, session_id: impl AsRef<[u8]>) -> Result<Option<Sequence<'_>>> {
         SequenceOf::open_session(self, session_id.as_ref())
     }
@@ -95,9 +96,9 @@ impl Context {
     }
 
     /// The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; none clears
-    /// it). It replaces the previous queue. With [`SessionPolicy::SchedulerAware`](crate::SessionPolicy), eviction
-    /// keeps the sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in
-    /// the background.
+    /// it; an id need not be stored yet). It replaces the previous queue. With
+    /// [`SessionPolicy::SchedulerAware`](crate::SessionPolicy), eviction keeps the sessions needed soonest, and
+    /// those of the look-ahead window that are on disk are read into DRAM.
     pub fn schedule_sessions<I>(&self, session_ids: I) -> Result<()>
     where
         I: IntoIterator,
@@ -122,8 +123,8 @@ impl Context {
         SessionTier::from_code(tier)
     }
 
-    /// Waits for the session store's background writes (saves to disk and to the shared tier, evictions,
-    /// prefetches) and returns the first failure among them since the last flush.
+    /// The first failure, since the last flush, of the work the session store does after a call has returned
+    /// (removing the files of a dropped, replaced or expired session), which no call reports itself.
     pub fn flush_sessions(&self) -> Result<()> {
         check(unsafe { sys::kvret_session_flush(self.raw()) })
     }

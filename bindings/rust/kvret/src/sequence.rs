@@ -224,8 +224,9 @@ impl<H: ContextHandle> SequenceOf<H> {
     /// Saves what this sequence holds now under `session_id` (a `&str`, its UTF-8, or bytes: 1 to 255 bytes without
     /// a NUL, else status `InvalidArgument`) in the context's session store, replacing an older save of that id
     /// once the new one is whole. The sequence is unchanged: go on appending to it, or drop it; a later turn reopens
-    /// it with [`Context::open_session`]. A session that fits no tier is status `Capacity` and nothing is stored.
-    /// Writes to disk and to the shared tier finish in the background ([`Context::flush_sessions`] waits for them).
+    /// it with [`Context::open_session`]. Errors (nothing changes): status `Capacity` for a session that fits no
+    /// tier, `Io` when a disk write it needs fails (a full disk), `Unsupported` for a sequence of a context with
+    /// `hamming_fraction` > 0 (KVCrush's state is not saved).
     pub fn save_session(&mut self, session_id: impl AsRef<[u8]>) -> Result<()> {
         let id = crate::session::session_id(session_id.as_ref(), "session_id")?;
         check(unsafe { sys::kvret_session_save(self.raw(), id.as_ptr()) })

@@ -131,6 +131,30 @@ fn sessions_move_to_the_disk_tier_and_open_from_it() {
 }
 
 #[test]
+fn a_new_context_on_the_same_directory_sees_the_saved_sessions() {
+    let mut rng = Rng(16);
+    let dir = std::env::temp_dir().join(format!("kvret-rust-persisted-{}", std::process::id()));
+    let config = config().disk_path(dir.to_str());
+    let expected = {
+        let ctx = Context::new(&config.clone().session_dram_bytes(1)).unwrap();
+        let mut seq = filled(&ctx, TOKENS, &mut rng);
+        seq.save_session("persisted").unwrap(); // fits no DRAM: straight to disk
+        assert_eq!(ctx.session_tier("persisted").unwrap(), Some(SessionTier::Disk));
+        contents(&seq)
+    };
+    {
+        let ctx = Context::new(&config).unwrap();
+        assert_eq!(ctx.session_tier("persisted").unwrap(), Some(SessionTier::Disk));
+        let reopened = ctx.open_session("persisted").unwrap().expect("a session left on disk");
+        assert_eq!(contents(&reopened), expected);
+        drop(reopened);
+        assert!(ctx.drop_session("persisted").unwrap());
+    }
+    assert_eq!(Context::new(&config).unwrap().session_tier("persisted").unwrap(), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn drop_front_keeps_the_first_tokens_and_moves_the_rest() {
     let mut rng = Rng(14);
     let ctx = Context::new(&config()).unwrap();

@@ -171,11 +171,12 @@ public final class Context implements AutoCloseable {
   /**
    * A new sequence holding what {@link Sequence#saveSession} saved under {@code sessionId} (the same tokens, index
    * and selections), or an empty Optional when no session has that id (never saved, dropped, expired or evicted).
-   * Close it like any sequence. A session id is 1 to 255 bytes of UTF-8 without a NUL character.
+   * The session stays stored. Close the sequence like any other. A session id is 1 to 255 bytes of UTF-8 without a
+   * NUL character.
    *
    * @throws NullPointerException if sessionId is null
-   * @throws KvretException status INVALID_ARGUMENT for a bad id, CORRUPT for a stored session whose bytes fail
-   *     their checks (it is dropped), INVALID_HANDLE once the context is closed
+   * @throws KvretException status INVALID_ARGUMENT for a bad id, CORRUPT for a stored session whose files fail
+   *     their checks (it is dropped: the next open is empty), INVALID_HANDLE once the context is closed
    */
   public Optional<Sequence> openSession(String sessionId) {
     byte[] id = NativeStrings.utf8(sessionId, "session_id");
@@ -215,9 +216,9 @@ public final class Context implements AutoCloseable {
 
   /**
    * The scheduler's job queue: the ids of the sessions it will run next, in order (ids may repeat; an empty list
-   * clears it). It replaces the previous queue. With {@link SessionPolicy#SCHEDULER_AWARE}, eviction keeps the
-   * sessions needed soonest, and those of the look-ahead window that are on disk are read into DRAM in the
-   * background.
+   * clears it; an id need not be stored yet). It replaces the previous queue. With {@link
+   * SessionPolicy#SCHEDULER_AWARE}, eviction keeps the sessions needed soonest, and those of the look-ahead window
+   * that are on disk are read into DRAM.
    *
    * @throws NullPointerException if the list or one of its ids is null
    */
@@ -250,8 +251,8 @@ public final class Context implements AutoCloseable {
   }
 
   /**
-   * Waits for the session store's background writes (saves to disk and to the shared tier, evictions, prefetches)
-   * and throws the first failure among them since the last flush.
+   * Throws the first failure, since the last flush, of the work the session store does after a call has returned
+   * (removing the files of a dropped, replaced or expired session), which no call reports itself.
    */
   public void flushSessions() {
     state.lifetime.readLock().lock();

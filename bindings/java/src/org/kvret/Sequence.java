@@ -157,12 +157,12 @@ public final class Sequence implements AutoCloseable {
    * Saves what this sequence holds now under {@code sessionId} (1 to 255 bytes of UTF-8 without a NUL character)
    * in the context's session store, replacing an older save of that id once the new one is whole. The sequence
    * stays open and unchanged: go on appending to it, or close it; a later turn reopens it with {@link
-   * Context#openSession}. Writes to disk and to the shared tier finish in the background ({@link
-   * Context#flushSessions} waits for them).
+   * Context#openSession}.
    *
    * @throws NullPointerException if sessionId is null
-   * @throws KvretException status INVALID_ARGUMENT for a bad id, CAPACITY when the session fits no tier (nothing
-   *     is stored), INVALID_HANDLE once the sequence is closed
+   * @throws KvretException (and nothing changes) status INVALID_ARGUMENT for a bad id, CAPACITY when the session
+   *     fits no tier, IO when a disk write it needs fails (a full disk), UNSUPPORTED for a sequence of a context
+   *     with hammingFraction > 0 (KVCrush's state is not saved), INVALID_HANDLE once the sequence is closed
    */
   public void saveSession(String sessionId) {
     byte[] id = NativeStrings.utf8(sessionId, "session_id");

@@ -161,6 +161,37 @@ public class SessionsTest {
   }
 
   @Test
+  public void aNewContextOnTheSameDirectorySeesTheSavedSessions() throws Exception {
+    Path dir = Files.createTempDirectory("kvret-sessions");
+    Config config = Fixtures.config().diskPath(dir.toString()).build();
+    float[][] expected;
+    try (Context ctx = Context.create(config.toBuilder().sessionDramBytes(1).build());
+         Sequence seq = filled(ctx, Fixtures.TOKENS)) {
+      seq.saveSession("persisted"); // fits no DRAM: straight to disk
+      assertEquals(SessionTier.DISK, ctx.sessionTier("persisted"));
+      expected = read(seq, 0);
+    }
+    try {
+      try (Context ctx = Context.create(config)) {
+        assertEquals(SessionTier.DISK, ctx.sessionTier("persisted"));
+        try (Sequence reopened = ctx.openSession("persisted").orElseThrow()) {
+          float[][] now = read(reopened, 0);
+          assertArrayEquals(expected[0], now[0], 0f);
+          assertArrayEquals(expected[1], now[1], 0f);
+        }
+        assertTrue(ctx.dropSession("persisted"));
+      }
+      try (Context ctx = Context.create(config)) {
+        assertEquals(SessionTier.NONE, ctx.sessionTier("persisted"));
+      }
+    } finally {
+      try (var files = Files.walk(dir)) {
+        files.sorted((a, b) -> b.compareTo(a)).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+
+  @Test
   public void dropFrontKeepsTheFirstTokensAndMovesTheRest() {
     try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
       Tensor k0 = kv(Fixtures.TOKENS);
