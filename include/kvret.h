@@ -477,7 +477,9 @@ KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvr
  * A session is the whole of a sequence at the end of a turn (every layer's keys, values and index), stored all or
  * nothing under an id: a non-empty string of at most 255 bytes (any bytes but NUL). The next turn opens a new
  * sequence from it and appends only the new tokens; the index is restored, not rebuilt. Every call here has the
- * strong guarantee: on failure the store and the sequences are as they were.
+ * strong guarantee: on failure the store and the sequences are as they were (except that a session found corrupt
+ * is dropped). A new context on the same config.disk_path sees the sessions a previous one left on disk; one
+ * directory serves one context at a time.
  * ------------------------------------------------------------------------------------------------------------- */
 
 /** Where a saved session is (kvret_session_where). */
@@ -492,26 +494,29 @@ typedef enum kvret_session_tier {
  *  The sequence stays open and unchanged (saving shares its KV pages copy on write, as kvret_seq_fork does), so the
  *  engine may go on appending to it or close it. Waits for the sequence's background builds. The session goes
  *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
- *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). Writes to disk and to the shared tier run in
- *  the background; kvret_session_flush waits for them. */
+ *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The disk writes a save needs (the sessions it
+ *  evicts to disk, or the session itself when it goes there) are done before it returns: a full disk or another
+ *  write error is KVRET_ERR_IO and nothing changed (the sessions in DRAM stay there). A sequence with KVCrush's
+ *  state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
- *  it shares the saved pages copy on write; from disk or the shared tier the layers load in the background in
- *  order, and every call on layer l (kvret_wait_index(seq, l) among them) first waits for that layer, so layer l
- *  computes while layer l + 1 loads. No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose
- *  bytes fail their checksums is KVRET_ERR_CORRUPT (and is dropped). */
+ *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
+ *  before the call returns (layer-wise loading in the background is not built yet). The session stays stored.
+ *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose files fail their checks (CRC-32,
+ *  sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND. */
 KVRET_API kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out);
 /** Removes a session from every tier. KVRET_ERR_NOT_FOUND when there was none. */
 KVRET_API kvret_status kvret_session_drop(kvret_context* ctx, const char* session_id);
-/** The scheduler's job queue: the ids of the sessions it will run next, in order (n >= 0; ids may repeat). With
- *  config.session_policy = KVRET_SESSION_SCHEDULER_AWARE, eviction keeps the sessions needed soonest, and the
- *  sessions of the look-ahead window that are on disk are read into DRAM in the background. Replaces the previous
- *  queue. */
+/** The scheduler's job queue: the ids of the sessions it will run next, in order (n >= 0; ids may repeat; an id need
+ *  not be stored yet). With config.session_policy = KVRET_SESSION_SCHEDULER_AWARE, eviction keeps the sessions
+ *  needed soonest, and the sessions of the look-ahead window that are on disk are read into DRAM before the call
+ *  returns (evicting to disk only sessions needed later). Replaces the previous queue. */
 KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* const* session_ids, int32_t n);
 /** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. */
 KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
-/** Waits for the store's background writes (saves to disk and to the shared tier, evictions, prefetches) and
- *  reports the first failure among them since the last flush. */
+/** Reports the first failure since the last flush of the store's cleanups (removing the files of a dropped,
+ *  replaced or expired session), which no call reports itself; KVRET_OK when there was none. The store's writes
+ *  are synchronous today, so there is nothing to wait for. */
 KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
 
 /** Context-window truncation: drops `count` tokens of every layer, starting after its first `keep` tokens (keep 0:

@@ -19,6 +19,7 @@
 #include "engine/retained_set.hpp"
 #include "engine/sequence.hpp"
 #include "kvret.h"
+#include "session/session_store.hpp"
 
 // The opaque C handles are the C++ objects themselves.
 struct kvret_context : kvret::Context {
@@ -107,6 +108,43 @@ kvret::Sequence& sequence_of(const kvret_seq* seq) {
   return *s;
 }
 
+/// Each context's session store: made with the context, destroyed before it.
+class StoreRegistry {
+ public:
+  void add(const kvret::Context* ctx, std::shared_ptr<kvret::session::SessionStore> store) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stores_[ctx] = std::move(store);
+  }
+  std::shared_ptr<kvret::session::SessionStore> take(const kvret::Context* ctx) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = stores_.find(ctx);
+    if (it == stores_.end()) return nullptr;
+    auto store = std::move(it->second);
+    stores_.erase(it);
+    return store;
+  }
+  std::shared_ptr<kvret::session::SessionStore> find(const kvret::Context* ctx) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = stores_.find(ctx);
+    return it == stores_.end() ? nullptr : it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<const kvret::Context*, std::shared_ptr<kvret::session::SessionStore>> stores_;
+};
+
+StoreRegistry& stores() {
+  static StoreRegistry r;
+  return r;
+}
+
+kvret::session::SessionStore& store_of(const kvret::Context& ctx) {
+  const auto store = stores().find(&ctx);
+  require(store != nullptr, KVRET_ERR_INTERNAL, "the context has no session store");
+  return *store;  // the registry keeps it until kvret_destroy
+}
+
 template <class T>
 void require_out(T* p, const char* name) {
   require(p != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
@@ -164,6 +202,8 @@ const char* kvret_status_string(kvret_status status) {
       return "KVRET_ERR_VERSION";
     case KVRET_ERR_INTERNAL:
       return "KVRET_ERR_INTERNAL";
+    case KVRET_ERR_NOT_FOUND:
+      return "KVRET_ERR_NOT_FOUND";
   }
   return "KVRET_ERR_UNKNOWN";
 }
@@ -186,8 +226,10 @@ kvret_status kvret_create(const kvret_config* config, kvret_context** out) {
     const kvret_config c = kvret::read_config(config, &disk_path);
     auto* ctx = new kvret_context(c, std::move(disk_path));
     try {
+      stores().add(ctx, std::make_shared<kvret::session::SessionStore>(*ctx));
       *out = static_cast<kvret_context*>(const_cast<void*>(contexts().add(ctx)));
     } catch (...) {
+      stores().take(ctx);
       delete ctx;
       throw;
     }
@@ -200,6 +242,7 @@ kvret_status kvret_destroy(kvret_context* ctx) {
     kvret_context& c = context_of(ctx);
     contexts().remove(&c);
     for (kvret::Sequence* s : c.sequences()) sequences().remove(s);
+    stores().take(&c).reset();  // the saved sessions go before the context they belong to
     delete &c;
   });
 }
@@ -266,6 +309,72 @@ kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out) {
 
 kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length) {
   return guarded([&] { sequence_of(seq).truncate(length); });
+}
+
+kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_t count) {
+  return guarded([&] { sequence_of(seq).drop_front(keep, count); });
+}
+
+// ---- sessions (docs/sessions.md) ----
+
+kvret_status kvret_session_save(kvret_seq* seq, const char* session_id) {
+  return guarded([&] {
+    kvret::Sequence& s = sequence_of(seq);
+    const std::string id = kvret::session::SessionStore::check_id(session_id, "session_id");
+    store_of(s.context()).save(s, id);
+  });
+}
+
+kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out) {
+  if (out != nullptr) *out = nullptr;  // before anything may fail
+  return guarded([&] {
+    kvret_context& c = context_of(ctx);
+    const std::string id = kvret::session::SessionStore::check_id(session_id, "session_id");
+    require_out(out, "out");
+    kvret::Sequence* seq = c.adopt_sequence(store_of(c).open(id));
+    try {
+      *out = static_cast<kvret_seq*>(const_cast<void*>(sequences().add(seq)));
+    } catch (...) {
+      c.close_sequence(seq);
+      throw;
+    }
+  });
+}
+
+kvret_status kvret_session_drop(kvret_context* ctx, const char* session_id) {
+  return guarded([&] {
+    kvret_context& c = context_of(ctx);
+    store_of(c).drop(kvret::session::SessionStore::check_id(session_id, "session_id"));
+  });
+}
+
+kvret_status kvret_session_schedule(kvret_context* ctx, const char* const* session_ids, int32_t n) {
+  return guarded([&] {
+    kvret_context& c = context_of(ctx);
+    require(n >= 0, KVRET_ERR_INVALID_ARGUMENT, "n must be >= 0, got " + std::to_string(n));
+    require(n == 0 || session_ids != nullptr, KVRET_ERR_INVALID_ARGUMENT,
+            "session_ids is NULL with n = " + std::to_string(n));
+    std::vector<std::string> ids;
+    ids.reserve(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      const std::string what = "session_ids[" + std::to_string(i) + "]";
+      ids.push_back(kvret::session::SessionStore::check_id(session_ids[i], what.c_str()));
+    }
+    store_of(c).schedule(ids);
+  });
+}
+
+kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier) {
+  return guarded([&] {
+    kvret_context& c = context_of(ctx);
+    const std::string id = kvret::session::SessionStore::check_id(session_id, "session_id");
+    require_out(out_tier, "out_tier");
+    *out_tier = store_of(c).where(id);
+  });
+}
+
+kvret_status kvret_session_flush(kvret_context* ctx) {
+  return guarded([&] { store_of(context_of(ctx)).flush(); });
 }
 
 kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget) {
@@ -445,6 +554,7 @@ kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats* out) {
     const kvret::Context& c = context_of(ctx);
     reset_stats(out);
     c.stats(out);
+    store_of(c).add_stats(out);
   });
 }
 

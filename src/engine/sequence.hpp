@@ -20,6 +20,9 @@
 namespace kvret {
 
 class Context;
+namespace session {
+class SessionStore;
+}
 
 /// Positions of the three token groups of a layer with `length` tokens.
 struct TokenGroups {
@@ -49,6 +52,8 @@ class Sequence {
   /// Rolls every layer back to its first `length` tokens (layers holding fewer keep theirs); see kvret_seq_truncate.
   /// Strong guarantee.
   void truncate(int64_t length);
+  /// Drops `count` tokens of every layer after its first `keep`; see kvret_seq_drop_front. Strong guarantee.
+  void drop_front(int64_t keep, int64_t count);
   /// A new sequence of the same context holding the same tokens, index and stats of state (tokens, bytes), sharing
   /// this one's KV pages copy-on-write; see kvret_seq_fork. Strong guarantee (nothing is created on failure).
   std::unique_ptr<Sequence> fork();
@@ -114,6 +119,8 @@ class Sequence {
   const HostKvStore& store(int32_t layer) const { return layer_at(layer).store(); }
 
  private:
+  friend class session::SessionStore;  ///< saves the layers and restores them into a new sequence
+
   /// An append's k and v, checked against the config (shapes, and finiteness when config.check_finite).
   struct AppendRows {
     TensorView k, v;  ///< host-readable (views of k_copy and v_copy when the backend's memory needs copies)

@@ -206,6 +206,15 @@ Tier Placement::save(SessionId session, std::uint64_t bytes, std::span<const Ses
   return Tier::miss;
 }
 
+Tier Placement::save_to_disk(SessionId session, std::uint64_t bytes, std::span<const SessionId> queue) {
+  ++clock_;
+  const NextUse next = next_uses(queue);
+  erase(dram_, session);
+  erase(disk_, session);
+  if (place_disk(session, Entry{bytes, clock_, clock_}, next)) return Tier::disk;
+  return Tier::miss;
+}
+
 std::uint64_t Placement::prefetch(std::span<const SessionId> queue, std::uint64_t max_bytes) {
   if (config_.policy != Policy::scheduler_aware) return 0;
   const std::size_t window = window_sessions();

@@ -73,6 +73,10 @@ class Placement {
   // tier it went to, Tier::miss when neither tier took it.
   Tier save(SessionId session, std::uint64_t bytes, std::span<const SessionId> queue);
 
+  // A session found on disk (a store reopening its directory): placed on disk only, as a save that skips DRAM.
+  // Returns Tier::disk, or Tier::miss when the disk has no room for it.
+  Tier save_to_disk(SessionId session, std::uint64_t bytes, std::span<const SessionId> queue);
+
   // SchedulerAware: bring the sessions of the window (the first window_sessions() distinct sessions of `queue`)
   // that are on disk into DRAM, in queue order, each only by evicting sessions needed later than it, and stopping
   // at the first one that would take the bytes moved past `max_bytes` (what the disk can read in the time there

@@ -1,0 +1,637 @@
+#include "session/session_store.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+#include "core/error.hpp"
+#include "core/serial.hpp"
+#include "core/tensor_view.hpp"
+
+namespace kvret::session {
+
+namespace {
+
+constexpr uint32_t kManifestTag = 0x4e414d53u;  // "SMAN"
+constexpr uint32_t kLayerTag = 0x52594c53u;     // "SLYR"
+constexpr uint32_t kLayoutVersion = 1;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Policy policy_of(int32_t p) {
+  switch (p) {
+    case KVRET_SESSION_LRU:
+      return Policy::lru;
+    case KVRET_SESSION_FIFO:
+      return Policy::fifo;
+    default:
+      return Policy::scheduler_aware;
+  }
+}
+
+uint64_t capacity_of(int64_t bytes) {
+  return bytes == 0 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
+}
+
+PlacementConfig placement_config(const Context& ctx) {
+  const kvret_config& c = ctx.config();
+  PlacementConfig p;
+  p.policy = policy_of(c.session_policy);
+  p.dram_bytes = capacity_of(c.session_dram_bytes);
+  p.disk_bytes = ctx.disk_path().empty() ? 0 : capacity_of(c.session_disk_bytes);
+  return p;
+}
+
+/// The configuration a saved session must match to be opened by a context (the shapes of its layers and index).
+std::vector<int32_t> fingerprint(const kvret_config& c) {
+  return {c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.kv_dtype, c.index_kind, c.n_sink, c.n_local};
+}
+
+std::string hex64(uint64_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<size_t>(i)] = digits[v & 15];
+  return s;
+}
+
+/// FNV-1a, 64 bits: a stable name for an id's blobs (the id itself is stored in its manifest).
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string manifest_key(const std::string& stem) { return stem + ".m"; }
+std::string layer_key(const std::string& stem, uint64_t generation, int32_t layer) {
+  return stem + ".g" + std::to_string(generation) + ".l" + std::to_string(layer);
+}
+
+kvret_dtype dtype_of(DType d) {
+  switch (d) {
+    case DType::F16:
+      return kvret_dtype{KVRET_DTYPE_FLOAT, 16, 1};
+    case DType::BF16:
+      return kvret_dtype{KVRET_DTYPE_BFLOAT, 16, 1};
+    default:
+      return kvret_dtype{KVRET_DTYPE_FLOAT, 32, 1};
+  }
+}
+
+}  // namespace
+
+SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_config(ctx)) {
+  if (!ctx.disk_path().empty()) {
+    disk_ = std::make_unique<DiskTier>(ctx.disk_path());
+    scan_disk();
+  }
+}
+
+SessionStore::~SessionStore() = default;
+
+std::string SessionStore::check_id(const char* id, const char* what) {
+  require(id != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  const size_t n = std::strlen(id);
+  require(n > 0, KVRET_ERR_INVALID_ARGUMENT, std::string(what) + " is empty");
+  require(n <= kMaxSessionIdBytes, KVRET_ERR_INVALID_ARGUMENT,
+          std::string(what) + " has " + std::to_string(n) + " bytes; at most " + std::to_string(kMaxSessionIdBytes));
+  return std::string(id, n);
+}
+
+void SessionStore::set_shared_tier(std::unique_ptr<BlobTier> tier) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_ = std::move(tier);
+}
+
+SessionId SessionStore::id_of(const std::string& id) {
+  if (const auto it = ids_.find(id); it != ids_.end()) return it->second;
+  const SessionId sid = next_id_++;
+  ids_.emplace(id, sid);
+  return sid;
+}
+
+void SessionStore::forget_if_unused(SessionId sid) {
+  if (meta_.count(sid) != 0 || std::find(queue_.begin(), queue_.end(), sid) != queue_.end()) return;
+  for (auto it = ids_.begin(); it != ids_.end(); ++it)
+    if (it->second == sid) {
+      ids_.erase(it);
+      return;
+    }
+}
+
+void SessionStore::keep_failure(const std::exception_ptr& e) noexcept {
+  if (deferred_status_ != KVRET_OK) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (...) {
+    std::string message;
+    deferred_status_ = current_exception_status(message);
+    try {
+      deferred_message_ = "session store cleanup: " + message;
+    } catch (...) {
+    }
+  }
+}
+
+void SessionStore::remove_blobs(const DiskRecord& rec, int32_t layers, bool manifest) {
+  // The manifest first: a crash between the two leaves unnamed layer blobs (removed when the store next opens the
+  // directory), never a manifest naming missing layers.
+  if (manifest) {
+    try {
+      disk_->remove(manifest_key(rec.stem));
+    } catch (...) {
+      keep_failure(std::current_exception());
+    }
+  }
+  for (int32_t l = 0; l < layers; ++l) {
+    try {
+      disk_->remove(layer_key(rec.stem, rec.generation, l));
+    } catch (...) {
+      keep_failure(std::current_exception());
+    }
+  }
+}
+
+void SessionStore::drop_session(SessionId sid) {
+  placement_.drop(sid);
+  dram_.erase(sid);
+  if (const auto it = meta_.find(sid); it != meta_.end()) {
+    if (it->second.disk) remove_blobs(*it->second.disk, ctx_.config().n_layers, true);
+    meta_.erase(it);
+  }
+  forget_if_unused(sid);
+}
+
+void SessionStore::expire_now() {
+  if (meta_.empty()) return;
+  const int64_t now = now_ms();
+  std::vector<SessionId> expired;
+  for (const auto& [sid, m] : meta_)
+    if (m.expires_ms != 0 && now >= m.expires_ms) expired.push_back(sid);
+  for (const SessionId sid : expired) {
+    drop_session(sid);
+    ++counters_.expired;
+  }
+}
+
+uint64_t SessionStore::session_bytes(const Sequence& seq) const {
+  uint64_t bytes = 0;
+  for (const auto& l : seq.layers_) {
+    const HostKvStore& s = l->store();
+    bytes += static_cast<uint64_t>(s.size()) * static_cast<uint64_t>(s.n_kv_heads()) * s.row_bytes() * 2;
+    bytes += static_cast<uint64_t>(std::max<int64_t>(0, l->index().bytes()));
+  }
+  return std::max<uint64_t>(bytes, 1);
+}
+
+std::vector<std::byte> SessionStore::manifest_bytes(const Meta& meta, const DiskRecord& rec,
+                                                    const std::vector<uint64_t>& layer_sizes) const {
+  ByteWriter w;
+  write_header(w, kManifestTag, kLayoutVersion);
+  w.array(std::vector<char>(meta.id.begin(), meta.id.end()));
+  w.value<uint64_t>(rec.generation);
+  w.value<int64_t>(meta.expires_ms);
+  w.value<uint64_t>(meta.bytes);
+  w.array(fingerprint(ctx_.config()));
+  w.array(layer_sizes);
+  return std::move(w.bytes());
+}
+
+SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq) {
+  const Meta& meta = meta_.at(sid);
+  DiskRecord rec;
+  if (meta.disk) {
+    rec.stem = meta.disk->stem;
+    rec.generation = meta.disk->generation + 1;
+  } else {
+    // A stem no other session uses (the hash of the id, with a suffix on a collision).
+    std::unordered_set<std::string> used;
+    for (const auto& [other, m] : meta_)
+      if (m.disk) used.insert(m.disk->stem);
+    const std::string base = hex64(fnv1a(meta.id));
+    rec.stem = base;
+    for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
+    rec.generation = 1;
+  }
+  const int32_t n_layers = ctx_.config().n_layers;
+  // Only the layer sizes are kept for the manifest: each layer's bytes go to disk and are freed before the next.
+  std::vector<uint64_t> sizes;
+  int32_t written = 0;
+  try {
+    for (int32_t l = 0; l < n_layers; ++l) {
+      const LayerState& layer = *seq.layers_[static_cast<size_t>(l)];
+      const HostKvStore& s = layer.store();
+      const std::vector<std::byte> index = layer.index().save();
+      ByteWriter w;
+      write_header(w, kLayerTag, kLayoutVersion);
+      w.value<uint64_t>(rec.generation);
+      w.value<int32_t>(l);
+      w.value<int64_t>(s.size());
+      w.value<uint64_t>(s.row_bytes());
+      std::vector<std::byte>& out = w.bytes();
+      const size_t rows = static_cast<size_t>(s.size()) * static_cast<size_t>(s.n_kv_heads());
+      const size_t start = out.size();
+      out.resize(start + 2 * rows * s.row_bytes());
+      std::byte* p = out.data() + start;
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t t = 0; t < s.size(); ++t)
+          for (int h = 0; h < s.n_kv_heads(); ++h) {
+            std::memcpy(p, kv == 0 ? s.key_row(h, t) : s.value_row(h, t), s.row_bytes());
+            p += s.row_bytes();
+          }
+      w.array(index);
+      disk_->put(layer_key(rec.stem, rec.generation, l), out.data(), out.size(), 0);
+      ++written;
+      sizes.push_back(out.size());
+    }
+    const std::vector<std::byte> manifest = manifest_bytes(meta, rec, sizes);
+    disk_->put(manifest_key(rec.stem), manifest.data(), manifest.size(), 0);
+  } catch (...) {
+    for (int32_t l = 0; l < written; ++l) {
+      try {
+        disk_->remove(layer_key(rec.stem, rec.generation, l));
+      } catch (...) {
+        keep_failure(std::current_exception());
+      }
+    }
+    throw;
+  }
+  return rec;
+}
+
+void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob) {
+  const kvret_config& c = ctx_.config();
+  ByteReader r(blob.data(), blob.size());
+  read_header(r, kLayerTag, kLayoutVersion);
+  require_intact(r.value<uint64_t>() == rec.generation, "a layer blob of another save");
+  require_intact(r.value<int32_t>() == l, "a layer blob of another layer");
+  const auto tokens = r.value<int64_t>();
+  const auto row_bytes = r.value<uint64_t>();
+  HostKvStore store(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx_.backend().pages());
+  require_intact(row_bytes == store.row_bytes(), "a layer blob of another head size or KV dtype");
+  require_intact(
+      tokens >= 0 && static_cast<uint64_t>(tokens) <= r.left() / (2 * static_cast<uint64_t>(c.n_kv_heads) * row_bytes),
+      "a layer blob shorter than its tokens");
+  const size_t half = static_cast<size_t>(tokens) * static_cast<size_t>(c.n_kv_heads) * row_bytes;
+  const std::byte* rows = blob.data() + (blob.size() - r.left());
+  if (tokens > 0) {
+    const int64_t shape[3] = {tokens, c.n_kv_heads, c.head_dim};
+    kvret_tensor kt{
+        const_cast<std::byte*>(rows), kvret_device{KVRET_DEVICE_CPU, 0}, 3, dtype_of(store.dtype()), shape, nullptr, 0};
+    kvret_tensor vt = kt;
+    vt.data = const_cast<std::byte*>(rows + half);
+    const TensorView k = TensorView::from(&kt, "saved keys", kFloatTypes, {3});
+    const TensorView v = TensorView::from(&vt, "saved values", kFloatTypes, {3});
+    store.append(k, v, tokens, true);
+  }
+  ByteReader rest(rows + 2 * half, r.left() - 2 * half);
+  const std::vector<std::byte> state = rest.array<std::byte>();
+  require_intact(rest.left() == 0, "trailing bytes after a layer blob");
+  std::unique_ptr<Retriever> index = ctx_.kind().make(c, l);
+  index->restore(store, state.data(), state.size());
+  auto layer = std::make_unique<LayerState>(l, std::move(store), ctx_.kind().make(c, l));
+  seq.layers_.push_back(std::move(layer));  // may throw bad_alloc: seq is discarded then
+  seq.layers_.back()->replace_index(std::move(index), seq.stats_);
+}
+
+std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
+  const Meta& meta = meta_.at(sid);
+  const DiskRecord rec = *meta.disk;
+  const kvret_config& c = ctx_.config();
+  auto manifest = disk_->get(manifest_key(rec.stem));
+  require(manifest.has_value(), KVRET_ERR_CORRUPT,
+          "session store: the manifest of session '" + meta.id + "' is missing from " + disk_->dir());
+  ByteReader r(manifest->data(), manifest->size());
+  read_header(r, kManifestTag, kLayoutVersion);
+  const auto id = r.array<char>();
+  require_intact(std::string(id.begin(), id.end()) == meta.id, "a manifest of another session");
+  require_intact(r.value<uint64_t>() == rec.generation, "a manifest of another save");
+  (void)r.value<int64_t>();
+  (void)r.value<uint64_t>();
+  require_intact(r.array<int32_t>() == fingerprint(c), "a session of another model configuration");
+  const auto sizes = r.array<uint64_t>(c.n_layers);
+  auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
+  seq->layers_.reserve(static_cast<size_t>(c.n_layers));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    auto blob = disk_->get(layer_key(rec.stem, rec.generation, l));
+    require(blob.has_value(), KVRET_ERR_CORRUPT,
+            "session store: layer " + std::to_string(l) + " of session '" + meta.id + "' is missing");
+    require_intact(blob->size() == sizes[static_cast<size_t>(l)], "a layer blob of another size than its manifest's");
+    restore_layer(*seq, l, rec, *blob);
+  }
+  int64_t host_bytes = 0, tokens = 0;
+  for (const auto& l : seq->layers_) {
+    host_bytes += l->store().bytes();
+    tokens += l->store().size();
+  }
+  ctx_.reserve_host_bytes(host_bytes);
+  // no throw below
+  seq->stats_.host_bytes = host_bytes;
+  seq->stats_.tokens_stored = tokens;
+  return seq;
+}
+
+void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::unique_ptr<Sequence> copy) {
+  std::vector<SessionId> to_write, to_load, dropped;
+  for (const Tier from : {Tier::dram, Tier::disk})
+    for (const SessionId s : placement_.sessions(from)) {
+      if (saved && s == *saved) continue;
+      const Tier to = next.where(s);
+      if (from == Tier::dram && to == Tier::disk) to_write.push_back(s);
+      if (from == Tier::disk && to == Tier::dram) to_load.push_back(s);
+      if (to == Tier::miss) dropped.push_back(s);
+    }
+  // Reads, then writes (the saved session's last: it may replace a manifest, which cannot be undone).
+  std::unordered_map<SessionId, std::unique_ptr<Sequence>> loaded;
+  for (const SessionId s : to_load) {
+    try {
+      loaded[s] = read_session(s);
+    } catch (const Error& e) {
+      if (e.status() == KVRET_ERR_CORRUPT) {
+        drop_session(s);
+        ++counters_.corrupt;
+      }
+      throw;
+    }
+  }
+  std::vector<std::pair<SessionId, DiskRecord>> written;
+  try {
+    for (const SessionId s : to_write) written.emplace_back(s, write_session(s, *dram_.at(s)));
+    if (saved && next.where(*saved) == Tier::disk) written.emplace_back(*saved, write_session(*saved, *copy));
+  } catch (...) {
+    for (const auto& [s, rec] : written) remove_blobs(rec, ctx_.config().n_layers, true);
+    throw;
+  }
+  // Commit. Nothing below throws but bad_alloc of the maps (then DRAM copies are still held, as the old state).
+  const int32_t n_layers = ctx_.config().n_layers;
+  placement_ = std::move(next);
+  for (auto& [s, rec] : written) {
+    Meta& m = meta_.at(s);
+    if (m.disk) remove_blobs(*m.disk, n_layers, false);  // the old generation's layers (its manifest is replaced)
+    m.disk = rec;
+    dram_.erase(s);
+    if (!saved || s != *saved) ++counters_.evictions;
+  }
+  for (auto& [s, seq] : loaded) {
+    Meta& m = meta_.at(s);
+    remove_blobs(*m.disk, n_layers, true);
+    m.disk.reset();
+    dram_[s] = std::move(seq);
+  }
+  for (const SessionId s : dropped) {
+    ++counters_.evictions;
+    drop_session(s);
+  }
+  if (saved && placement_.where(*saved) == Tier::dram) {
+    Meta& m = meta_.at(*saved);
+    if (m.disk) {
+      remove_blobs(*m.disk, n_layers, true);
+      m.disk.reset();
+    }
+    dram_[*saved] = std::move(copy);
+  }
+}
+
+void SessionStore::save(Sequence& seq, const std::string& id) {
+  const kvret_config& c = ctx_.config();
+  require(c.hamming_fraction == 0.0f, KVRET_ERR_UNSUPPORTED,
+          "kvret_session_save: a sequence with KVCrush's signatures (config.hamming_fraction > 0) cannot be saved");
+  std::lock_guard<std::mutex> lock(mu_);
+  expire_now();
+  std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages
+  const uint64_t bytes = session_bytes(*copy);
+  const bool known = ids_.count(id) != 0;
+  const SessionId sid = id_of(id);
+  try {
+    Placement next = placement_;
+    const Tier tier = next.save(sid, bytes, queue_);
+    if (tier == Tier::miss) {
+      std::string m = "kvret_session_save: the session of " + std::to_string(bytes) +
+                      " bytes fits no tier (config.session_dram_bytes = " + std::to_string(c.session_dram_bytes);
+      m += disk_ ? ", config.session_disk_bytes = " + std::to_string(c.session_disk_bytes) + ")" : ", no disk tier)";
+      throw Error(KVRET_ERR_CAPACITY, m);
+    }
+    const bool had_meta = meta_.count(sid) != 0;
+    Meta old;
+    if (had_meta) old = meta_.at(sid);
+    Meta& m = meta_[sid];
+    m.id = id;
+    m.bytes = bytes;
+    m.expires_ms = c.session_ttl_ms > 0 ? now_ms() + c.session_ttl_ms : 0;
+    try {
+      apply(std::move(next), sid, std::move(copy));
+    } catch (...) {
+      if (had_meta)
+        meta_[sid] = old;
+      else
+        meta_.erase(sid);
+      throw;
+    }
+  } catch (...) {
+    if (!known) forget_if_unused(sid);
+    throw;
+  }
+  ++counters_.saves;
+}
+
+std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expire_now();
+  const auto it = ids_.find(id);
+  if (it == ids_.end() || placement_.where(it->second) == Tier::miss) {
+    ++counters_.misses;
+    throw Error(KVRET_ERR_NOT_FOUND, "kvret_session_open: no saved session '" + id + "'");
+  }
+  const SessionId sid = it->second;
+  if (placement_.where(sid) == Tier::dram) {
+    std::unique_ptr<Sequence> seq = dram_.at(sid)->fork();
+    placement_.access(sid);
+    ++counters_.hits_dram;
+    return seq;
+  }
+  std::unique_ptr<Sequence> seq;
+  try {
+    seq = read_session(sid);
+  } catch (const Error& e) {
+    if (e.status() == KVRET_ERR_CORRUPT) {
+      drop_session(sid);
+      ++counters_.corrupt;
+    }
+    throw;
+  }
+  placement_.access(sid);
+  ++counters_.hits_disk;
+  return seq;
+}
+
+void SessionStore::drop(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expire_now();
+  const auto it = ids_.find(id);
+  require(it != ids_.end() && placement_.where(it->second) != Tier::miss, KVRET_ERR_NOT_FOUND,
+          "kvret_session_drop: no saved session '" + id + "'");
+  drop_session(it->second);
+}
+
+void SessionStore::schedule(const std::vector<std::string>& ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expire_now();
+  std::vector<SessionId> queue;
+  queue.reserve(ids.size());
+  std::vector<std::string> added;
+  try {
+    for (const std::string& id : ids) {
+      if (ids_.count(id) == 0) added.push_back(id);
+      queue.push_back(id_of(id));
+    }
+    if (placement_.config().policy == Policy::scheduler_aware) {
+      Placement next = placement_;
+      next.prefetch(queue);
+      apply(std::move(next), std::nullopt, nullptr);
+    }
+  } catch (...) {
+    for (const std::string& id : added) {
+      const auto it = ids_.find(id);
+      if (it != ids_.end() && meta_.count(it->second) == 0 &&
+          std::find(queue_.begin(), queue_.end(), it->second) == queue_.end())
+        ids_.erase(it);
+    }
+    throw;
+  }
+  queue_ = std::move(queue);
+  // Names neither stored nor queued are forgotten.
+  const std::unordered_set<SessionId> queued(queue_.begin(), queue_.end());
+  for (auto it = ids_.begin(); it != ids_.end();)
+    if (meta_.count(it->second) == 0 && queued.count(it->second) == 0)
+      it = ids_.erase(it);
+    else
+      ++it;
+}
+
+kvret_session_tier SessionStore::where(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expire_now();
+  const auto it = ids_.find(id);
+  if (it == ids_.end()) return KVRET_TIER_NONE;
+  switch (placement_.where(it->second)) {
+    case Tier::dram:
+      return KVRET_TIER_DRAM;
+    case Tier::disk:
+      return KVRET_TIER_DISK;
+    default:
+      return KVRET_TIER_NONE;
+  }
+}
+
+void SessionStore::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deferred_status_ == KVRET_OK) return;
+  const kvret_status status = deferred_status_;
+  std::string message = std::move(deferred_message_);
+  deferred_status_ = KVRET_OK;
+  deferred_message_.clear();
+  throw Error(status, message);
+}
+
+void SessionStore::scan_disk() {
+  const kvret_config& c = ctx_.config();
+  const std::vector<int32_t> expected = fingerprint(c);
+  std::unordered_set<std::string> keep;  // layer keys of the sessions found (and of foreign ones)
+  const std::vector<std::string> keys = disk_->keys();
+  const int64_t now = now_ms();
+  for (const std::string& key : keys) {
+    if (key.size() < 3 || key.compare(key.size() - 2, 2, ".m") != 0) continue;
+    const std::string stem = key.substr(0, key.size() - 2);
+    std::optional<std::vector<std::byte>> bytes;
+    try {
+      bytes = disk_->get(key);
+    } catch (const Error& e) {
+      if (e.status() != KVRET_ERR_CORRUPT) throw;
+      disk_->remove(key);  // a manifest is replaced whole: this one was damaged after it was written
+      ++counters_.corrupt;
+      continue;
+    }
+    if (!bytes) continue;
+    try {
+      ByteReader r(bytes->data(), bytes->size());
+      read_header(r, kManifestTag, kLayoutVersion);
+      const auto id_chars = r.array<char>();
+      const std::string id(id_chars.begin(), id_chars.end());
+      const auto generation = r.value<uint64_t>();
+      const auto expires = r.value<int64_t>();
+      const auto saved_bytes = r.value<uint64_t>();
+      const auto print = r.array<int32_t>();
+      if (print != expected) {  // another model's session: left alone
+        for (int32_t l = 0; l < (print.empty() ? 0 : print[0]); ++l) keep.insert(layer_key(stem, generation, l));
+        continue;
+      }
+      const SessionId sid = id_of(id);
+      const bool expired = expires != 0 && now >= expires;
+      if (expired || meta_.count(sid) != 0 || id.empty()) {
+        disk_->remove(key);
+        if (expired) ++counters_.expired;
+        continue;
+      }
+      if (placement_.save_to_disk(sid, std::max<uint64_t>(saved_bytes, 1), {}) != Tier::disk) {
+        disk_->remove(key);  // no room at this capacity
+        forget_if_unused(sid);
+        continue;
+      }
+      Meta m;
+      m.id = id;
+      m.bytes = std::max<uint64_t>(saved_bytes, 1);
+      m.expires_ms = expires;
+      m.disk = DiskRecord{stem, generation};
+      meta_.emplace(sid, std::move(m));
+      for (int32_t l = 0; l < c.n_layers; ++l) keep.insert(layer_key(stem, generation, l));
+    } catch (const Error& e) {
+      if (e.status() != KVRET_ERR_CORRUPT) throw;
+      disk_->remove(key);
+      ++counters_.corrupt;
+    }
+  }
+  // Layer blobs no manifest names: a save killed before its manifest, or the old generation of one killed after.
+  for (const std::string& key : keys) {
+    const size_t g = key.find(".g");
+    if (g == std::string::npos || key.find(".l", g) == std::string::npos || keep.count(key) != 0) continue;
+    disk_->remove(key);
+  }
+}
+
+void SessionStore::add_stats(kvret_stats* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t dram_bytes = 0, dram_sessions = 0, disk_sessions = 0;
+  for (const SessionId s : placement_.sessions(Tier::dram)) {
+    dram_bytes += static_cast<int64_t>(placement_.bytes_of(s));
+    ++dram_sessions;
+  }
+  disk_sessions = static_cast<int64_t>(placement_.sessions(Tier::disk).size());
+#define KVRET_SET(field, value) \
+  if (out->struct_size >= offsetof(kvret_stats, field) + sizeof out->field) out->field += (value)
+  if (disk_) {
+    KVRET_SET(disk_bytes, disk_->bytes());
+    KVRET_SET(disk_reads, disk_->reads());
+    KVRET_SET(disk_writes, disk_->writes());
+  }
+  KVRET_SET(session_saves, counters_.saves);
+  KVRET_SET(session_hits_dram, counters_.hits_dram);
+  KVRET_SET(session_hits_disk, counters_.hits_disk);
+  KVRET_SET(session_misses, counters_.misses);
+  KVRET_SET(session_evictions, counters_.evictions);
+  KVRET_SET(session_expired, counters_.expired);
+  KVRET_SET(session_corrupt, counters_.corrupt);
+  KVRET_SET(session_dram_bytes, dram_bytes);
+  KVRET_SET(session_dram_count, dram_sessions);
+  KVRET_SET(session_disk_count, disk_sessions);
+#undef KVRET_SET
+}
+
+}  // namespace kvret::session

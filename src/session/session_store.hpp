@@ -1,0 +1,114 @@
+#pragma once
+// The session store of a context (AttentionStore; docs/sessions.md): saved sequences under string ids, in a host
+// DRAM tier (a saved session is a fork of the sequence: its KV pages shared copy on write, its index copied) and a
+// disk tier (DiskTier under config.disk_path: one blob per layer, then a manifest blob naming them). Placement (the
+// policy model) decides which session goes where; the store carries its decisions out on the bytes.
+//
+// Every public call takes the store's lock and has the strong guarantee: the disk writes a decision needs (the
+// sessions it demotes, the saved one) are done before anything is committed, and a failed one is undone. Disk
+// writes are synchronous (flush only reports what a cleanup left).
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/context.hpp"
+#include "engine/sequence.hpp"
+#include "kvret.h"
+#include "session/blob_tier.hpp"
+#include "session/disk_tier.hpp"
+#include "session/placement.hpp"
+
+namespace kvret::session {
+
+/// The most bytes of a session id.
+constexpr size_t kMaxSessionIdBytes = 255;
+
+struct SessionCounters {
+  int64_t saves = 0;
+  int64_t hits_dram = 0;
+  int64_t hits_disk = 0;
+  int64_t misses = 0;
+  int64_t evictions = 0;  ///< sessions moved out of DRAM to disk, or dropped from a tier, to make room
+  int64_t expired = 0;
+  int64_t corrupt = 0;  ///< sessions dropped because their bytes failed a check
+};
+
+class SessionStore {
+ public:
+  /// Opens the disk tier at ctx.disk_path() (when set) and registers the sessions a previous store left there.
+  explicit SessionStore(Context& ctx);
+  ~SessionStore();
+  SessionStore(const SessionStore&) = delete;
+  SessionStore& operator=(const SessionStore&) = delete;
+
+  /// Throws KVRET_ERR_INVALID_ARGUMENT unless `id` is a valid session id (`what` names it in the message).
+  static std::string check_id(const char* id, const char* what);
+
+  void save(Sequence& seq, const std::string& id);
+  /// A new sequence (not adopted by the context) holding the session. KVRET_ERR_NOT_FOUND when there is none.
+  std::unique_ptr<Sequence> open(const std::string& id);
+  void drop(const std::string& id);
+  void schedule(const std::vector<std::string>& ids);
+  kvret_session_tier where(const std::string& id);
+  /// Reports (and clears) the first failure of a cleanup since the last flush.
+  void flush();
+
+  /// A shared tier (Redis) below the disk; kept, not used yet.
+  void set_shared_tier(std::unique_ptr<BlobTier> tier);
+
+  /// Adds the session counters and the disk tier's figures to a context's stats (fields within struct_size).
+  void add_stats(kvret_stats* out) const;
+
+ private:
+  /// Where a session's disk copy is: its key stem and the generation of its layer blobs.
+  struct DiskRecord {
+    std::string stem;
+    uint64_t generation = 0;
+  };
+  struct Meta {
+    std::string id;
+    uint64_t bytes = 0;
+    int64_t expires_ms = 0;  ///< system-clock ms; 0 = never
+    std::optional<DiskRecord> disk;
+  };
+
+  SessionId id_of(const std::string& id);
+  void forget_if_unused(SessionId sid);
+  void expire_now();
+  /// Removes a session from every tier (disk failures kept for flush).
+  void drop_session(SessionId sid);
+  void remove_blobs(const DiskRecord& rec, int32_t layers, bool manifest);
+  /// Writes `seq` to disk as `sid` (generation after `meta.disk`'s); returns its record. On failure, nothing of
+  /// it is left and the old copy stays.
+  DiskRecord write_session(SessionId sid, const Sequence& seq);
+  std::unique_ptr<Sequence> read_session(SessionId sid);
+  /// Adds layer `l` from its blob to `seq` (made with Sequence::ForkTag).
+  void restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob);
+  /// Carries out the move from placement_ to `next` (the saved session `saved` with its copy, if any).
+  void apply(Placement next, std::optional<SessionId> saved, std::unique_ptr<Sequence> copy);
+  uint64_t session_bytes(const Sequence& seq) const;
+  std::vector<std::byte> manifest_bytes(const Meta& meta, const DiskRecord& rec,
+                                        const std::vector<uint64_t>& layer_sizes) const;
+  void scan_disk();
+  void keep_failure(const std::exception_ptr& e) noexcept;
+
+  Context& ctx_;
+  mutable std::mutex mu_;
+  Placement placement_;
+  std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<BlobTier> shared_;
+  std::unordered_map<std::string, SessionId> ids_;
+  std::unordered_map<SessionId, Meta> meta_;
+  std::unordered_map<SessionId, std::unique_ptr<Sequence>> dram_;
+  std::vector<SessionId> queue_;
+  SessionId next_id_ = 1;
+  SessionCounters counters_;
+  kvret_status deferred_status_ = KVRET_OK;
+  std::string deferred_message_;
+};
+
+}  // namespace kvret::session

@@ -1,0 +1,648 @@
+// The session store (kvret_session_*): byte-exact round trips through DRAM and disk for every index kind, a new
+// context reopening the directory, crash safety (a writer killed with SIGKILL mid-save), damaged files, I/O errors,
+// time-to-live, capacities, the three placement policies and every bad input.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvret.h"
+#include "sequence_observer.hpp"
+#include "test_util.hpp"
+
+using namespace kvret::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory under the system's temporary directory, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kvret-session-XXXXXX").string();
+    char* p = ::mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+int32_t where(kvret_context* ctx, const char* id) {
+  int32_t tier = -1;
+  EXPECT_EQ(kvret_session_where(ctx, id, &tier), KVRET_OK) << kvret_last_error();
+  return tier;
+}
+
+kvret_stats context_stats(kvret_context* ctx) {
+  kvret_stats s;
+  kvret_stats_init(&s);
+  EXPECT_EQ(kvret_context_stats(ctx, &s), KVRET_OK);
+  return s;
+}
+
+/// Every layer's keys and values, read back raw (f32).
+std::vector<float> read_all(kvret_seq* s) {
+  std::vector<float> all;
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    int64_t n = 0;
+    EXPECT_EQ(kvret_seq_length(s, layer, &n), KVRET_OK);
+    all.push_back(static_cast<float>(n));
+    if (n == 0) continue;
+    F32 k({n, kHeads, kDim}), v({n, kHeads, kDim});
+    EXPECT_EQ(kvret_seq_read(s, layer, 0, n, &k, &v), KVRET_OK) << kvret_last_error();
+    all.insert(all.end(), k.data.begin(), k.data.end());
+    all.insert(all.end(), v.data.begin(), v.data.end());
+  }
+  return all;
+}
+
+/// A sequence holding tokens [begin, end) of k/v in every layer: a prefill of all but the last 12, then 12 decodes.
+void fill(kvret_seq* s, const F32& k, const F32& v, int64_t begin, int64_t end) {
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    prefill(s, layer, k, v, begin, end - 12);
+    decode(s, layer, k, v, end - 12, end);
+  }
+}
+
+kvret_seq* open_session(kvret_context* ctx, const char* id) {
+  kvret_seq* s = nullptr;
+  EXPECT_EQ(kvret_session_open(ctx, id, &s), KVRET_OK) << kvret_last_error();
+  return s;
+}
+
+/// The bytes the store counts for one session of `config` filled with tokens [begin, end).
+int64_t session_size(kvret_config config, const F32& k, const F32& v, int64_t begin, int64_t end) {
+  config.disk_path = nullptr;
+  config.session_dram_bytes = 0;
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill(s.s, k, v, begin, end);
+  EXPECT_EQ(kvret_session_save(s.s, "measure"), KVRET_OK) << kvret_last_error();
+  return context_stats(ctx.get()).session_dram_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Round trips for every index kind
+
+class SessionRoundTrip : public ::testing::TestWithParam<int> {
+ protected:
+  SessionRoundTrip() : config(small_config(GetParam())), k({1400, kHeads, kDim}), v({1400, kHeads, kDim}) {
+    clustered_kv(1400, kHeads, kDim, 7, k, v);
+  }
+  kvret_config config;
+  F32 k, v;
+};
+
+TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
+  TempDir dir;
+  // A and B have the same size; DRAM holds one and a half of them, so saving B evicts A to disk.
+  const int64_t size_a = session_size(config, k, v, 0, 600), size_b = session_size(config, k, v, 700, 1300);
+  ASSERT_GT(size_a, 0);
+  ASSERT_GT(size_b, 0);
+  config.disk_path = dir.path.c_str();
+  config.session_dram_bytes = std::max(size_a, size_b) + std::min(size_a, size_b) / 2;
+  Observed observed_a, observed_b;
+  std::vector<float> raw_a, raw_b;
+  {
+    auto ctx = make_context(config);
+    Seq a(ctx.get()), b(ctx.get());
+    fill(a.s, k, v, 0, 600);
+    fill(b.s, k, v, 700, 1300);
+    observed_a = observe(a.s);
+    observed_b = observe(b.s);
+    raw_a = read_all(a.s);
+    raw_b = read_all(b.s);
+
+    KVRET_ASSERT_OK(kvret_session_save(a.s, "conversation-a"));
+    EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DRAM);
+    KVRET_ASSERT_OK(kvret_session_save(b.s, "conversation-b"));
+    EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);  // evicted (least recently used)
+    EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_DRAM);
+    kvret_stats st = context_stats(ctx.get());
+    EXPECT_EQ(st.session_saves, 2);
+    EXPECT_EQ(st.session_evictions, 1);
+    EXPECT_EQ(st.session_dram_bytes, size_b);
+    EXPECT_EQ(st.session_dram_count, 1);
+    EXPECT_EQ(st.session_disk_count, 1);
+    EXPECT_GT(st.disk_bytes, size_a / 2);
+    EXPECT_EQ(st.disk_writes, kLayers + 1);  // one blob per layer and the manifest
+
+    // Opened from disk and from DRAM: the same tokens, the same selections and working sets.
+    Seq ra(open_session(ctx.get(), "conversation-a"));
+    Seq rb(open_session(ctx.get(), "conversation-b"));
+    EXPECT_EQ(read_all(ra.s), raw_a);
+    EXPECT_EQ(read_all(rb.s), raw_b);
+    EXPECT_EQ(observe(ra.s), observed_a);
+    EXPECT_EQ(observe(rb.s), observed_b);
+    st = context_stats(ctx.get());
+    EXPECT_EQ(st.session_hits_disk, 1);
+    EXPECT_EQ(st.session_hits_dram, 1);
+    EXPECT_EQ(st.disk_reads, kLayers + 1);
+
+    // The next turn: new tokens appended to the restored sequence equal those appended to the original.
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      decode(a.s, layer, k, v, 1300, 1330);
+      decode(ra.s, layer, k, v, 1300, 1330);
+      prefill(b.s, layer, k, v, 1330, 1390);
+      prefill(rb.s, layer, k, v, 1330, 1390);
+    }
+    EXPECT_EQ(observe(ra.s), observe(a.s));
+    EXPECT_EQ(observe(rb.s), observe(b.s));
+    EXPECT_EQ(read_all(ra.s), read_all(a.s));
+    // The saved sessions did not change with the sequences opened from them.
+    Seq again(open_session(ctx.get(), "conversation-b"));
+    EXPECT_EQ(read_all(again.s), raw_b);
+  }
+  // A new context on the same directory (as a new process would): A is on disk, B was only in DRAM.
+  auto ctx = make_context(config);
+  EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);
+  EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_NONE);
+  Seq ra(open_session(ctx.get(), "conversation-a"));
+  EXPECT_EQ(read_all(ra.s), raw_a);
+  EXPECT_EQ(observe(ra.s), observed_a);
+  kvret_seq* none = reinterpret_cast<kvret_seq*>(1);
+  EXPECT_EQ(kvret_session_open(ctx.get(), "conversation-b", &none), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(context_stats(ctx.get()).session_misses, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, SessionRoundTrip,
+                         ::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER,
+                                           KVRET_INDEX_QUANT, KVRET_INDEX_STREAMING),
+                         [](const ::testing::TestParamInfo<int>& i) { return kind_name(i.param); });
+
+// ---------------------------------------------------------------------------------------------------------------
+// The store's behaviour on one small configuration
+
+class SessionStore : public ::testing::Test {
+ protected:
+  SessionStore() : config(small_config(KVRET_INDEX_EXACT)), k({1200, kHeads, kDim}), v({1200, kHeads, kDim}) {
+    clustered_kv(1200, kHeads, kDim, 11, k, v);
+  }
+  /// Tokens of session i (all sessions have the same size).
+  void fill_session(kvret_seq* s, int i) { fill(s, k, v, 100 * i, 100 * i + 300); }
+  int64_t one_session() { return session_size(config, k, v, 0, 300); }
+
+  kvret_config config;
+  F32 k, v;
+};
+
+TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
+  for (const bool truncate : {false, true}) {
+    TempDir dir;
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = 1;  // every session goes to disk
+    auto ctx = make_context(config);
+    Seq s(ctx.get());
+    fill_session(s.s, 0);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "x"));
+    ASSERT_EQ(where(ctx.get(), "x"), KVRET_TIER_DISK);
+    // The largest file is a layer blob.
+    fs::path largest;
+    uintmax_t largest_size = 0;
+    for (const auto& e : fs::directory_iterator(dir.path))
+      if (e.file_size() > largest_size) largest_size = e.file_size(), largest = e.path();
+    ASSERT_GT(largest_size, 1000u);
+    if (truncate) {
+      fs::resize_file(largest, largest_size - 100);
+    } else {
+      std::fstream f(largest, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(largest_size / 2));
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      f.seekp(static_cast<std::streamoff>(largest_size / 2));
+      f.write(&c, 1);
+    }
+    kvret_seq* out = nullptr;
+    EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT);
+    EXPECT_NE(std::string(kvret_last_error()).find("corrupt"), std::string::npos) << kvret_last_error();
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+    EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+    EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 1);
+    EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // the dropped session's files are gone
+  }
+}
+
+TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
+  TempDir dir;
+  config.disk_path = dir.path.c_str();
+  config.session_dram_bytes = 1;
+  {
+    auto ctx = make_context(config);
+    Seq s(ctx.get());
+    fill_session(s.s, 0);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "x"));
+  }
+  fs::path smallest;
+  uintmax_t smallest_size = UINTMAX_MAX;
+  for (const auto& e : fs::directory_iterator(dir.path))
+    if (e.file_size() < smallest_size) smallest_size = e.file_size(), smallest = e.path();
+  fs::resize_file(smallest, smallest_size - 3);
+  auto ctx = make_context(config);
+  EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+  kvret_seq* out = nullptr;
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 1);
+  // The layer blobs it named are removed with it.
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
+  TempDir dir;
+  const int64_t size = one_session();
+  const fs::path disk = dir.path / "disk";
+  config.disk_path = disk.c_str();
+  config.session_dram_bytes = size + size / 2;
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  const std::vector<float> raw_a = read_all(a.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  // The directory is replaced by a file: every write fails (as root, permissions would not stop one).
+  fs::rename(disk, dir.path / "moved");
+  std::ofstream(disk.string()) << "not a directory";
+  EXPECT_EQ(kvret_session_save(b.s, "b"), KVRET_ERR_IO);  // A would have to go to disk
+  EXPECT_NE(std::string(kvret_last_error()).find("disk tier"), std::string::npos) << kvret_last_error();
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_NONE);
+  Seq ra(open_session(ctx.get(), "a"));
+  EXPECT_EQ(read_all(ra.s), raw_a);
+  kvret_stats st = context_stats(ctx.get());
+  EXPECT_EQ(st.session_saves, 1);
+  EXPECT_EQ(st.session_evictions, 0);
+  // The disk back: the same save goes through.
+  fs::remove(disk);
+  fs::rename(dir.path / "moved", disk);
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+}
+
+TEST_F(SessionStore, AMissingDirectoryIsCreatedAndAnUncreatableOneIsIo) {
+  TempDir dir;
+  const fs::path nested = dir.path / "a" / "b";
+  config.disk_path = nested.c_str();
+  { auto ctx = make_context(config); }
+  EXPECT_TRUE(fs::is_directory(nested));
+  std::ofstream((dir.path / "file").string()) << "x";
+  const fs::path under_file = dir.path / "file" / "d";
+  config.disk_path = under_file.c_str();
+  kvret_context* ctx = nullptr;
+  EXPECT_EQ(kvret_create(&config, &ctx), KVRET_ERR_IO);
+  EXPECT_EQ(ctx, nullptr);
+}
+
+TEST_F(SessionStore, TimeToLive) {
+  TempDir dir;
+  config.session_ttl_ms = 150;
+  config.disk_path = dir.path.c_str();
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 0);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "t"));
+  EXPECT_EQ(where(ctx.get(), "t"), KVRET_TIER_DRAM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(where(ctx.get(), "t"), KVRET_TIER_NONE);
+  kvret_seq* out = nullptr;
+  EXPECT_EQ(kvret_session_open(ctx.get(), "t", &out), KVRET_ERR_NOT_FOUND);
+  kvret_stats st = context_stats(ctx.get());
+  EXPECT_EQ(st.session_expired, 1);
+  EXPECT_EQ(st.session_dram_bytes, 0);
+  EXPECT_EQ(st.session_dram_count, 0);
+  // On disk: the expiry is in the files, so a new context misses it too and removes them.
+  config.session_dram_bytes = 1;
+  {
+    auto c2 = make_context(config);
+    Seq s2(c2.get());
+    fill_session(s2.s, 0);
+    KVRET_ASSERT_OK(kvret_session_save(s2.s, "t"));
+    EXPECT_EQ(where(c2.get(), "t"), KVRET_TIER_DISK);
+    EXPECT_GT(context_stats(c2.get()).disk_bytes, 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  auto c3 = make_context(config);
+  EXPECT_EQ(where(c3.get(), "t"), KVRET_TIER_NONE);
+  EXPECT_EQ(context_stats(c3.get()).disk_bytes, 0);
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST_F(SessionStore, CapacityRefusalChangesNothing) {
+  TempDir dir;
+  const int64_t size = one_session();
+  config.session_dram_bytes = size - 1;  // no disk tier: a session fits nowhere
+  {
+    auto ctx = make_context(config);
+    Seq s(ctx.get());
+    fill_session(s.s, 0);
+    EXPECT_EQ(kvret_session_save(s.s, "big"), KVRET_ERR_CAPACITY);
+    EXPECT_NE(std::string(kvret_last_error()).find("session_dram_bytes"), std::string::npos);
+    EXPECT_EQ(where(ctx.get(), "big"), KVRET_TIER_NONE);
+    EXPECT_EQ(context_stats(ctx.get()).session_saves, 0);
+  }
+  config.disk_path = dir.path.c_str();
+  config.session_disk_bytes = size - 1;
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 0);
+  EXPECT_EQ(kvret_session_save(s.s, "big"), KVRET_ERR_CAPACITY);
+  EXPECT_EQ(where(ctx.get(), "big"), KVRET_TIER_NONE);
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+/// Sessions a, b, c of the same size; DRAM holds two; the disk all.
+class SessionPolicy : public SessionStore {
+ protected:
+  void run(int32_t policy, bool queue_b) {
+    TempDir dir;
+    const int64_t size = one_session();
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = 2 * size + size / 2;
+    config.session_policy = policy;
+    auto ctx = make_context(config);
+    Seq a(ctx.get()), b(ctx.get()), c(ctx.get());
+    fill_session(a.s, 0);
+    fill_session(b.s, 1);
+    fill_session(c.s, 2);
+    KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+    KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
+    Seq used(open_session(ctx.get(), "a"));  // a is now the more recently used
+    if (queue_b) {
+      const char* queue[] = {"b", "c"};
+      KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 2));
+    }
+    KVRET_ASSERT_OK(kvret_session_save(c.s, "c"));
+    tiers = {where(ctx.get(), "a"), where(ctx.get(), "b"), where(ctx.get(), "c")};
+    if (policy == KVRET_SESSION_SCHEDULER_AWARE) {
+      // Prefetch: a queued session on disk comes back to DRAM, evicting one needed later.
+      const char* queue[] = {"a", "b"};
+      KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 2));
+      prefetched = {where(ctx.get(), "a"), where(ctx.get(), "b"), where(ctx.get(), "c")};
+      Seq ra(open_session(ctx.get(), "a"));
+      EXPECT_EQ(read_all(ra.s), read_all(a.s));
+      EXPECT_EQ(context_stats(ctx.get()).session_hits_dram, 2);
+    }
+  }
+  std::vector<int32_t> tiers, prefetched;
+};
+
+TEST_F(SessionPolicy, LruEvictsTheLeastRecentlyUsed) {
+  run(KVRET_SESSION_LRU, false);
+  EXPECT_EQ(tiers, (std::vector<int32_t>{KVRET_TIER_DRAM, KVRET_TIER_DISK, KVRET_TIER_DRAM}));
+}
+
+TEST_F(SessionPolicy, FifoEvictsTheFirstStored) {
+  run(KVRET_SESSION_FIFO, false);
+  EXPECT_EQ(tiers, (std::vector<int32_t>{KVRET_TIER_DISK, KVRET_TIER_DRAM, KVRET_TIER_DRAM}));
+}
+
+TEST_F(SessionPolicy, SchedulerAwareKeepsTheQueuedAndPrefetches) {
+  // b is queued, a is not: a goes to disk although it was used last (LRU would evict b).
+  run(KVRET_SESSION_SCHEDULER_AWARE, true);
+  EXPECT_EQ(tiers, (std::vector<int32_t>{KVRET_TIER_DISK, KVRET_TIER_DRAM, KVRET_TIER_DRAM}));
+  EXPECT_EQ(prefetched, (std::vector<int32_t>{KVRET_TIER_DRAM, KVRET_TIER_DRAM, KVRET_TIER_DISK}));
+}
+
+TEST_F(SessionPolicy, SchedulerAwareWithoutAQueueIsLru) {
+  run(KVRET_SESSION_SCHEDULER_AWARE, false);
+  EXPECT_EQ(tiers, (std::vector<int32_t>{KVRET_TIER_DRAM, KVRET_TIER_DISK, KVRET_TIER_DRAM}));
+}
+
+TEST_F(SessionStore, DropAndResave) {
+  TempDir dir;
+  config.disk_path = dir.path.c_str();
+  config.session_dram_bytes = 1;
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 0);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d"));
+  // A re-save replaces the session on disk (a new generation of its files; the old one is removed).
+  decode(s.s, 0, k, v, 900, 910);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d"));
+  const std::vector<float> raw = read_all(s.s);
+  {
+    Seq r(open_session(ctx.get(), "d"));
+    EXPECT_EQ(read_all(r.s), raw);
+  }
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) (void)e, ++files;
+  EXPECT_EQ(files, static_cast<size_t>(kLayers + 1));
+  KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "d"));
+  EXPECT_EQ(where(ctx.get(), "d"), KVRET_TIER_NONE);
+  EXPECT_EQ(kvret_session_drop(ctx.get(), "d"), KVRET_ERR_NOT_FOUND);
+  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);
+}
+
+TEST_F(SessionStore, AnyIdBytesAreSafeFileNames) {
+  TempDir dir;
+  config.disk_path = dir.path.c_str();
+  config.session_dram_bytes = 1;
+  const std::string ids[] = {"../../etc/passwd", "a/b\\c\n\t:*?", std::string("\xff\xfe\x01 x", 5),
+                             std::string(255, 'z')};
+  std::vector<std::vector<float>> raws;
+  {
+    auto ctx = make_context(config);
+    for (size_t i = 0; i < std::size(ids); ++i) {
+      Seq s(ctx.get());
+      fill_session(s.s, static_cast<int>(i));
+      raws.push_back(read_all(s.s));
+      KVRET_ASSERT_OK(kvret_session_save(s.s, ids[i].c_str()));
+    }
+  }
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(name.find_first_not_of("0123456789abcdef.b-kv"), std::string::npos) << name;
+  }
+  auto ctx = make_context(config);
+  for (size_t i = 0; i < std::size(ids); ++i) {
+    EXPECT_EQ(where(ctx.get(), ids[i].c_str()), KVRET_TIER_DISK);
+    Seq r(open_session(ctx.get(), ids[i].c_str()));
+    EXPECT_EQ(read_all(r.s), raws[i]);
+  }
+}
+
+TEST_F(SessionStore, BadInputsAreRefusedAndChangeNothing) {
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 0);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "kept"));
+  const std::string too_long(256, 'x');
+  const auto expect = [&](kvret_status got, kvret_status want, const char* words) {
+    EXPECT_EQ(got, want) << kvret_status_string(got) << ": " << kvret_last_error();
+    EXPECT_NE(std::string(kvret_last_error()).find(words), std::string::npos) << kvret_last_error();
+  };
+  expect(kvret_session_save(s.s, nullptr), KVRET_ERR_INVALID_ARGUMENT, "session_id is NULL");
+  expect(kvret_session_save(s.s, ""), KVRET_ERR_INVALID_ARGUMENT, "session_id is empty");
+  expect(kvret_session_save(s.s, too_long.c_str()), KVRET_ERR_INVALID_ARGUMENT, "at most 255");
+  expect(kvret_session_save(nullptr, "x"), KVRET_ERR_INVALID_HANDLE, "NULL");
+  kvret_seq* out = reinterpret_cast<kvret_seq*>(1);
+  expect(kvret_session_open(ctx.get(), nullptr, &out), KVRET_ERR_INVALID_ARGUMENT, "session_id is NULL");
+  EXPECT_EQ(out, nullptr);
+  expect(kvret_session_open(ctx.get(), "kept", nullptr), KVRET_ERR_INVALID_ARGUMENT, "out is NULL");
+  expect(kvret_session_open(nullptr, "kept", &out), KVRET_ERR_INVALID_HANDLE, "NULL");
+  expect(kvret_session_drop(ctx.get(), ""), KVRET_ERR_INVALID_ARGUMENT, "empty");
+  expect(kvret_session_drop(nullptr, "kept"), KVRET_ERR_INVALID_HANDLE, "NULL");
+  int32_t tier = 7;
+  expect(kvret_session_where(ctx.get(), "kept", nullptr), KVRET_ERR_INVALID_ARGUMENT, "out_tier is NULL");
+  expect(kvret_session_where(ctx.get(), too_long.c_str(), &tier), KVRET_ERR_INVALID_ARGUMENT, "at most 255");
+  EXPECT_EQ(tier, 7);
+  const char* queue[] = {"kept", nullptr};
+  expect(kvret_session_schedule(ctx.get(), queue, -1), KVRET_ERR_INVALID_ARGUMENT, "n must be >= 0");
+  expect(kvret_session_schedule(ctx.get(), nullptr, 2), KVRET_ERR_INVALID_ARGUMENT, "session_ids is NULL");
+  expect(kvret_session_schedule(ctx.get(), queue, 2), KVRET_ERR_INVALID_ARGUMENT, "session_ids[1] is NULL");
+  KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), nullptr, 0));
+  expect(kvret_session_flush(nullptr), KVRET_ERR_INVALID_HANDLE, "NULL");
+  // A closed sequence and a destroyed context.
+  kvret_seq* closed = nullptr;
+  KVRET_ASSERT_OK(kvret_seq_open(ctx.get(), &closed));
+  KVRET_ASSERT_OK(kvret_seq_close(closed));
+  expect(kvret_session_save(closed, "x"), KVRET_ERR_INVALID_HANDLE, "closed");
+  kvret_context* gone = nullptr;
+  KVRET_ASSERT_OK(kvret_create(&config, &gone));
+  KVRET_ASSERT_OK(kvret_destroy(gone));
+  expect(kvret_session_where(gone, "kept", &tier), KVRET_ERR_INVALID_HANDLE, "destroyed");
+  // Nothing changed.
+  EXPECT_EQ(where(ctx.get(), "kept"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+  EXPECT_EQ(context_stats(ctx.get()).session_saves, 1);
+  // KVCrush's state is not saved: refused.
+  kvret_config crush = config;
+  crush.hamming_fraction = 0.25f;
+  auto cctx = make_context(crush);
+  Seq cs(cctx.get());
+  fill_session(cs.s, 0);
+  expect(kvret_session_save(cs.s, "c"), KVRET_ERR_UNSUPPORTED, "hamming_fraction");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Crash safety: a writer killed mid-save
+
+/// The writer: saves one of three versions of session "s" again and again into $KVRET_SESSION_WRITER_DIR (every
+/// save to disk), touching "<dir>.ready" after the first. Run by SessionCrash as a child process; skipped otherwise.
+TEST(SessionWriterChild, SavesInALoop) {
+  const char* dir = std::getenv("KVRET_SESSION_WRITER_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "run by SessionCrash.KilledWriterLeavesOldVersionOrMiss";
+  kvret_config config = small_config(KVRET_INDEX_EXACT);
+  config.disk_path = dir;
+  config.session_dram_bytes = 1;
+  F32 k({3000, kHeads, kDim}), v({3000, kHeads, kDim});
+  clustered_kv(3000, kHeads, kDim, 5, k, v);
+  auto ctx = make_context(config);
+  std::vector<std::unique_ptr<Seq>> versions;
+  for (int i = 0; i < 3; ++i) {
+    versions.push_back(std::make_unique<Seq>(ctx.get()));
+    fill(versions.back()->s, k, v, 0, 2000 + 400 * i);
+  }
+  for (int i = 0;; ++i) {
+    ASSERT_EQ(kvret_session_save(versions[static_cast<size_t>(i % 3)]->s, "s"), KVRET_OK) << kvret_last_error();
+    if (i == 0) std::ofstream(std::string(dir) + ".ready") << "1";
+  }
+}
+
+TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
+  TempDir dir;
+  const std::string disk = (dir.path / "disk").string();
+  kvret_config config = small_config(KVRET_INDEX_EXACT);
+  config.disk_path = disk.c_str();
+  config.session_dram_bytes = 1;
+  F32 k({3000, kHeads, kDim}), v({3000, kHeads, kDim});
+  clustered_kv(3000, kHeads, kDim, 5, k, v);
+  // The three versions' contents, as the writer fills them.
+  std::vector<std::vector<float>> versions;
+  {
+    kvret_config plain = config;
+    plain.disk_path = nullptr;
+    auto ctx = make_context(plain);
+    for (int i = 0; i < 3; ++i) {
+      Seq s(ctx.get());
+      fill(s.s, k, v, 0, 2000 + 400 * i);
+      versions.push_back(read_all(s.s));
+    }
+  }
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  int hits = 0, misses = 0, mid_save = 0;
+  std::vector<int> seen(3, 0);
+  for (int round = 0; round < 8; ++round) {
+    fs::remove(disk + ".ready");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("KVRET_SESSION_WRITER_DIR", disk.c_str(), 1);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::execl(self.c_str(), self.c_str(), "--gtest_filter=SessionWriterChild.SavesInALoop", nullptr);
+      ::_exit(127);
+    }
+    // Wait for a whole save, then kill at a different moment each round.
+    for (int i = 0; i < 3000 && !fs::exists(disk + ".ready"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(fs::exists(disk + ".ready")) << "the writer never finished a save";
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 + 11 * round));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited on its own, status " << status;
+    // What the kill left: a temporary file or the layer blobs of a save without its manifest yet, or the old
+    // generation's blobs not removed yet (more files than one session has).
+    size_t left = 0;
+    for (const auto& e : fs::directory_iterator(disk)) (void)e, ++left;
+    if (left != static_cast<size_t>(kLayers + 1)) ++mid_save;
+
+    auto ctx = make_context(config);
+    kvret_seq* s = nullptr;
+    const kvret_status st = kvret_session_open(ctx.get(), "s", &s);
+    ASSERT_TRUE(st == KVRET_OK || st == KVRET_ERR_NOT_FOUND)
+        << "round " << round << ": " << kvret_status_string(st) << ": " << kvret_last_error();
+    if (st == KVRET_OK) {
+      ++hits;
+      Seq guard(s);
+      const std::vector<float> got = read_all(s);
+      int match = -1;
+      for (int i = 0; i < 3; ++i)
+        if (got == versions[static_cast<size_t>(i)]) match = i;
+      ASSERT_GE(match, 0) << "round " << round << ": the session is none of the versions saved";
+      ++seen[static_cast<size_t>(match)];
+      // The restored index selects.
+      F32 q({kQHeads, kDim});
+      q.data = random_vector(static_cast<size_t>(kQHeads * kDim), 9);
+      q.refresh();
+      I32 out({kHeads, 40});
+      int32_t count = 0;
+      KVRET_ASSERT_OK(kvret_select(s, 0, &q, 40, &out, &count));
+      EXPECT_EQ(count, 40);
+    } else {
+      ++misses;
+    }
+    // The killed save's leftovers (temporary files, unnamed layer blobs) were removed on reopening.
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(disk)) {
+      EXPECT_EQ(e.path().extension(), ".kvb") << e.path();
+      ++files;
+    }
+    EXPECT_EQ(files, st == KVRET_OK ? static_cast<size_t>(kLayers + 1) : 0u);
+  }
+  std::printf("[ SessionCrash ] 8 kills, %d of them mid-save: %d hits (versions %d/%d/%d), %d clean misses\n", mid_save,
+              hits, seen[0], seen[1], seen[2], misses);
+  EXPECT_EQ(hits + misses, 8);
+  EXPECT_GE(mid_save, 1) << "no kill landed inside a save: the test did not test anything";
+}
+
+}  // namespace
