@@ -674,6 +674,22 @@ TEST_F(RedisTierTest, AStalledServerTimesOutAndTheTierReconnects) {
   EXPECT_EQ(*tier.get("k"), data);
 }
 
+TEST_F(RedisTierTest, AServerGoneAwayIsIoAndNoSigpipe) {
+  // a write to a connection whose server died raises SIGPIPE, whose default action would end this process
+  RedisTier tier(endpoint_of(*server_), 1 << 20);
+  const auto small = random_bytes(100, 18);
+  tier.put("k", small.data(), small.size(), 0);  // connected
+  server_->kill9();
+  const auto big = random_bytes(32 << 20, 19);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(status_of([&] { tier.put("k", big.data(), big.size(), 0); }), KVRET_ERR_IO);
+  EXPECT_EQ(status_of([&] { tier.put("k", big.data(), big.size(), 0); }), KVRET_ERR_IO);  // refused now
+  EXPECT_LT(seconds_since(t0), 5.0);
+  ASSERT_TRUE(server_->start()) << server_->log();
+  tier.put("k", small.data(), small.size(), 0);
+  EXPECT_EQ(*tier.get("k"), small);
+}
+
 class RedisTierAuthTest : public RedisTierTest {
   RedisServer::Options options() override { return {false, {"--requirepass", "pa:ss@word"}}; }
 };
