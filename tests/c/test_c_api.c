@@ -225,6 +225,32 @@ int main(void) {
     CHECK(length == T / 2);
     CHECK(kvret_seq_truncate(seq, -1) == KVRET_ERR_INVALID_ARGUMENT);
   }
+  { /* sessions: save to the DRAM tier, open a copy, drop */
+    kvret_seq* restored = NULL;
+    int32_t tier = -1;
+    int64_t length = 0;
+    kvret_stats stats;
+    const char* queue[1] = {"turn"};
+    CHECK_OK(kvret_session_save(seq, "turn"));
+    CHECK_OK(kvret_session_where(ctx, "turn", &tier));
+    CHECK(tier == KVRET_TIER_DRAM);
+    CHECK_OK(kvret_session_schedule(ctx, queue, 1));
+    CHECK_OK(kvret_session_open(ctx, "turn", &restored));
+    CHECK_OK(kvret_seq_length(restored, 0, &length));
+    CHECK(length == T / 2);
+    CHECK_OK(kvret_seq_close(restored));
+    CHECK_OK(kvret_stats_init(&stats));
+    CHECK_OK(kvret_context_stats(ctx, &stats));
+    CHECK(stats.session_saves == 1 && stats.session_hits_dram == 1 && stats.session_dram_count == 1);
+    CHECK(stats.session_dram_bytes > 0);
+    CHECK_OK(kvret_session_drop(ctx, "turn"));
+    CHECK(kvret_session_open(ctx, "turn", &restored) == KVRET_ERR_NOT_FOUND && restored == NULL);
+    CHECK(kvret_session_drop(ctx, "turn") == KVRET_ERR_NOT_FOUND);
+    CHECK(kvret_session_save(seq, "") == KVRET_ERR_INVALID_ARGUMENT);
+    CHECK(kvret_session_schedule(ctx, NULL, 1) == KVRET_ERR_INVALID_ARGUMENT);
+    CHECK(strcmp(kvret_status_string(KVRET_ERR_NOT_FOUND), "KVRET_ERR_NOT_FOUND") == 0);
+    CHECK_OK(kvret_session_flush(ctx));
+  }
   CHECK_OK(kvret_seq_close(seq));
   CHECK_OK(kvret_destroy(ctx));
   CHECK(kvret_destroy(NULL) == KVRET_OK);
