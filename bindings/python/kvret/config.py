@@ -3,8 +3,9 @@
 Every field of kvret_config is a keyword of the same name (n_layers=..., budget=...). Enumerated fields also take
 names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", session_policy="lru",
 rope_layout="gptj", device_type="cuda". The extra keyword device="cuda:1" sets device_type and device_id together.
-The strings disk_path (a str or path) and session_shared_url (a str, "redis://host:port/db") are None when unset. Values are checked as the calls' arguments are (see
-kvret._args): integers from integers only, within their C type (else KvretError, Status.INVALID_ARGUMENT).
+The strings disk_path (a str or path) and session_shared_url (a str, "redis://host:port/db") are None when unset.
+Values are checked as the calls' arguments are (see kvret._args): integers from integers only, within their C type
+(else KvretError, Status.INVALID_ARGUMENT).
 
 The config dicts this module returns (Context.config, defaults()) give enumerated fields by name (the first name
 below: "f16", "exact", ...), so that Context(**ctx.config) makes a context of the same config.

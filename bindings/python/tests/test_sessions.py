@@ -179,6 +179,26 @@ def test_drop_front_keeps_the_first_tokens_and_moves_the_rest(rng):
         assert (seq.length(0), seq.length(1)) == (0, 0)
 
 
+@pytest.mark.parametrize("rope_keys", [False, True])
+def test_drop_front_equals_a_sequence_of_the_tokens_left(rng, rope_keys):
+    # With pre-RoPE keys a token is rotated at the position it has now, so after drop_front the sequence holds
+    # what a sequence given only the remaining tokens holds, whether or not kvret applies RoPE.
+    with make_context(rope_keys=rope_keys) as ctx, ctx.open_sequence() as a, ctx.open_sequence() as b:
+        assert ctx.config["rope_keys"] == int(rope_keys)
+        k, v = random_kv(rng)
+        a.append_prefill(0, k, v)
+        a.append_prefill(1, k, v)
+        a.drop_front(N_SINK, 50)
+        left_k, left_v = np.concatenate([k[:N_SINK], k[N_SINK + 50 :]]), np.concatenate([v[:N_SINK], v[N_SINK + 50 :]])
+        b.append_prefill(0, left_k, left_v)
+        b.append_prefill(1, left_k, left_v)
+        assert_same_sequence(a, b, rng)
+        k1, v1 = random_kv(rng, 1)
+        a.append_decode(0, k1[0], v1[0])  # decoding goes on after the drop
+        b.append_decode(0, k1[0], v1[0])
+        assert_same_sequence(a, b, rng)
+
+
 # ---- bad input ----
 
 BAD_IDS = [

@@ -177,6 +177,26 @@ fn drop_front_keeps_the_first_tokens_and_moves_the_rest() {
     assert_eq!((seq.length(0).unwrap(), seq.length(1).unwrap()), (0, 0));
 }
 
+/// With pre-RoPE keys a token is rotated at the position it has now, so after drop_front the sequence holds what a
+/// sequence given only the remaining tokens holds, whether or not kvret applies RoPE.
+#[test]
+fn drop_front_equals_a_sequence_of_the_tokens_left() {
+    for rope_keys in [false, true] {
+        let mut rng = Rng(17);
+        let ctx = Context::new(&config().rope_keys(rope_keys)).unwrap();
+        assert_eq!(ctx.config().raw().rope_keys, i32::from(rope_keys));
+        let (mut a, mut b) = (ctx.open_sequence().unwrap(), ctx.open_sequence().unwrap());
+        let (k, v) = kv(&mut rng);
+        let without = |x: &[f32]| [&x[..SINK * TOKEN_LEN], &x[(SINK + 50) * TOKEN_LEN..]].concat();
+        for layer in 0..LAYERS {
+            a.append_prefill(layer, &k, &v).unwrap();
+            b.append_prefill(layer, &without(&k), &without(&v)).unwrap();
+        }
+        a.drop_front(SINK, 50).unwrap();
+        assert_same_sequence(&mut a, &mut b, &mut rng);
+    }
+}
+
 #[test]
 fn bad_session_ids_are_refused_and_change_nothing() {
     let mut rng = Rng(15);

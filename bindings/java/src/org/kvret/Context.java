@@ -223,6 +223,7 @@ public final class Context implements AutoCloseable {
    * @throws NullPointerException if the list or one of its ids is null
    */
   public void scheduleSessions(List<String> sessionIds) {
+    java.util.Objects.requireNonNull(sessionIds, "kvret: session_ids is null");
     byte[][] ids = new byte[sessionIds.size()][];
     int i = 0;
     for (String sessionId : sessionIds) {

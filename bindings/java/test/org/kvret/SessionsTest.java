@@ -224,6 +224,31 @@ public class SessionsTest {
     return kept;
   }
 
+  /**
+   * With pre-RoPE keys a token is rotated at the position it has now, so after dropFront the sequence holds what a
+   * sequence given only the remaining tokens holds, whether or not kvret applies RoPE.
+   */
+  @Test
+  public void dropFrontEqualsASequenceOfTheTokensLeft() {
+    for (boolean ropeKeys : new boolean[] {false, true}) {
+      try (Context ctx = Context.create(Fixtures.config().ropeKeys(ropeKeys).build());
+           Sequence a = ctx.openSequence(); Sequence b = ctx.openSequence()) {
+        assertEquals(ropeKeys, ctx.config().ropeKeys());
+        Tensor k = kv(Fixtures.TOKENS);
+        Tensor v = kv(Fixtures.TOKENS);
+        long left = Fixtures.TOKENS - 50;
+        Tensor leftK = Tensor.ofFloats(withoutTokens(k, Fixtures.SINK, 50), left, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+        Tensor leftV = Tensor.ofFloats(withoutTokens(v, Fixtures.SINK, 50), left, Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+        for (int layer = 0; layer < Fixtures.LAYERS; ++layer) {
+          a.appendPrefill(layer, k, v);
+          b.appendPrefill(layer, leftK, leftV);
+        }
+        a.dropFront(Fixtures.SINK, 50);
+        assertSameSequence(a, b);
+      }
+    }
+  }
+
   @Test
   public void badIdsAreRefusedAndChangeNothing() {
     try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = filled(ctx, 40)) {
