@@ -105,3 +105,35 @@ def test_the_gil_is_released_during_calls():
                 return
             results.append((stalled, durations))
     raise AssertionError(f"the calling thread stalled while kvret ran, in every try: {results}")
+
+
+def test_threads_saving_and_opening_sessions(tmp_path):
+    # DRAM holds about two of the six sessions: saves evict to disk while other threads open theirs
+    per_session = 2 * GEOMETRY["n_layers"] * 400 * GEOMETRY["n_kv_heads"] * GEOMETRY["head_dim"] * 4
+    with make_context(disk_path=tmp_path, session_dram_bytes=2 * per_session + per_session // 2) as ctx:
+        errors = []
+
+        def worker(seed):
+            try:
+                rng = np.random.default_rng(seed)
+                with ctx.open_sequence() as seq:
+                    for layer in range(GEOMETRY["n_layers"]):
+                        seq.append_prefill(layer, *random_kv(rng))
+                    expected = seq.read(0, 0, seq.length(0))
+                    for _ in range(3):
+                        seq.save_session(f"thread-{seed}")
+                        with ctx.open_session(f"thread-{seed}") as reopened:
+                            got = reopened.read(0, 0, reopened.length(0))
+                        for a, b in zip(got, expected):
+                            np.testing.assert_array_equal(a, b)
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert ctx.stats()["session_saves"] == 18
+        assert all(ctx.session_tier(f"thread-{seed}") for seed in range(6))  # each in DRAM or on disk
