@@ -325,3 +325,26 @@ def test_session_and_rope_fields_by_name():
         assert config["session_ttl_ms"] == 60_000 and config["session_shared_url"] is None
         with kvret.Context(**config) as again:
             assert again.config == config
+
+
+def test_the_extension_refuses_what_the_package_would_not_pass(rng):
+    # The package always passes bytes without a NUL; the extension checks again and raises, never crashes.
+    c = kvret.kvret_swig
+    with make_context() as ctx, filled_sequence(ctx, rng, 40) as seq:
+        for _ in range(20):
+            with pytest.raises(TypeError):
+                c.kvret_session_save(seq._handle, "a str")
+            with pytest.raises(ValueError, match="NUL"):
+                c.kvret_session_open(ctx._handle, b"a\0b")
+            with pytest.raises(TypeError):
+                c.kvret_session_schedule(ctx._handle, [b"a", 5])
+            with pytest.raises(ValueError, match="NUL"):
+                c.kvret_session_schedule(ctx._handle, [b"a", b"\0"])
+            with pytest.raises(TypeError):
+                c.kvret_session_schedule("not a handle", [b"a", b"b"])
+            with pytest.raises(TypeError):
+                c.kvret_session_schedule(ctx._handle, 5)
+            with pytest.raises(TypeError):
+                c.kvret_swig_create(None, None, "a str")
+        c.kvret_session_schedule(ctx._handle, (b"a", b"b"))
+        assert c.kvret_session_where(ctx._handle, b"a") == kvret.SessionTier.NONE
