@@ -276,6 +276,26 @@ KVRET_JAVA_BYTES(session_id, 0)
 KVRET_JAVA_BYTES(disk_path, 1)
 KVRET_JAVA_BYTES(session_shared_url, 1)
 
+/* The config's strings read back: byte[] (null for NULL), decoded as UTF-8 by the Java classes. */
+%define KVRET_JAVA_BYTES_OUT(FUNCTION)
+%typemap(jni) const char* FUNCTION "jbyteArray"
+%typemap(jtype) const char* FUNCTION "byte[]"
+%typemap(jstype) const char* FUNCTION "byte[]"
+%typemap(javaout) const char* FUNCTION {
+    return $jnicall;
+  }
+%typemap(out) const char* FUNCTION {
+  $result = NULL;
+  if ($1 != NULL) {
+    jsize length = (jsize)strlen($1);
+    $result = (*jenv)->NewByteArray(jenv, length);
+    if ($result != NULL) (*jenv)->SetByteArrayRegion(jenv, $result, 0, length, (const jbyte*)$1);
+  }
+}
+%enddef
+KVRET_JAVA_BYTES_OUT(kvret_swig_config_disk_path)
+KVRET_JAVA_BYTES_OUT(kvret_swig_config_session_shared_url)
+
 /* ---- session_schedule: byte[][] of session ids ---- */
 %typemap(jni) (const char* const* session_ids, int32_t n) "jobjectArray"
 %typemap(jtype) (const char* const* session_ids, int32_t n) "byte[][]"

@@ -348,3 +348,11 @@ def test_the_extension_refuses_what_the_package_would_not_pass(rng):
                 c.kvret_swig_create(None, None, "a str")
         c.kvret_session_schedule(ctx._handle, (b"a", b"b"))
         assert c.kvret_session_where(ctx._handle, b"a") == kvret.SessionTier.NONE
+
+
+def test_disk_paths_are_utf8_both_ways(rng, tmp_path):
+    directory = tmp_path / "café-🙂"
+    with make_context(disk_path=directory, session_dram_bytes=1) as ctx, filled_sequence(ctx, rng, 40) as seq:
+        assert ctx.config["disk_path"] == str(directory)
+        seq.save_session("s")
+        assert ctx.session_tier("s") == kvret.SessionTier.DISK and directory.is_dir()

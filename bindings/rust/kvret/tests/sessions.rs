@@ -274,3 +274,19 @@ fn session_and_rope_fields_round_trip() {
     assert!(raw.session_shared_url.is_null() && raw.disk_path.is_null());
     assert_eq!(ctx.config().session_shared_url_str(), None);
 }
+
+#[test]
+fn disk_paths_are_utf8_both_ways() {
+    let mut rng = Rng(18);
+    let parent = std::env::temp_dir().join(format!("kvret-rust-utf8-{}", std::process::id()));
+    let dir = parent.join("café-🙂");
+    {
+        let ctx = Context::new(&config().disk_path(dir.to_str()).session_dram_bytes(1)).unwrap();
+        assert_eq!(ctx.config().disk_path_str(), dir.to_str());
+        let mut seq = filled(&ctx, 40, &mut rng);
+        seq.save_session("s").unwrap();
+        assert_eq!(ctx.session_tier("s").unwrap(), Some(SessionTier::Disk));
+        assert!(dir.is_dir());
+    }
+    let _ = std::fs::remove_dir_all(&parent);
+}

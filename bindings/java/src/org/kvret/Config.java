@@ -36,8 +36,8 @@ public final class Config {
 
   /** Adopts a native config filled by the library (kvret_get_config). */
   static Config adopt(NativeConfig fields) {
-    return new Config(fields, KvretNative.kvret_swig_config_disk_path(fields),
-        KvretNative.kvret_swig_config_session_shared_url(fields));
+    return new Config(fields, NativeStrings.fromUtf8(KvretNative.kvret_swig_config_disk_path(fields)),
+        NativeStrings.fromUtf8(KvretNative.kvret_swig_config_session_shared_url(fields)));
   }
 
   /** A builder that starts from this config. */

@@ -41,4 +41,9 @@ final class NativeStrings {
   static byte[] utf8OrNull(String value, String name) {
     return value == null ? null : utf8(value, name);
   }
+
+  /** The string of UTF-8 bytes the library gave, or null for null. */
+  static String fromUtf8(byte[] bytes) {
+    return bytes == null ? null : new String(bytes, StandardCharsets.UTF_8);
+  }
 }

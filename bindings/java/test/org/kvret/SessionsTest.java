@@ -350,6 +350,26 @@ public class SessionsTest {
   }
 
   @Test
+  public void diskPathsAreUtf8BothWays() throws Exception {
+    Path parent = Files.createTempDirectory("kvret-sessions");
+    Path dir = parent.resolve("café-\uD83D\uDE42");
+    try {
+      try (Context ctx = Context.create(Fixtures.config().diskPath(dir.toString()).sessionDramBytes(1).build());
+           Sequence seq = filled(ctx, 40)) {
+        assertEquals(dir.toString(), ctx.config().diskPath());
+        assertEquals(dir.toString(), ctx.config().toBuilder().build().diskPath());
+        seq.saveSession("s");
+        assertEquals(SessionTier.DISK, ctx.sessionTier("s"));
+        assertTrue(Files.isDirectory(dir));
+      }
+    } finally {
+      try (var files = Files.walk(parent)) {
+        files.sorted((a, b) -> b.compareTo(a)).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+
+  @Test
   public void sessionAndRopeFieldsRoundTrip() {
     Config config = Fixtures.config()
         .sessionPolicy(SessionPolicy.FIFO)
