@@ -141,7 +141,7 @@ class Context(Resource):
         if isinstance(session_ids, (str, bytes, bytearray, memoryview)):
             raise TypeError("kvret: session_ids must be an iterable of session ids, not a single id")
         try:
-            ids = list(session_ids)
+            ids = iter(session_ids)
         except TypeError:
             raise TypeError(
                 f"kvret: session_ids must be an iterable of session ids, not {type(session_ids).__name__}"
