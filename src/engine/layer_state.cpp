@@ -7,6 +7,19 @@
 
 namespace kvret {
 
+std::shared_ptr<const rope::Rope> rope_of(const kvret_config& c) {
+  if (c.rope_keys == 0) return nullptr;
+  rope::Llama3Scaling scaling;
+  if (c.rope_scale_factor > 0.0f) {
+    scaling.factor = c.rope_scale_factor;
+    scaling.low_freq_factor = c.rope_low_freq_factor;
+    scaling.high_freq_factor = c.rope_high_freq_factor;
+    scaling.original_max_positions = c.rope_original_max_positions;
+  }
+  return std::make_shared<const rope::Rope>(c.rope_dims == 0 ? c.head_dim : c.rope_dims, c.rope_layout,
+                                            static_cast<double>(c.rope_theta), scaling);
+}
+
 void LayerState::account_index(StatCounters& stats) noexcept {
   const int64_t bytes = index_->bytes();
   stats.index_bytes += bytes - index_bytes_;

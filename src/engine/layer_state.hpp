@@ -7,12 +7,18 @@
 #include <mutex>
 #include <string>
 
+#include "core/rope.hpp"
 #include "engine/build_queue.hpp"
 #include "engine/stats.hpp"
 #include "index/retriever.hpp"
+#include "kvret.h"
 #include "store/host_kv_store.hpp"
 
 namespace kvret {
+
+/// The rotary embedding of the keys the layers' stores keep (config.rope_keys = 1; docs/rope.md); null when the
+/// keys are given rotated (rope_keys = 0). One object serves every layer of a sequence.
+std::shared_ptr<const rope::Rope> rope_of(const kvret_config& config);
 
 class LayerState {
  public:

@@ -41,9 +41,10 @@ std::vector<float> load_query(const TensorView& q, bool check_finite) {
 Sequence::Sequence(Context& ctx) : ctx_(ctx) {
   const kvret_config& c = ctx.config();
   layers_.reserve(static_cast<size_t>(c.n_layers));
+  const std::shared_ptr<const rope::Rope> rope = rope_of(c);
   for (int32_t l = 0; l < c.n_layers; ++l)
     layers_.push_back(std::make_unique<LayerState>(
-        l, HostKvStore(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.backend().pages()),
+        l, HostKvStore(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.backend().pages(), rope),
         ctx.kind().make(c, l)));
   if (c.hamming_fraction > 0.0f) crush_.resize(static_cast<size_t>(c.n_layers));
 }
@@ -184,6 +185,53 @@ void Sequence::wait_index(int32_t layer) {
     return;
   }
   layer_at(layer).wait();
+}
+
+void Sequence::drop_front(int64_t keep, int64_t count) {
+  require(keep >= 0, KVRET_ERR_INVALID_ARGUMENT,
+          "kvret_seq_drop_front: keep must be >= 0, got " + std::to_string(keep));
+  require(count >= 0, KVRET_ERR_INVALID_ARGUMENT,
+          "kvret_seq_drop_front: count must be >= 0, got " + std::to_string(count));
+  if (count == 0) return;
+  drain();  // no build runs while the layers change (a failed one of an unchanged layer keeps its status)
+  // Everything that may throw first: every shortened layer built aside (its store without the tokens, the keys
+  // after them rotated at their new positions, and a new index over its middle), as a prefill of them would be.
+  const kvret_config& c = ctx_.config();
+  struct Plan {
+    size_t layer;
+    std::unique_ptr<LayerState> next;
+  };
+  std::vector<Plan> plans;
+  StatCounters built;  // the new indexes' bytes, builds and build time
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    const LayerState& l = *layers_[static_cast<size_t>(i)];
+    if (l.store().size() <= keep) continue;  // nothing after `keep`: unchanged
+    auto next = std::make_unique<LayerState>(i, l.store().without(keep, count), ctx_.kind().make(c, i));
+    const TokenGroups g = groups_at(next->store().size());
+    next->index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), built);
+    plans.push_back({static_cast<size_t>(i), std::move(next)});
+  }
+  // commit (no throw below)
+  int64_t freed = 0;
+  for (Plan& p : plans) {
+    std::unique_ptr<LayerState>& layer = layers_[p.layer];
+    stats_.tokens_stored -= layer->store().size() - p.next->store().size();
+    stats_.index_bytes -= layer->index_bytes();
+    freed += layer->store().bytes() - p.next->store().bytes();
+    layer.swap(p.next);  // the old state goes with the plan
+    // state about positions that moved: recomputed (KVCrush's signatures, at the next select) or dropped
+    if (!crush_.empty()) crush_[p.layer] = KvCrushLayer{};
+    if (p.layer < reuse_.size()) {
+      reuse_[p.layer].clear();
+      stats_.cluster_reuse_bytes += reuse_[p.layer].bytes_change();
+    }
+    if (p.layer < prefetched_.size()) prefetched_[p.layer].clear();
+  }
+  stats_.index_bytes += built.index_bytes.load();
+  stats_.index_builds += built.index_builds.load();
+  stats_.index_build_ns += built.index_build_ns.load();
+  stats_.host_bytes -= freed;
+  ctx_.release_host_bytes(freed);
 }
 
 void Sequence::truncate(int64_t length) {

@@ -40,13 +40,15 @@ PageAllocator& host_page_allocator() noexcept {
   return pages;
 }
 
-HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages)
+HostKvStore::HostKvStore(int n_kv_heads, int head_dim, DType dtype, PageAllocator& pages,
+                         std::shared_ptr<const rope::Rope> rope)
     : allocator_(&pages),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       dtype_(dtype),
       row_bytes_(static_cast<size_t>(head_dim) * dtype_size(dtype)),
-      page_bytes_(2 * n_kv_heads * kPageTokens * static_cast<int64_t>(row_bytes_)) {}
+      rope_(std::move(rope)),
+      page_bytes_((rope_ ? 3 : 2) * n_kv_heads * kPageTokens * static_cast<int64_t>(row_bytes_)) {}
 
 int64_t HostKvStore::bytes_to_grow(int64_t tokens) const noexcept {
   if (tokens > INT64_MAX - size_) return INT64_MAX;
@@ -70,7 +72,7 @@ HostKvStore::Page HostKvStore::new_page() const {
 }
 
 HostKvStore HostKvStore::fork() const {
-  HostKvStore copy(n_kv_heads_, head_dim_, dtype_, *allocator_);
+  HostKvStore copy(n_kv_heads_, head_dim_, dtype_, *allocator_, rope_);
   const auto used = static_cast<size_t>(size_ / kPageTokens + (size_ % kPageTokens != 0 ? 1 : 0));
   copy.pages_.assign(pages_.begin(), pages_.begin() + static_cast<std::ptrdiff_t>(used));
   copy.size_ = size_;
@@ -109,19 +111,75 @@ void HostKvStore::append(const TensorView& k, const TensorView& v, int64_t token
   // may throw bad_alloc before anything changed; grows geometrically (decode adds a page every kPageTokens tokens)
   if (pages_.capacity() < pages_.size() + new_pages)
     pages_.reserve(std::max(2 * pages_.capacity(), pages_.size() + new_pages));
+  // the rotation's scratch: a row, and the cosines and sines of a position
+  std::vector<float> scratch(rope_ ? static_cast<size_t>(head_dim_) : 0);
+  std::vector<double> angles(rope_ ? static_cast<size_t>(2 * rope_->pairs()) : 0);
   for (auto& [p, page] : copies) pages_[p].swap(page);
   for (auto& p : fresh) pages_.push_back(std::move(p));
   // Nothing below can fail.
+  const auto d = static_cast<size_t>(head_dim_);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = size_ + t;
+    double* c = angles.data();
+    double* s = rope_ ? c + rope_->pairs() : nullptr;
+    if (rope_) rope_->cos_sin_at(pos, c, s);
     for (int h = 0; h < n_kv_heads_; ++h) {
       const std::byte* ks = tokens_dim ? k.at({t, h}) : k.at({h});
       const std::byte* vs = tokens_dim ? v.at({t, h}) : v.at({h});
-      convert_row(ks, k.dtype(), row(0, h, pos), dtype_, static_cast<size_t>(head_dim_));
-      convert_row(vs, v.dtype(), row(1, h, pos), dtype_, static_cast<size_t>(head_dim_));
+      if (rope_) {
+        convert_row(ks, k.dtype(), row(2, h, pos), dtype_, d);
+        rotate_key(h, pos, scratch.data(), c, s);
+      } else {
+        convert_row(ks, k.dtype(), row(0, h, pos), dtype_, d);
+      }
+      convert_row(vs, v.dtype(), row(1, h, pos), dtype_, d);
     }
   }
   size_ += tokens;
+}
+
+void HostKvStore::rotate_key(int head, int64_t pos, float* scratch, const double* c, const double* s) noexcept {
+  const auto d = static_cast<size_t>(head_dim_);
+  load_row_f32(row(2, head, pos), dtype_, scratch, d);
+  rope_->rotate(scratch, c, s);
+  convert_row(reinterpret_cast<const std::byte*>(scratch), DType::F32, row(0, head, pos), dtype_, d);
+}
+
+HostKvStore HostKvStore::without(int64_t keep, int64_t count) const {
+  HostKvStore out(n_kv_heads_, head_dim_, dtype_, *allocator_, rope_);
+  const int64_t kept_after = size_ > keep ? std::max<int64_t>(0, size_ - keep - std::min(count, size_ - keep)) : 0;
+  const int64_t size = std::min(size_, keep) + kept_after;
+  const auto pages = static_cast<size_t>(size / kPageTokens + (size % kPageTokens != 0 ? 1 : 0));
+  // the pages wholly before `keep` (and before the end) are the same: shared
+  const auto same = std::min(pages, static_cast<size_t>(std::min(keep, size_) / kPageTokens));
+  out.pages_.reserve(pages);
+  out.pages_.assign(pages_.begin(), pages_.begin() + static_cast<std::ptrdiff_t>(same));
+  for (size_t p = same; p < pages; ++p) out.pages_.push_back(new_page());
+  std::vector<float> scratch(rope_ ? static_cast<size_t>(head_dim_) : 0);
+  std::vector<double> angles(rope_ ? static_cast<size_t>(2 * rope_->pairs()) : 0);
+  // Nothing below can fail.
+  out.size_ = size;
+  double* c = angles.data();
+  double* s = rope_ ? c + rope_->pairs() : nullptr;
+  for (int64_t pos = static_cast<int64_t>(same) * kPageTokens; pos < size; ++pos) {
+    const bool moved = pos >= keep;
+    const int64_t from = moved ? pos + (size_ - keep - kept_after) : pos;
+    if (moved && rope_) rope_->cos_sin_at(pos, c, s);
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      std::memcpy(out.row(1, h, pos), row(1, h, from), row_bytes_);
+      if (!rope_) {
+        std::memcpy(out.row(0, h, pos), row(0, h, from), row_bytes_);
+        continue;
+      }
+      std::memcpy(out.row(2, h, pos), row(2, h, from), row_bytes_);
+      if (moved) {
+        out.rotate_key(h, pos, scratch.data(), c, s);
+      } else {
+        std::memcpy(out.row(0, h, pos), row(0, h, from), row_bytes_);
+      }
+    }
+  }
+  return out;
 }
 
 int64_t HostKvStore::release_unused_pages() noexcept {
