@@ -300,7 +300,7 @@ typedef struct kvret_config {
   int32_t session_policy;     /**< a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
 
   /* Positional decoupling: keys stored before the rotary embedding (appended: older, smaller structs get the
-     defaults; docs/sessions.md) */
+     defaults; docs/rope.md) */
   int32_t rope_keys;                   /**< 1: the keys appended are before RoPE; kvret rotates them at the position
                                             each token has now (its index in the sequence) wherever keys are read:
                                             index builds, select, fetch, attention and kvret_seq_read. Queries stay
@@ -519,12 +519,18 @@ KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* sessi
  *  are synchronous today, so there is nothing to wait for. */
 KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
 
-/** Context-window truncation: drops `count` tokens of every layer, starting after its first `keep` tokens (keep 0:
- *  the earliest tokens; keep = config.n_sink keeps the attention sinks, as StreamingLLM does). The tokens after
- *  them move `count` positions earlier; with config.rope_keys = 1 their keys are rotated at the new positions from
- *  then on, and each layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens is
- *  unchanged; one holding fewer than keep + count loses the rest. Waits for the sequence's background builds.
- *  Strong guarantee. keep < 0 or count < 0: KVRET_ERR_INVALID_ARGUMENT; count 0 is a no-op. */
+/** Context-window truncation (docs/rope.md): drops `count` tokens of every layer, starting after its first `keep`
+ *  tokens (keep 0: the earliest tokens; keep = config.n_sink keeps the attention sinks, as StreamingLLM does). The
+ *  tokens after them move `count` positions earlier; with config.rope_keys = 1 their keys are rotated at the new
+ *  positions from then on (from the pre-RoPE keys kept, so exactly as a sequence given only the remaining tokens
+ *  rotates them); with rope_keys = 0 keys are kept as given, rotated at their old positions. Each shortened layer's
+ *  index is rebuilt, on the calling thread, for the keys it now has: the sequence then selects as one given the
+ *  remaining tokens in one prefill. KVCrush's signatures are recomputed at the next select; a kvret_prefetch_async
+ *  selection and ClusterKV's resident clusters of a shortened layer are dropped. A layer holding at most `keep`
+ *  tokens is unchanged; one holding fewer than keep + count keeps its first `keep`. Waits for the sequence's
+ *  background builds. While it runs it holds a second copy of the pages it rewrites (not counted against
+ *  config.host_bytes_limit; the pages freed are). Strong guarantee. keep < 0 or count < 0:
+ *  KVRET_ERR_INVALID_ARGUMENT; count 0 is a no-op. */
 KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_t count);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -628,8 +634,10 @@ KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats
  *  block cache would). A refused call keeps the last prefetch. */
 KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
                                             kvret_stream stream);
-/** Copies the raw stored keys and values of positions [begin, end) of `layer` into k and v
- *  ([end-begin, n_kv_heads, head_dim], kv_dtype or f32). Meant for tests and tooling. */
+/** Copies the stored keys and values of positions [begin, end) of `layer` into k and v
+ *  ([end-begin, n_kv_heads, head_dim], kv_dtype or f32). With config.rope_keys = 1 the keys are the ones kvret
+ *  selects and fetches with: rotated at their current positions (not the pre-RoPE keys appended). Meant for tests
+ *  and tooling. */
 KVRET_API kvret_status kvret_seq_read(const kvret_seq* seq, int32_t layer, int64_t begin, int64_t end,
                                       const kvret_tensor* k, const kvret_tensor* v);
 #endif
