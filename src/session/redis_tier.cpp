@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -184,6 +185,11 @@ RedisEndpoint parse_redis_url(const std::string& url) {
     }
   }
   return ep;
+}
+
+std::unique_ptr<RedisTier> open_shared_tier(const char* url) {
+  if (url == nullptr || url[0] == '\0') return nullptr;
+  return std::make_unique<RedisTier>(parse_redis_url(url));
 }
 
 std::string RedisEndpoint::describe() const {
@@ -397,6 +403,9 @@ RedisTier::~RedisTier() = default;
 void RedisTier::drop_connection() noexcept { conn_.reset(); }
 
 RedisTier::Connection& RedisTier::connection() {
+  // a child of fork() shares its parent's socket: it closes its own copy (the parent's connection stays) and connects
+  // anew
+  if (conn_ && conn_pid_ != ::getpid()) conn_.reset();
   if (conn_) return *conn_;
   auto c = std::make_unique<Connection>();
   c->where = endpoint_.describe();
@@ -421,6 +430,7 @@ RedisTier::Connection& RedisTier::connection() {
     if (!is_status(*r, "OK")) c->server_error(*r, "selecting the database");
   }
   conn_ = std::move(c);
+  conn_pid_ = ::getpid();
   return *conn_;
 }
 

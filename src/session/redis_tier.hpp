@@ -57,6 +57,11 @@ RedisEndpoint parse_redis_url(const std::string& url);
 /// True when this build has the Redis tier (hiredis); TLS (rediss://) is not built in either case.
 bool redis_tier_available() noexcept;
 
+class RedisTier;
+/// The shared tier a context's config names: nullptr for NULL or "" (no shared tier), else a RedisTier on the parsed
+/// URL (not connected yet). Throws kvret::Error as parse_redis_url and RedisTier's constructor do.
+std::unique_ptr<RedisTier> open_shared_tier(const char* url);
+
 class RedisTier final : public BlobTier {
  public:
   static constexpr size_t kDefaultChunkBytes = size_t{4} << 20;
@@ -100,6 +105,7 @@ class RedisTier final : public BlobTier {
   int64_t replace_grace_ms_;
   std::mutex mutex_;
   std::unique_ptr<Connection> conn_;
+  int conn_pid_ = 0;  // the process that made conn_: a forked child connects anew instead of sharing the socket
   std::mt19937_64 rng_;
 };
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -159,6 +161,20 @@ TEST(RedisUrl, RefusesBadUrlsByName) {
   const std::string message = message_of([] { parse_redis_url("redis://:hunter2%zz@h"); });
   EXPECT_NE(message.find("password"), std::string::npos) << message;
   EXPECT_EQ(message.find("hunter2"), std::string::npos) << message;
+}
+
+TEST(RedisUrl, NoUrlIsNoSharedTier) {
+  EXPECT_EQ(kvret::session::open_shared_tier(nullptr), nullptr);
+  EXPECT_EQ(kvret::session::open_shared_tier(""), nullptr);
+  EXPECT_EQ(status_of([] { kvret::session::open_shared_tier("redis://h:0"); }), KVRET_ERR_INVALID_ARGUMENT);
+  if (kvret::session::redis_tier_available()) {
+    const auto tier = kvret::session::open_shared_tier("redis://10.1.2.3:7000/2?prefix=p");
+    ASSERT_NE(tier, nullptr);
+    EXPECT_EQ(tier->endpoint().describe(), "redis://10.1.2.3:7000/2");
+    EXPECT_EQ(tier->head_key("k"), "p:h:k");
+  } else {
+    EXPECT_EQ(status_of([] { kvret::session::open_shared_tier("redis://h"); }), KVRET_ERR_UNSUPPORTED);
+  }
 }
 
 TEST(RedisUrl, TlsIsRefusedAsUnsupported) {
@@ -418,6 +434,33 @@ TEST_F(RedisTierTest, OneTierServesSeveralThreads) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_F(RedisTierTest, AForkedChildConnectsAnew) {
+  // parent and child use the tier at the same time: on one shared socket their replies would interleave
+  RedisTier tier(endpoint_of(*server_), 4096);
+  const auto a = random_bytes(50'000, 21);
+  const auto b = random_bytes(30'000, 22);
+  tier.put("a", a.data(), a.size(), 0);  // connected before the fork
+  tier.put("b", b.data(), b.size(), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  const bool in_child = child == 0;
+  const auto& mine = in_child ? b : a;
+  int bad = 0;
+  for (int i = 0; i < 300; ++i) {
+    try {
+      const auto got = tier.get(in_child ? "b" : "a");
+      if (!got || *got != mine) ++bad;
+    } catch (const Error&) {
+      ++bad;
+    }
+  }
+  if (in_child) ::_exit(bad == 0 ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(bad, 0);
 }
 
 TEST_F(RedisTierTest, ServerOutOfMemoryIsCapacityAndTheOldBlobStays) {
