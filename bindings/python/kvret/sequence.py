@@ -106,10 +106,12 @@ class Sequence(Resource):
     def drop_front(self, keep, count):
         """Context-window truncation: drops `count` tokens of every layer after its first `keep` tokens (keep 0: the
         earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move
-        `count` positions earlier (with rope_keys=True their keys are rotated at their new positions) and each
-        layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens is unchanged; one
-        holding fewer than keep + count loses the rest. keep and count are non-negative integers (ValueError when
-        negative); count 0 changes nothing; on failure nothing changes (see kvret_seq_drop_front)."""
+        `count` positions earlier: with rope_keys=True their keys are rotated at their new positions (exactly as in
+        a sequence given only the remaining tokens), with rope_keys=False they stay as given. Each shortened layer's
+        index is rebuilt, on the calling thread, so the sequence selects as one given the remaining tokens. A layer
+        holding at most `keep` tokens is unchanged; one holding fewer than keep + count keeps its first `keep`.
+        keep and count are non-negative integers (ValueError when negative); count 0 changes nothing; on failure
+        nothing changes (see kvret_seq_drop_front)."""
         keep, count = _args.non_negative(keep, "keep"), _args.non_negative(count, "count")
         with self._lock:
             _c.kvret_seq_drop_front(self._live(), keep, count)

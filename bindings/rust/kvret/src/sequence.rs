@@ -209,10 +209,11 @@ impl<H: ContextHandle> SequenceOf<H> {
 
     /// Context-window truncation: drops `count` tokens of every layer after its first `keep` tokens (keep 0: the
     /// earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move `count`
-    /// positions earlier (with [`Config::rope_keys`](crate::Config::rope_keys) their keys are rotated at their new
-    /// positions) and each layer's index is rebuilt for the keys it now has. A layer holding at most `keep` tokens
-    /// is unchanged; one holding fewer than keep + count loses the rest. Count 0 changes nothing; on failure nothing
-    /// changes (see `kvret_seq_drop_front`).
+    /// positions earlier: with [`Config::rope_keys`](crate::Config::rope_keys) their keys are rotated at their new
+    /// positions (exactly as in a sequence given only the remaining tokens), without it they stay as given. Each
+    /// shortened layer's index is rebuilt, on the calling thread, so the sequence selects as one given the remaining
+    /// tokens. A layer holding at most `keep` tokens is unchanged; one holding fewer than keep + count keeps its
+    /// first `keep`. Count 0 changes nothing; on failure nothing changes (see `kvret_seq_drop_front`).
     pub fn drop_front(&mut self, keep: usize, count: usize) -> Result<()> {
         // past i64: past every layer, which means the same as i64::MAX
         let (keep, count) = (i64::try_from(keep).unwrap_or(i64::MAX), i64::try_from(count).unwrap_or(i64::MAX));

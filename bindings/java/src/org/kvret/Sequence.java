@@ -136,10 +136,11 @@ public final class Sequence implements AutoCloseable {
   /**
    * Context-window truncation: drops {@code count} tokens of every layer after its first {@code keep} tokens (keep
    * 0: the earliest tokens; keep = n_sink keeps the attention sinks, as StreamingLLM does). The later tokens move
-   * {@code count} positions earlier (with rope keys on, their keys are rotated at their new positions) and each
-   * layer's index is rebuilt for the keys it now has. A layer holding at most {@code keep} tokens is unchanged; one
-   * holding fewer than keep + count loses the rest. Count 0 changes nothing; on failure nothing changes (see
-   * kvret_seq_drop_front).
+   * {@code count} positions earlier: with {@link Config#ropeKeys()} their keys are rotated at their new positions
+   * (exactly as in a sequence given only the remaining tokens), without it they stay as given. Each shortened
+   * layer's index is rebuilt, on the calling thread, so the sequence selects as one given the remaining tokens. A
+   * layer holding at most {@code keep} tokens is unchanged; one holding fewer than keep + count keeps its first
+   * {@code keep}. Count 0 changes nothing; on failure nothing changes (see kvret_seq_drop_front).
    *
    * @throws IllegalArgumentException if keep or count is negative
    */
