@@ -1,6 +1,7 @@
 #include "session/session_store.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -50,7 +51,14 @@ PlacementConfig placement_config(const Context& ctx) {
 
 /// The configuration a saved session must match to be opened by a context (the shapes of its layers and index).
 std::vector<int32_t> fingerprint(const kvret_config& c) {
-  return {c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.kv_dtype, c.index_kind, c.n_sink, c.n_local};
+  std::vector<int32_t> f{c.n_layers,   c.n_q_heads, c.n_kv_heads, c.head_dim, c.kv_dtype,
+                         c.index_kind, c.n_sink,    c.n_local,    c.rope_keys};
+  if (c.rope_keys != 0) {  // pre-RoPE keys: the rotation the index was built on
+    for (const int32_t v : {c.rope_dims, c.rope_layout, c.rope_original_max_positions}) f.push_back(v);
+    for (const float v : {c.rope_theta, c.rope_scale_factor, c.rope_low_freq_factor, c.rope_high_freq_factor})
+      f.push_back(std::bit_cast<int32_t>(v));
+  }
+  return f;
 }
 
 std::string hex64(uint64_t v) {
@@ -244,7 +252,10 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
       for (int kv = 0; kv < 2; ++kv)
         for (int64_t t = 0; t < s.size(); ++t)
           for (int h = 0; h < s.n_kv_heads(); ++h) {
-            std::memcpy(p, kv == 0 ? s.key_row(h, t) : s.value_row(h, t), s.row_bytes());
+            // keys as appended: before RoPE when the store rotates them (restore rotates them again)
+            const std::byte* row =
+                kv == 1 ? s.value_row(h, t) : (s.rope() ? s.pre_rope_key_row(h, t) : s.key_row(h, t));
+            std::memcpy(p, row, s.row_bytes());
             p += s.row_bytes();
           }
       w.array(index);
@@ -267,7 +278,8 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
   return rec;
 }
 
-void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob) {
+void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
+                                 const std::shared_ptr<const rope::Rope>& rope) {
   const kvret_config& c = ctx_.config();
   ByteReader r(blob.data(), blob.size());
   read_header(r, kLayerTag, kLayoutVersion);
@@ -275,7 +287,7 @@ void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec
   require_intact(r.value<int32_t>() == l, "a layer blob of another layer");
   const auto tokens = r.value<int64_t>();
   const auto row_bytes = r.value<uint64_t>();
-  HostKvStore store(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx_.backend().pages());
+  HostKvStore store(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx_.backend().pages(), rope);
   require_intact(row_bytes == store.row_bytes(), "a layer blob of another head size or KV dtype");
   require_intact(
       tokens >= 0 && static_cast<uint64_t>(tokens) <= r.left() / (2 * static_cast<uint64_t>(c.n_kv_heads) * row_bytes),
@@ -320,12 +332,13 @@ std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
   const auto sizes = r.array<uint64_t>(c.n_layers);
   auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
   seq->layers_.reserve(static_cast<size_t>(c.n_layers));
+  const std::shared_ptr<const rope::Rope> rope = rope_of(c);  // one for every layer, as a new sequence has
   for (int32_t l = 0; l < c.n_layers; ++l) {
     auto blob = disk_->get(layer_key(rec.stem, rec.generation, l));
     require(blob.has_value(), KVRET_ERR_CORRUPT,
             "session store: layer " + std::to_string(l) + " of session '" + meta.id + "' is missing");
     require_intact(blob->size() == sizes[static_cast<size_t>(l)], "a layer blob of another size than its manifest's");
-    restore_layer(*seq, l, rec, *blob);
+    restore_layer(*seq, l, rec, *blob, rope);
   }
   int64_t host_bytes = 0, tokens = 0;
   for (const auto& l : seq->layers_) {

@@ -87,7 +87,8 @@ class SessionStore {
   DiskRecord write_session(SessionId sid, const Sequence& seq);
   std::unique_ptr<Sequence> read_session(SessionId sid);
   /// Adds layer `l` from its blob to `seq` (made with Sequence::ForkTag).
-  void restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob);
+  void restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
+                     const std::shared_ptr<const rope::Rope>& rope);
   /// Carries out the move from placement_ to `next` (the saved session `saved` with its copy, if any).
   void apply(Placement next, std::optional<SessionId> saved, std::unique_ptr<Sequence> copy);
   uint64_t session_bytes(const Sequence& seq) const;

@@ -201,6 +201,46 @@ class SessionStore : public ::testing::Test {
   F32 k, v;
 };
 
+TEST_F(SessionStore, PreRopeKeysRoundTripThroughDisk) {
+  for (const int kind : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ}) {
+    TempDir dir;
+    config.index_kind = kind;
+    config.rope_keys = 1;
+    config.rope_theta = 500000.0f;
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = 1;  // to disk
+    Observed before;
+    std::vector<float> raw;
+    {
+      auto ctx = make_context(config);
+      Seq s(ctx.get());
+      fill_session(s.s, 3);
+      before = observe(s.s);
+      raw = read_all(s.s);
+      KVRET_ASSERT_OK(kvret_session_save(s.s, "r"));
+      ASSERT_EQ(where(ctx.get(), "r"), KVRET_TIER_DISK);
+      Seq r(open_session(ctx.get(), "r"));
+      EXPECT_EQ(read_all(r.s), raw);  // the keys read are rotated at their positions, as the original's
+      EXPECT_EQ(observe(r.s), before);
+      for (int32_t layer = 0; layer < kLayers; ++layer) {
+        decode(s.s, layer, k, v, 1000, 1020);
+        decode(r.s, layer, k, v, 1000, 1020);
+      }
+      EXPECT_EQ(observe(r.s), observe(s.s));
+    }
+    // A context with another rotation does not take the session (its index was built on other keys).
+    kvret_config other = config;
+    other.rope_theta = 10000.0f;
+    {
+      auto ctx = make_context(other);
+      EXPECT_EQ(where(ctx.get(), "r"), KVRET_TIER_NONE);
+    }
+    auto ctx = make_context(config);
+    Seq r(open_session(ctx.get(), "r"));
+    EXPECT_EQ(read_all(r.s), raw);
+  }
+}
+
 TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
   for (const bool truncate : {false, true}) {
     TempDir dir;
