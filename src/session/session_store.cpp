@@ -583,7 +583,8 @@ void SessionStore::scan_disk() {
       const auto saved_bytes = r.value<uint64_t>();
       const auto print = r.array<int32_t>();
       if (print != expected) {  // another model's session: left alone
-        for (int32_t l = 0; l < (print.empty() ? 0 : print[0]); ++l) keep.insert(layer_key(stem, generation, l));
+        const int32_t layers = print.empty() ? 0 : std::clamp(print[0], 0, 1 << 16);
+        for (int32_t l = 0; l < layers; ++l) keep.insert(layer_key(stem, generation, l));
         continue;
       }
       const SessionId sid = id_of(id);
