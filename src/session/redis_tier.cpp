@@ -379,10 +379,7 @@ struct RedisTier::Connection {
 };
 
 RedisTier::RedisTier(RedisEndpoint endpoint, size_t chunk_bytes, int64_t replace_grace_ms)
-    : endpoint_(std::move(endpoint)),
-      chunk_bytes_(chunk_bytes),
-      replace_grace_ms_(replace_grace_ms),
-      rng_(std::random_device{}()) {
+    : endpoint_(std::move(endpoint)), chunk_bytes_(chunk_bytes), replace_grace_ms_(replace_grace_ms) {
   require(!endpoint_.tls, KVRET_ERR_UNSUPPORTED,
           "session_shared_url: rediss:// (TLS) is not supported: this build's hiredis has no TLS; use redis:// on a "
           "trusted network or a TLS tunnel");
@@ -393,9 +390,14 @@ RedisTier::RedisTier(RedisEndpoint endpoint, size_t chunk_bytes, int64_t replace
           KVRET_ERR_INVALID_ARGUMENT, "redis tier: an endpoint needs a host, a port and a timeout");
   require(!endpoint_.prefix.empty() && endpoint_.prefix.find('\0') == std::string::npos, KVRET_ERR_INVALID_ARGUMENT,
           "redis tier: the key prefix must be non-empty, without NUL");
+  reseed();
+}
+
+void RedisTier::reseed() {
   std::random_device rd;
   rng_.seed((uint64_t{rd()} << 32) ^ rd() ^
             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  rng_pid_ = ::getpid();
 }
 
 RedisTier::~RedisTier() = default;
@@ -465,6 +467,7 @@ void RedisTier::put(const std::string& key, const std::byte* data, size_t size, 
   try {
     Connection& c = connection();
     const auto start = std::chrono::steady_clock::now();
+    if (rng_pid_ != ::getpid()) reseed();  // a forked child must not draw its parent's versions
     Head head;
     head.version = rng_();
     head.size = size;
@@ -686,6 +689,7 @@ RedisTier::RedisTier(RedisEndpoint endpoint, size_t chunk_bytes, int64_t replace
   no_redis();
 }
 RedisTier::~RedisTier() = default;
+void RedisTier::reseed() {}
 void RedisTier::drop_connection() noexcept {}
 RedisTier::Connection& RedisTier::connection() { no_redis(); }
 void RedisTier::ping() { no_redis(); }

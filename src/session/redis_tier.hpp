@@ -98,6 +98,7 @@ class RedisTier final : public BlobTier {
 
   Connection& connection();  // connected, authenticated and on the endpoint's database; throws KVRET_ERR_IO
   void drop_connection() noexcept;
+  void reseed();  // seeds rng_ (the versions of puts) for this process
   std::optional<std::vector<std::byte>> get_once(Connection& c, const std::string& key, bool& retry);
 
   RedisEndpoint endpoint_;
@@ -107,6 +108,7 @@ class RedisTier final : public BlobTier {
   std::unique_ptr<Connection> conn_;
   int conn_pid_ = 0;  // the process that made conn_: a forked child connects anew instead of sharing the socket
   std::mt19937_64 rng_;
+  int rng_pid_ = 0;  // the process that seeded rng_
 };
 
 }  // namespace kvret::session

@@ -453,6 +453,11 @@ TEST_F(RedisTierTest, AForkedChildConnectsAnew) {
   const bool in_child = child == 0;
   const auto& mine = in_child ? b : a;
   int bad = 0;
+  try {  // each process's first put after the fork: their versions must differ (a shared one could mix chunks)
+    tier.put(in_child ? "first/child" : "first/parent", mine.data(), 10, 0);
+  } catch (const Error&) {
+    ++bad;
+  }
   for (int i = 0; i < 300; ++i) {
     try {
       const auto got = tier.get(in_child ? "b" : "a");
@@ -466,6 +471,14 @@ TEST_F(RedisTierTest, AForkedChildConnectsAnew) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_EQ(bad, 0);
+  Raw raw(server_->port());
+  const auto version_of = [&](const std::string& head_key) {
+    const auto h = raw.cmd({"GET", head_key});
+    return h && h->len >= 16 ? std::string(h->str + 8, 8) : std::string();
+  };
+  const std::string child_version = version_of("kvret:h:first/child");
+  ASSERT_EQ(child_version.size(), 8u);
+  EXPECT_NE(child_version, version_of("kvret:h:first/parent"));
 }
 
 TEST_F(RedisTierTest, ServerOutOfMemoryIsCapacityAndTheOldBlobStays) {
