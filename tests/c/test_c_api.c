@@ -251,6 +251,76 @@ int main(void) {
     CHECK(strcmp(kvret_status_string(KVRET_ERR_NOT_FOUND), "KVRET_ERR_NOT_FOUND") == 0);
     CHECK_OK(kvret_session_flush(ctx));
   }
+  { /* keys before RoPE: kvret rotates them at their index, and again at the new index after a drop */
+    enum { N = 40, DROP = 10, KEEP = 4 };
+    const int64_t kv_shape[3] = {N, HKV, D};
+    kvret_config rc;
+    kvret_context* rctx = NULL;
+    kvret_seq* rseq = NULL;
+    float* k = tensor_alloc(sizeof(float) * N * HKV * D);
+    float* v = tensor_alloc(sizeof(float) * N * HKV * D);
+    kvret_tensor kt, vt;
+    int64_t length = 0, cap = 0, rows = 0, i, t;
+    CHECK_OK(kvret_config_init(&rc));
+    rc.n_layers = 1;
+    rc.n_q_heads = HQ;
+    rc.n_kv_heads = HKV;
+    rc.head_dim = D;
+    rc.kv_dtype = KVRET_KV_F32;
+    rc.device_type = test_device;
+    rc.rope_keys = 1;
+    rc.rope_theta = 10000.0f;
+    CHECK_OK(kvret_create(&rc, &rctx));
+    CHECK_OK(kvret_seq_open(rctx, &rseq));
+    for (i = 0; i < (int64_t)N * HKV * D; ++i) {
+      k[i] = frand(&rng);
+      v[i] = frand(&rng);
+    }
+    kt = f32_tensor(k, 3, kv_shape);
+    vt = f32_tensor(v, 3, kv_shape);
+    CHECK_OK(kvret_append_prefill(rseq, 0, &kt, &vt));
+    CHECK(kvret_seq_drop_front(rseq, -1, DROP) == KVRET_ERR_INVALID_ARGUMENT);
+    CHECK(kvret_seq_drop_front(rseq, KEEP, -1) == KVRET_ERR_INVALID_ARGUMENT);
+    CHECK_OK(kvret_seq_drop_front(rseq, KEEP, DROP));
+    CHECK_OK(kvret_seq_length(rseq, 0, &length));
+    CHECK(length == N - DROP);
+    CHECK_OK(kvret_working_set_capacity(rseq, 0, 0, &cap));
+    CHECK(cap == N - DROP); /* no middle: every token is a sink or local one */
+    {
+      const int64_t ws_shape[3] = {HKV, cap, D};
+      const int64_t pos_shape[2] = {HKV, cap};
+      float* wk = tensor_alloc(sizeof(float) * (size_t)(HKV * cap * D));
+      float* wv = tensor_alloc(sizeof(float) * (size_t)(HKV * cap * D));
+      int32_t* wp = tensor_alloc(sizeof(int32_t) * (size_t)(HKV * cap));
+      kvret_working_set ws;
+      ws.k = f32_tensor(wk, 3, ws_shape);
+      ws.v = f32_tensor(wv, 3, ws_shape);
+      ws.positions = i32_tensor(wp, 2, pos_shape);
+      CHECK_OK(kvret_fetch_async(rseq, 0, NULL, 0, &ws, &rows, NULL));
+      CHECK(rows == N - DROP);
+      for (t = 0; t < rows; ++t) { /* head 0: token t is the appended token `from`, rotated at t (NeoX pairs) */
+        const int64_t from = t < KEEP ? t : t + DROP;
+        const float* x = k + from * HKV * D;
+        const float* got = wk + t * D;
+        int j, bad = 0;
+        for (j = 0; j < D / 2; ++j) {
+          const double angle = (double)t * pow(10000.0, -2.0 * j / D);
+          const double a = (double)x[j] * cos(angle) - (double)x[j + D / 2] * sin(angle);
+          const double b = (double)x[j] * sin(angle) + (double)x[j + D / 2] * cos(angle);
+          if (fabs(got[j] - a) > 1e-6 || fabs(got[j + D / 2] - b) > 1e-6) bad = 1;
+        }
+        if (t == 0) bad |= memcmp(got, x, sizeof(float) * D) != 0; /* position 0: unrotated, bit for bit */
+        CHECK(!bad && wp[t] == t);
+      }
+      tensor_free(wk);
+      tensor_free(wv);
+      tensor_free(wp);
+    }
+    tensor_free(k);
+    tensor_free(v);
+    CHECK_OK(kvret_seq_close(rseq));
+    CHECK_OK(kvret_destroy(rctx));
+  }
   CHECK_OK(kvret_seq_close(seq));
   CHECK_OK(kvret_destroy(ctx));
   CHECK(kvret_destroy(NULL) == KVRET_OK);

@@ -11,7 +11,7 @@
 //   kvret-eval [--contexts 8192,32768,131072] [--budgets 0.2,0.1,0.05,0.02] [--retrievers
 //   exact,pq,page,streaming(,cluster,quant1,quant2)]
 //              [--layers 2] [--steps 4] [--kv-dtype f16|f32] [--fold sum|max] [--threads 0] [--seed 1]
-//              [--traces DIR [--trace-layers all|0,5,...] [--trace-rope post|pre]]
+//              [--traces DIR [--trace-layers all|0,5,...] [--trace-rope post|pre|kvret]]
 //              [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F] [--page-size P]
 //              (defaults: kvret's)
 //              [--markdown FILE] [--csv FILE] [--json FILE] [--quiet]
@@ -19,6 +19,8 @@
 // With --traces, the contexts must leave room for the decode steps (N + steps <= the trace's tokens); the queries
 // are the model's own at positions N .. N+steps-1. --trace-rope pre selects with the keys and queries before RoPE
 // (as an engine storing pre-RoPE keys would) while quality is still judged against the model's real attention.
+// --trace-rope kvret gives kvret the keys before RoPE with config.rope_keys = 1 (the trace's theta and layout), so
+// that kvret rotates them at their positions, and selects with the model's own (rotated) queries.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,7 +71,8 @@ struct Options {
   uint64_t seed = 1;
   std::string traces;
   std::string trace_layers = "all";
-  bool trace_pre_rope = false;
+  bool trace_pre_rope = false;   ///< load the trace's pre-RoPE keys and queries
+  bool trace_rope_keys = false;  ///< --trace-rope kvret: pre-RoPE keys with config.rope_keys = 1, rotated queries
   std::string markdown, csv, json;
   bool quiet = false;
   // index parameters (-1: kvret's default)
@@ -79,14 +82,15 @@ struct Options {
 
 [[noreturn]] void usage(const char* why) {
   if (why) std::fprintf(stderr, "kvret-eval: %s\n", why);
-  std::fprintf(stderr,
-               "usage: kvret-eval [--contexts N,...] [--budgets f,...] [--retrievers "
-               "exact,pq,page,streaming,cluster,quant1,quant2]\n"
-               "                  [--layers L] [--steps S] [--kv-dtype f16|f32] [--fold sum|max] [--threads T]\n"
-               "                  [--seed X] [--traces DIR [--trace-layers all|i,j,...] [--trace-rope post|pre]]\n"
-               "                  [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F]\n"
-               "                  [--page-size P]\n"
-               "                  [--markdown FILE] [--csv FILE] [--json FILE] [--quiet]\n");
+  std::fprintf(
+      stderr,
+      "usage: kvret-eval [--contexts N,...] [--budgets f,...] [--retrievers "
+      "exact,pq,page,streaming,cluster,quant1,quant2]\n"
+      "                  [--layers L] [--steps S] [--kv-dtype f16|f32] [--fold sum|max] [--threads T]\n"
+      "                  [--seed X] [--traces DIR [--trace-layers all|i,j,...] [--trace-rope post|pre|kvret]]\n"
+      "                  [--pq-m M] [--pq-bits B] [--pq-iters I] [--pq-sample S] [--pq-exact-fraction F]\n"
+      "                  [--page-size P]\n"
+      "                  [--markdown FILE] [--csv FILE] [--json FILE] [--quiet]\n");
   std::exit(2);
 }
 
@@ -144,8 +148,9 @@ Options parse(int argc, char** argv) {
       o.trace_layers = value();
     } else if (a == "--trace-rope") {
       const std::string v = value();
-      if (v != "post" && v != "pre") usage("--trace-rope is post or pre");
-      o.trace_pre_rope = v == "pre";
+      if (v != "post" && v != "pre" && v != "kvret") usage("--trace-rope is post, pre or kvret");
+      o.trace_pre_rope = v != "post";
+      o.trace_rope_keys = v == "kvret";
     } else if (a == "--markdown") {
       o.markdown = value();
     } else if (a == "--csv") {
@@ -231,6 +236,11 @@ struct LayerData {
   const float* sel_k = nullptr;
   const float* sel_q = nullptr;
   uint64_t seed = 0;
+  // sel_k before RoPE, rotated by kvret (config.rope_keys = 1) with these parameters
+  bool rope_keys = false;
+  double rope_theta = 10000.0;
+  int rope_layout = KVRET_ROPE_NEOX;
+  int rope_dims = 0;
 };
 
 void evaluate_layer(const Options& o, const Geometry& geo, const std::string& source, const LayerData& data,
@@ -265,6 +275,12 @@ void evaluate_layer(const Options& o, const Geometry& geo, const std::string& so
     if (o.pq_sample >= 0) c.pq_train_sample = o.pq_sample;
     if (o.pq_exact_fraction >= 0) c.pq_exact_fraction = o.pq_exact_fraction;
     if (o.page_size >= 0) c.page_size = o.page_size;
+    if (data.rope_keys) {
+      c.rope_keys = 1;
+      c.rope_theta = static_cast<float>(data.rope_theta);
+      c.rope_layout = data.rope_layout;
+      c.rope_dims = data.rope_dims;
+    }
     n_sink = c.n_sink;
     n_local = c.n_local;
     kvret_context* ctx = nullptr;
@@ -481,7 +497,7 @@ int main(int argc, char** argv) {
         layers.clear();
         for (const auto& s : split(o.trace_layers)) layers.push_back(std::atoi(s.c_str()));
       }
-      const std::string source = o.trace_pre_rope ? "trace-pre-rope" : "trace";
+      const std::string source = o.trace_rope_keys ? "trace-rope-keys" : o.trace_pre_rope ? "trace-pre-rope" : "trace";
       for (int l : layers) {
         kvret::eval::TraceLayer t = trace.layer(l, o.trace_pre_rope);
         if (o.f16) {
@@ -501,7 +517,13 @@ int main(int argc, char** argv) {
           d.v = t.v.data();
           d.q = t.q.data() + static_cast<size_t>(n) * geo.n_q_heads * geo.head_dim;
           d.sel_k = o.trace_pre_rope ? t.k_pre.data() : d.k;
-          d.sel_q = o.trace_pre_rope ? t.q_pre.data() + static_cast<size_t>(n) * geo.n_q_heads * geo.head_dim : d.q;
+          d.sel_q = o.trace_pre_rope && !o.trace_rope_keys
+                        ? t.q_pre.data() + static_cast<size_t>(n) * geo.n_q_heads * geo.head_dim
+                        : d.q;
+          d.rope_keys = o.trace_rope_keys;
+          d.rope_theta = m.rope_theta;
+          d.rope_layout = m.rope_adjacent_pairs ? KVRET_ROPE_GPTJ : KVRET_ROPE_NEOX;
+          d.rope_dims = m.head_dim;
           d.seed = o.seed * 1000 + static_cast<uint64_t>(l);
           evaluate_layer(o, geo, source, d, cells);
         }
@@ -509,10 +531,13 @@ int main(int argc, char** argv) {
       std::snprintf(
           buf, sizeof buf,
           "Real-model traces: %s, %d query heads, %d KV heads, head_dim %d%s, %zu layers x %d decode steps "
-          "per context, KV %s, selection on keys %s RoPE; sink 16, local 64.\n\n",
+          "per context, KV %s, selection on keys %s; sink 16, local 64.\n\n",
           m.model.c_str(), m.n_q_heads, m.n_kv_heads, m.head_dim,
           geo.head_dim != m.head_dim ? (" (zero-padded to " + std::to_string(geo.head_dim) + ")").c_str() : "",
-          layers.size(), o.steps, o.f16 ? "f16" : "f32", o.trace_pre_rope ? "before" : "after");
+          layers.size(), o.steps, o.f16 ? "f16" : "f32",
+          o.trace_rope_keys  ? "given before RoPE and rotated by kvret (config.rope_keys = 1)"
+          : o.trace_pre_rope ? "and queries before RoPE"
+                             : "after RoPE");
       header = buf;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kvret-eval: %s\n", e.what());

@@ -136,6 +136,10 @@ Trace::Trace(std::string dir) : dir_(std::move(dir)) {
   meta_.tokens = std::stoll(json_value(json, "tokens", path));
   meta_.layers = int_list(json_value(json, "layers", path));
   meta_.pre_rope = json_value(json, "pre_rope", path) == "true";
+  if (meta_.pre_rope) {
+    meta_.rope_theta = std::stod(json_value(json, "rope_theta", path));
+    meta_.rope_adjacent_pairs = json_value(json, "rope_layout", path).find("adjacent pairs") != std::string::npos;
+  }
   if (meta_.n_q_heads <= 0 || meta_.n_kv_heads <= 0 || meta_.n_q_heads % meta_.n_kv_heads != 0 || meta_.head_dim <= 0 ||
       meta_.head_dim > 256 || meta_.tokens <= 0 || meta_.layers.empty())
     throw failure(path, "implausible geometry");

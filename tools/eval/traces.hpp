@@ -27,6 +27,8 @@ struct TraceMeta {
   int64_t tokens = 0;
   std::vector<int> layers;
   bool pre_rope = false;
+  double rope_theta = 10000.0;       ///< meta.json's rope_theta
+  bool rope_adjacent_pairs = false;  ///< rope_layout "adjacent pairs" (GPT-J's layout), else NeoX's halves
 };
 
 /// One layer of a trace in kvret's layout, head_dim padded (see above).
