@@ -3,6 +3,7 @@
 // time-to-live, capacities, the three placement policies and every bad input.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -334,6 +335,48 @@ TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
   EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
   EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+}
+
+TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
+  TempDir dir;
+  config.disk_path = dir.path.c_str();
+  config.session_dram_bytes = 1;  // to disk
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 0);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "v"));
+  const std::vector<float> v1 = read_all(s.s);
+  decode(s.s, 1, k, v, 900, 920);
+  const std::vector<float> v2 = read_all(s.s);
+  // Files may not grow past 64 KiB: a layer file's write fails part way (EFBIG), as on a full disk.
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const kvret_status st = kvret_session_save(s.s, "v");
+  const std::string message = kvret_last_error();
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(st, KVRET_ERR_IO) << message;
+  EXPECT_NE(message.find("disk tier: writing"), std::string::npos) << message;
+  // The old version is whole, and nothing of the failed save is left.
+  EXPECT_EQ(where(ctx.get(), "v"), KVRET_TIER_DISK);
+  {
+    Seq r(open_session(ctx.get(), "v"));
+    EXPECT_EQ(read_all(r.s), v1);
+  }
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    EXPECT_EQ(e.path().extension(), ".kvb") << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, static_cast<size_t>(kLayers + 1));
+  EXPECT_EQ(context_stats(ctx.get()).session_saves, 1);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "v"));
+  Seq r(open_session(ctx.get(), "v"));
+  EXPECT_EQ(read_all(r.s), v2);
 }
 
 TEST_F(SessionStore, AMissingDirectoryIsCreatedAndAnUncreatableOneIsIo) {
