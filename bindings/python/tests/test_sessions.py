@@ -148,6 +148,20 @@ def test_a_new_context_on_the_same_directory_sees_the_saved_sessions(rng, tmp_pa
         assert ctx.session_tier("persisted") == kvret.SessionTier.NONE
 
 
+def test_pre_rope_sessions_round_trip_through_disk_after_drop_front(rng, tmp_path):
+    with make_context(rope_keys=True, disk_path=tmp_path, session_dram_bytes=1) as ctx:
+        with filled_sequence(ctx, rng) as seq:
+            seq.drop_front(N_SINK, 30)
+            seq.save_session("rope")
+            assert ctx.session_tier("rope") == kvret.SessionTier.DISK
+            with ctx.open_session("rope") as reopened:
+                assert_same_sequence(seq, reopened, rng)
+                k, v = random_kv(rng, 1)
+                for s in (seq, reopened):  # the next token is rotated at the same position in both
+                    s.append_decode(0, k[0], v[0])
+                assert_same_sequence(seq, reopened, rng)
+
+
 def test_session_tier_values():
     assert [tier.name for tier in kvret.SessionTier] == ["NONE", "DRAM", "DISK", "SHARED"]
     assert [int(tier) for tier in kvret.SessionTier] == [0, 1, 2, 3]

@@ -198,6 +198,26 @@ fn drop_front_equals_a_sequence_of_the_tokens_left() {
 }
 
 #[test]
+fn pre_rope_sessions_round_trip_through_disk_after_drop_front() {
+    let mut rng = Rng(19);
+    let dir = std::env::temp_dir().join(format!("kvret-rust-rope-{}", std::process::id()));
+    {
+        let ctx = Context::new(&config().rope_keys(true).disk_path(dir.to_str()).session_dram_bytes(1)).unwrap();
+        let mut seq = filled(&ctx, TOKENS, &mut rng);
+        seq.drop_front(SINK, 30).unwrap();
+        seq.save_session("rope").unwrap();
+        assert_eq!(ctx.session_tier("rope").unwrap(), Some(SessionTier::Disk));
+        let mut reopened = ctx.open_session("rope").unwrap().expect("a session on disk");
+        assert_same_sequence(&mut seq, &mut reopened, &mut rng);
+        let token = rng.gaussian(TOKEN_LEN);
+        seq.append_decode(0, &token, &token).unwrap();
+        reopened.append_decode(0, &token, &token).unwrap(); // rotated at the same position in both
+        assert_same_sequence(&mut seq, &mut reopened, &mut rng);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn bad_session_ids_are_refused_and_change_nothing() {
     let mut rng = Rng(15);
     let ctx = Context::new(&config()).unwrap();

@@ -250,6 +250,29 @@ public class SessionsTest {
   }
 
   @Test
+  public void preRopeSessionsRoundTripThroughDiskAfterDropFront() throws Exception {
+    Path dir = Files.createTempDirectory("kvret-sessions");
+    Config config = Fixtures.config().ropeKeys(true).diskPath(dir.toString()).sessionDramBytes(1).build();
+    try (Context ctx = Context.create(config); Sequence seq = filled(ctx, Fixtures.TOKENS)) {
+      seq.dropFront(Fixtures.SINK, 30);
+      seq.saveSession("rope");
+      assertEquals(SessionTier.DISK, ctx.sessionTier("rope"));
+      try (Sequence reopened = ctx.openSession("rope").orElseThrow()) {
+        assertSameSequence(seq, reopened);
+        Tensor k = kv(1);
+        Tensor v = kv(1);
+        seq.appendDecode(0, k, v);
+        reopened.appendDecode(0, k, v); // rotated at the same position in both
+        assertSameSequence(seq, reopened);
+      }
+    } finally {
+      try (var files = Files.walk(dir)) {
+        files.sorted((a, b) -> b.compareTo(a)).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+
+  @Test
   public void badIdsAreRefusedAndChangeNothing() {
     try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = filled(ctx, 40)) {
       seq.saveSession("kept");
