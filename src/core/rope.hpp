@@ -13,8 +13,10 @@
 // (2^-24 relative) of the exact rotation of the float inputs. Nothing in between is rounded to float, so the result
 // does not depend on when a compiler rounds intermediate floats (GCC's excess precision may skip such roundings):
 // the rotation of a row is the same function of (row, position, parameters) in every translation unit built without
-// contraction into fused multiply-adds (the default x86-64 target; -ffp-contract=off where FMA is enabled), and on
-// the device, where the products and sums use the non-contracting __dmul_rn / __dadd_rn.
+// contraction into fused multiply-adds (the default x86-64 target; -ffp-contract=off where FMA is enabled). On the
+// device the products and sums use the non-contracting __dmul_rn / __dadd_rn, so a kernel given the host's inverse
+// frequencies (Rope::inv_freq) and cosines and sines (Rope::cos_sin_at) rotates bit for bit as the host does; one
+// computing them itself uses CUDA's pow/cos/sin, which may differ from the host's in the last bits of a double.
 #include <cmath>
 #include <cstdint>
 #include <vector>

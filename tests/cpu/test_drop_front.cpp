@@ -191,6 +191,33 @@ TEST_P(DropFront, FailedDropChangesNothing) {
   EXPECT_EQ(observe(a.s), observe(b.s));
 }
 
+// A fork shares its pages with its source: dropping from one leaves the other as it was.
+TEST_P(DropFront, ForkedSequencesStayApart) {
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), fresh_b(ctx.get());
+  for (int32_t layer = 0; layer < kLayers; ++layer) prefill(a.s, layer, k, v, 0, 1800);
+  const Observed before = observe(a.s);
+  kvret_seq* forked = nullptr;
+  expect_ok(kvret_seq_fork(a.s, &forked));
+  Seq b(forked);
+  expect_ok(kvret_seq_drop_front(b.s, 300, 700));  // the first page is shared, the rest rewritten
+  fresh(fresh_b.s, 300, 700, 1800);
+  EXPECT_EQ(observe(b.s), observe(fresh_b.s));
+  EXPECT_EQ(observe(a.s), before);
+  for (int32_t layer = 0; layer < kLayers; ++layer) {  // appends to either copy their shared pages first
+    decode(a.s, layer, k, v, 2000, 2010);
+    decode(b.s, layer, k, v, 2000, 2010);
+    decode(fresh_b.s, layer, k, v, 2000, 2010);
+  }
+  EXPECT_EQ(observe(b.s), observe(fresh_b.s));
+  Seq c(ctx.get());
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    prefill(c.s, layer, k, v, 0, 1800);
+    decode(c.s, layer, k, v, 2000, 2010);
+  }
+  EXPECT_EQ(observe(a.s), observe(c.s));
+}
+
 // A background build still running is waited for.
 TEST_P(DropFront, WaitsForABackgroundBuild) {
   config.background_build = 1;
