@@ -162,6 +162,21 @@ def test_pre_rope_sessions_round_trip_through_disk_after_drop_front(rng, tmp_pat
                 assert_same_sequence(seq, reopened, rng)
 
 
+def test_the_shared_url_reaches_the_library():
+    # Whether this build serves the shared tier or not, the URL crosses: the context has it, or the library refused it
+    # by name (no server listens on port 1).
+    url = "redis://127.0.0.1:1/0?prefix=kvret-python&timeout_ms=200"
+    try:
+        ctx = make_context(session_shared_url=url)
+    except kvret.KvretError as error:
+        assert "session_shared_url" in error.message, error
+    else:
+        with ctx:
+            assert ctx.config["session_shared_url"] == url
+    with make_context(session_shared_url=None) as ctx:
+        assert ctx.config["session_shared_url"] is None
+
+
 def test_session_tier_values():
     assert [tier.name for tier in kvret.SessionTier] == ["NONE", "DRAM", "DISK", "SHARED"]
     assert [int(tier) for tier in kvret.SessionTier] == [0, 1, 2, 3]

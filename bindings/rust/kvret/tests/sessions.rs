@@ -279,6 +279,19 @@ fn invalid_session_and_rope_config_values() {
     assert!(Context::new(&fixed).is_ok());
 }
 
+/// Whether this build serves the shared tier or not, the URL crosses: the context has it, or the library refused it by
+/// name (no server listens on port 1).
+#[test]
+fn the_shared_url_reaches_the_library() {
+    let url = "redis://127.0.0.1:1/0?prefix=kvret-rust&timeout_ms=200";
+    let config = config().session_shared_url(Some(url));
+    assert_eq!(config.session_shared_url_str(), Some(url));
+    match Context::new(&config) {
+        Ok(ctx) => assert_eq!(ctx.config().session_shared_url_str(), Some(url)),
+        Err(error) => assert!(error.message().contains("session_shared_url"), "{error}"),
+    }
+}
+
 #[test]
 fn session_and_rope_fields_round_trip() {
     let config = config()

@@ -392,6 +392,28 @@ public class SessionsTest {
     }
   }
 
+  /**
+   * Whether this build serves the shared tier or not, the URL crosses: the context has it, or the library refused it
+   * by name (no server listens on port 1).
+   */
+  @Test
+  public void theSharedUrlReachesTheLibrary() {
+    String url = "redis://127.0.0.1:1/0?prefix=kvret-java&timeout_ms=200";
+    Config config = Fixtures.config().sessionSharedUrl(url).build();
+    assertEquals(url, config.sessionSharedUrl());
+    assertEquals(url, config.toBuilder().build().sessionSharedUrl());
+    Context ctx;
+    try {
+      ctx = Context.create(config);
+    } catch (KvretException e) {
+      assertTrue(e.getMessage(), e.getMessage().contains("session_shared_url"));
+      return;
+    }
+    try (Context created = ctx) {
+      assertEquals(url, created.config().sessionSharedUrl());
+    }
+  }
+
   @Test
   public void sessionAndRopeFieldsRoundTrip() {
     Config config = Fixtures.config()
