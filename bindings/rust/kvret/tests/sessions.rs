@@ -286,6 +286,7 @@ fn the_shared_url_reaches_the_library() {
     let url = "redis://127.0.0.1:1/0?prefix=kvret-rust&timeout_ms=200";
     let config = config().session_shared_url(Some(url));
     assert_eq!(config.session_shared_url_str(), Some(url));
+    assert_eq!(config.clone().session_shared_url_str(), Some(url));
     match Context::new(&config) {
         Ok(ctx) => assert_eq!(ctx.config().session_shared_url_str(), Some(url)),
         Err(error) => assert!(error.message().contains("session_shared_url"), "{error}"),
