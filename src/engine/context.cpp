@@ -8,15 +8,18 @@
 
 namespace kvret {
 
-Context::Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend)
+Context::Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend,
+                 std::string shared_url)
     : config_(config),
       kind_(find_retriever_kind(config.index_kind)),
       backend_(backend ? std::move(backend) : make_backend(config)),
       disk_path_(std::move(disk_path)),
+      shared_url_(std::move(shared_url)),
       threads_(resolve_threads(config.n_threads)) {
   if (kind_ == nullptr)  // neither built in nor registered
     throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(config.index_kind));
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
+  config_.session_shared_url = shared_url_.empty() ? nullptr : shared_url_.c_str();
 }
 
 Context::~Context() {

@@ -19,14 +19,18 @@ class Sequence;
 class Context {
  public:
   /// `config` must have passed read_config.
-  /// `backend` null: make_backend(config).
-  Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend = nullptr);
+  /// `backend` null: make_backend(config). config().disk_path and config().session_shared_url point at the copies
+  /// `disk_path` and `shared_url` (null when empty).
+  Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend = nullptr,
+          std::string shared_url = {});
   ~Context();  ///< closes every open sequence (waiting for their builds)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   const kvret_config& config() const noexcept { return config_; }
   const std::string& disk_path() const noexcept { return disk_path_; }
+  /// The URL of the session store's shared tier (config.session_shared_url); empty for none.
+  const std::string& shared_url() const noexcept { return shared_url_; }
   int threads() const noexcept { return threads_; }
   BuildQueue& builds() noexcept { return builds_; }
   /// Adds a row source that fetch asks before the host store (after those added before it).
@@ -63,6 +67,7 @@ class Context {
   std::shared_ptr<const RetrieverKind> kind_;
   std::unique_ptr<Backend> backend_;  // outlives the sequences: ~Context closes them in its body
   std::string disk_path_;
+  std::string shared_url_;
   int threads_;
   std::atomic<int64_t> host_bytes_{0};
   std::shared_ptr<const std::vector<std::shared_ptr<const RowSource>>> row_sources_;  // guarded by mu_
