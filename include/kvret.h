@@ -207,7 +207,8 @@ typedef struct kvret_config {
   int32_t pq_train_sample; /**< max tokens sampled per (layer, KV head) for training; 0 = all; default 8192 */
 
   /* ClusterKV (the cluster index, docs/cluster.md) */
-  int32_t cluster_tokens;          /**< tokens per cluster at prefill (ceil(n / this) clusters); default 80 */
+  int32_t cluster_tokens;          /**< tokens per cluster at prefill (ceil(n / this) clusters); default 32
+                                        (ClusterKV's own setting is 80: docs/cluster.md compares them) */
   int32_t cluster_decode_interval; /**< decode tokens clustered at a time (scored exactly until then); default 320 */
   int32_t cluster_decode_k;        /**< clusters made from each decoded interval; default 4 */
 
@@ -262,7 +263,7 @@ typedef struct kvret_config {
   int32_t cluster_segment_tokens; /**< most middle tokens one k-means of the cluster index clusters: a longer
                                        prefill is cut into ceil(n / this) segments of equal length, clustered
                                        apart, so the build is linear in the prefill length; 0 = the whole prefill
-                                       in one k-means (quadratic in its length); default 8192 */
+                                       in one k-means (quadratic in its length); default 4096 */
 
   /* SpeCache's output rule (appended: older, smaller structs get the default) */
   int32_t quant_attention; /**< 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the
@@ -320,6 +321,15 @@ typedef struct kvret_config {
                                        redis://[:password@]host[:port][/db][?prefix=P&timeout_ms=N], or rediss://
                                        for TLS; NULL or "" = none (default). kvret_create copies the string;
                                        kvret_get_config returns a pointer valid until kvret_destroy */
+
+  /* ClusterKV's exact singletons (appended: older, smaller structs get the default; docs/cluster.md) */
+  float cluster_exact_fraction; /**< share of each clustered segment's tokens (per KV head) that the cluster index
+                                     keeps out of the clusters: the ceil(fraction * n) keys of lowest cosine to
+                                     their k-means direction (ties to the earlier position; at most n minus the
+                                     segment's clusters), each a group of its own, scored by its exact q.k. A
+                                     rare, sharp key (the one a retrieval head copies from) is the one its
+                                     cluster's mean hides. Costs fraction * n * head_dim * 4 bytes per head.
+                                     0 = off (ClusterKV's own index); [0, 0.5]; default 0.05 */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

@@ -29,7 +29,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->pq_iters = 0;
   c->pq_tol = 1e-3f;
   c->pq_train_sample = 8192;
-  c->cluster_tokens = 80;
+  c->cluster_tokens = 32;
   c->cluster_decode_interval = 320;
   c->cluster_decode_k = 4;
   c->page_size = 16;
@@ -49,7 +49,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->pq_exact_fraction = kDefaultPqExactFraction;
   c->quant_group_size = 64;
   c->quant_residual = 64;
-  c->cluster_segment_tokens = 8192;
+  c->cluster_segment_tokens = 4096;
   c->quant_attention = 0;
   c->cluster_reuse_steps = 1;
   c->device_bytes_limit = 0;
@@ -66,6 +66,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->rope_high_freq_factor = 4.0f;
   c->rope_original_max_positions = 8192;
   c->session_shared_url = nullptr;
+  c->cluster_exact_fraction = 0.05f;
 }
 
 namespace {
@@ -99,7 +100,8 @@ void unsupported(bool ok, const std::string& what) {
                                   X(session_ttl_ms) X(session_policy) X(rope_keys) X(rope_dims)               \
                                       X(rope_layout) X(rope_theta) X(rope_scale_factor)                       \
                                           X(rope_low_freq_factor) X(rope_high_freq_factor)                    \
-                                              X(rope_original_max_positions) X(session_shared_url)
+                                              X(rope_original_max_positions) X(session_shared_url)           \
+                                                  X(cluster_exact_fraction)
 // clang-format on
 
 namespace {
@@ -189,6 +191,8 @@ void validate_config(const kvret_config& c) {
   check(c.cluster_decode_k >= 1, "cluster_decode_k", "must be >= 1");
   check(c.cluster_segment_tokens >= 0, "cluster_segment_tokens",
         "must be >= 0 (0 = no limit), got " + std::to_string(c.cluster_segment_tokens));
+  check(c.cluster_exact_fraction >= 0.0f && c.cluster_exact_fraction <= 0.5f, "cluster_exact_fraction",
+        "must be in [0, 0.5] (0 = off), got " + std::to_string(c.cluster_exact_fraction));
   check(c.cluster_reuse_steps >= 0 && c.cluster_reuse_steps <= kMaxClusterReuseSteps, "cluster_reuse_steps",
         "must be in 0..1024 (0 = off), got " + std::to_string(c.cluster_reuse_steps));
   check(c.page_size >= 1 && c.page_size <= 65536, "page_size",

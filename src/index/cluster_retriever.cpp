@@ -68,7 +68,32 @@ struct HeadTail {
   std::vector<float> centroids;
   std::vector<int32_t> sizes;
   std::vector<int32_t> ids;
+  std::vector<int32_t> exact_pos;
+  std::vector<float> exact_keys;
 };
+
+/// The seg.exacts points of lowest cosine to their cluster's direction (ties: the earlier position), marked in
+/// `exact` ([n]); the rest keep their labels.
+void mark_exact(const float* keys, int64_t n, int d, const CosineKmeansResult& km, int64_t exacts,
+                std::vector<uint8_t>& exact) {
+  exact.assign(static_cast<size_t>(n), 0);
+  if (exacts <= 0) return;
+  std::vector<std::pair<float, int64_t>> fit(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* key = keys + i * d;
+    const float* dir = km.directions.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * d;
+    double dot = 0, norm = 0;
+    for (int t = 0; t < d; ++t) {
+      dot += static_cast<double>(key[t]) * dir[t];
+      norm += static_cast<double>(key[t]) * key[t];
+    }
+    const float cos = norm > 0 && std::isfinite(norm) ? static_cast<float>(dot / std::sqrt(norm)) : 0.0f;
+    fit[static_cast<size_t>(i)] = {std::isnan(cos) ? -2.0f : cos, i};
+  }
+  const auto cut = fit.begin() + std::min(exacts, n);
+  std::nth_element(fit.begin(), cut - 1, fit.end());
+  for (auto it = fit.begin(); it != cut; ++it) exact[static_cast<size_t>(it->second)] = 1;
+}
 
 void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRetriever::Segment& seg, uint64_t seed,
                      const ClusterRetriever::Params& params, HeadTail& out) {
@@ -78,20 +103,30 @@ void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRet
   store.keys_f32(head, seg.begin, seg.end, keys.data());
   const int64_t sample = static_cast<int64_t>(params.sample_per_cluster) * k;
   const CosineKmeansResult km = cosine_kmeans(keys.data(), n, d, k, seed, params.max_iters, sample);
+  std::vector<uint8_t> exact;
+  mark_exact(keys.data(), n, d, km, seg.exacts, exact);
+  for (int64_t i = 0; i < n; ++i)
+    if (exact[static_cast<size_t>(i)]) {
+      out.exact_pos.push_back(static_cast<int32_t>(seg.begin + i));
+      out.exact_keys.insert(out.exact_keys.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
+    }
 
   std::vector<int32_t> sizes(static_cast<size_t>(k), 0);
-  for (const int32_t l : km.labels) ++sizes[static_cast<size_t>(l)];
+  for (int64_t i = 0; i < n; ++i)
+    if (!exact[static_cast<size_t>(i)]) ++sizes[static_cast<size_t>(km.labels[static_cast<size_t>(i)])];
   std::vector<int64_t> next(static_cast<size_t>(k), 0);  // stable counting sort by label
   for (int j = 1; j < k; ++j)
     next[static_cast<size_t>(j)] = next[static_cast<size_t>(j - 1)] + sizes[static_cast<size_t>(j - 1)];
-  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<int32_t> ids(static_cast<size_t>(n - seg.exacts));
   for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(next[static_cast<size_t>(km.labels[static_cast<size_t>(i)])]++)] =
-        static_cast<int32_t>(seg.begin + i);
+    if (!exact[static_cast<size_t>(i)])
+      ids[static_cast<size_t>(next[static_cast<size_t>(km.labels[static_cast<size_t>(i)])]++)] =
+          static_cast<int32_t>(seg.begin + i);
 
   // scoring centroids: the raw mean of each cluster's keys (q . mu is the cluster's mean logit)
   std::vector<double> sums(static_cast<size_t>(k) * d, 0.0);
   for (int64_t i = 0; i < n; ++i) {
+    if (exact[static_cast<size_t>(i)]) continue;
     double* s = sums.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * d;
     const float* key = keys.data() + static_cast<size_t>(i) * d;
     for (int t = 0; t < d; ++t) s[t] += key[t];
@@ -215,11 +250,15 @@ ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& p
       centroids_(static_cast<size_t>(n_kv_heads)),
       sizes_(static_cast<size_t>(n_kv_heads)),
       offsets_(static_cast<size_t>(n_kv_heads), std::vector<int32_t>{0}),
-      ids_(static_cast<size_t>(n_kv_heads)) {
+      ids_(static_cast<size_t>(n_kv_heads)),
+      exact_pos_(static_cast<size_t>(n_kv_heads)),
+      exact_keys_(static_cast<size_t>(n_kv_heads)) {
   require(params.cluster_tokens >= 1 && params.decode_interval >= 1 && params.decode_k >= 1, KVRET_ERR_INVALID_ARGUMENT,
           "cluster_tokens, cluster_decode_interval and cluster_decode_k must be >= 1");
   require(params.segment_tokens >= 0 && params.sample_per_cluster >= 0, KVRET_ERR_INVALID_ARGUMENT,
           "segment_tokens and sample_per_cluster must be >= 0");
+  require(params.exact_fraction >= 0.0f && params.exact_fraction <= 0.5f, KVRET_ERR_INVALID_ARGUMENT,
+          "exact_fraction must be in [0, 0.5]");
   require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim above kMaxHeadDim");
 }
 
@@ -233,8 +272,10 @@ int64_t ClusterRetriever::bytes() const noexcept {
   int64_t b = static_cast<int64_t>(segments_.size() * sizeof(Segment));
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
-    b += static_cast<int64_t>(centroids_[i].size() * sizeof(float) +  // offsets: the leading 0 is not counted
-                              (sizes_[i].size() + offsets_[i].size() - 1 + ids_[i].size()) * sizeof(int32_t));
+    b += static_cast<int64_t>((centroids_[i].size() + exact_keys_[i].size()) * sizeof(float) +
+                              // offsets: the leading 0 is not counted
+                              (sizes_[i].size() + offsets_[i].size() - 1 + ids_[i].size() + exact_pos_[i].size()) *
+                                  sizeof(int32_t));
   }
   return b;
 }
@@ -244,12 +285,22 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   const int64_t base = base_ < 0 ? begin : base_;
   int64_t clustered = segments_.empty() ? base : segments_.back().end;
   int64_t next_cluster = clusters();
+  int64_t next_exact = exacts();
   std::vector<Segment> fresh;
   const auto add = [&](int64_t seg_end, int64_t k) {
-    k = std::min(k, seg_end - clustered);
-    KVRET_REQUIRE(next_cluster + k <= std::numeric_limits<int32_t>::max(), KVRET_ERR_INTERNAL, "too many clusters");
-    fresh.push_back({clustered, seg_end, static_cast<int32_t>(next_cluster), static_cast<int32_t>(k)});
+    const int64_t len = seg_end - clustered;
+    k = std::min(k, len);
+    // ceil(fraction * len), leaving at least one token per cluster
+    const int64_t e = std::min(
+        static_cast<int64_t>(std::ceil(static_cast<double>(params_.exact_fraction) * static_cast<double>(len))),
+        len - k);
+    KVRET_REQUIRE(next_cluster + k <= std::numeric_limits<int32_t>::max() &&
+                      next_exact + e <= std::numeric_limits<int32_t>::max(),
+                  KVRET_ERR_INTERNAL, "too many clusters");
+    fresh.push_back({clustered, seg_end, static_cast<int32_t>(next_cluster), static_cast<int32_t>(k),
+                     static_cast<int32_t>(next_exact), static_cast<int32_t>(e)});
     next_cluster += k;
+    next_exact += e;
     clustered = seg_end;
   };
   if (may_retrain) {  // a prefill: everything not yet clustered, pending decode tokens included, in equal segments
@@ -276,7 +327,8 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
                                  tails[static_cast<size_t>(task)]);
                });
   const auto total_clusters = static_cast<size_t>(next_cluster);
-  const auto total_ids = static_cast<size_t>(clustered - base);
+  const auto total_exact = static_cast<size_t>(next_exact);
+  const auto total_ids = static_cast<size_t>(clustered - base) - total_exact;
   reserve_for(segments_, segments_.size() + fresh.size());
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
@@ -284,6 +336,8 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
     reserve_for(sizes_[i], total_clusters);
     reserve_for(offsets_[i], total_clusters + 1);
     reserve_for(ids_[i], total_ids);
+    reserve_for(exact_pos_[i], total_exact);
+    reserve_for(exact_keys_[i], total_exact * static_cast<size_t>(d_));
   }
 
   // commit (no throw below: every insert fits the reserved capacity)
@@ -296,6 +350,8 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
       sizes_[i].insert(sizes_[i].end(), t.sizes.begin(), t.sizes.end());
       for (const int32_t s : t.sizes) offsets_[i].push_back(offsets_[i].back() + s);
       ids_[i].insert(ids_[i].end(), t.ids.begin(), t.ids.end());
+      exact_pos_[i].insert(exact_pos_[i].end(), t.exact_pos.begin(), t.exact_pos.end());
+      exact_keys_[i].insert(exact_keys_[i].end(), t.exact_keys.begin(), t.exact_keys.end());
     }
   }
 }
@@ -310,12 +366,15 @@ void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
   segments_.resize(keep);  // shrinking: no allocation
   const auto c = static_cast<size_t>(clusters());
+  const auto e = static_cast<size_t>(exacts());
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     centroids_[i].resize(c * static_cast<size_t>(d_));
     sizes_[i].resize(c);
     offsets_[i].resize(c + 1);
     ids_[i].resize(static_cast<size_t>(offsets_[i].back()));
+    exact_pos_[i].resize(e);
+    exact_keys_[i].resize(e * static_cast<size_t>(d_));
   }
 }
 
@@ -325,7 +384,9 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
   const int64_t n_clusters = clusters();
   const int64_t first_pending = clustered_end();
   const int64_t n_pending = end_ - first_pending;
-  const int64_t groups = n_clusters + n_pending;  // every cluster, then every pending token alone
+  const int64_t n_exact = exacts();
+  const int64_t singles = n_clusters + n_exact;  // where the pending tokens' groups begin
+  const int64_t groups = singles + n_pending;    // every cluster, every exact singleton, every pending token alone
   const int group = r.group;
   const auto d = static_cast<size_t>(d_);
 
@@ -342,10 +403,12 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
 
     if (n_clusters > 0)
       scaled_dots(q, d_, group, centroids_[h].data(), d_, n_clusters, d_, r.scale, logits.data(), groups);
+    if (n_exact > 0)  // the exact singletons: their own logits
+      scaled_dots(q, d_, group, exact_keys_[h].data(), d_, n_exact, d_, r.scale, logits.data() + n_clusters, groups);
     if (n_pending > 0) {  // pending decode tokens: their exact logits
       std::vector<float> pending_keys(static_cast<size_t>(n_pending) * d);
       store.keys_f32(static_cast<int>(h), first_pending, end_, pending_keys.data());
-      scaled_dots(q, d_, group, pending_keys.data(), d_, n_pending, d_, r.scale, logits.data() + n_clusters, groups);
+      scaled_dots(q, d_, group, pending_keys.data(), d_, n_pending, d_, r.scale, logits.data() + singles, groups);
     }
     std::copy(sizes_[h].begin(), sizes_[h].end(), weight.begin());
     fold_weighted_logits(logits.data(), weight.data(), group, groups, r.fold, folded.data());
@@ -359,9 +422,13 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
       for (int64_t t = 0; t < count; ++t)
         picked.push_back(static_cast<uint64_t>(ids[offsets[c] + t]) << 32 | static_cast<uint64_t>(c));
     }
+    for (int64_t x = 0; x < n_exact; ++x)
+      if (state[static_cast<size_t>(n_clusters + x)] != kSkip)
+        picked.push_back(static_cast<uint64_t>(exact_pos_[h][static_cast<size_t>(x)]) << 32 |
+                         static_cast<uint64_t>(n_clusters + x));
     for (int64_t p = 0; p < n_pending; ++p)
-      if (state[static_cast<size_t>(n_clusters + p)] != kSkip)
-        picked.push_back(static_cast<uint64_t>(first_pending + p) << 32 | static_cast<uint64_t>(n_clusters + p));
+      if (state[static_cast<size_t>(singles + p)] != kSkip)
+        picked.push_back(static_cast<uint64_t>(first_pending + p) << 32 | static_cast<uint64_t>(singles + p));
     KVRET_REQUIRE(
         static_cast<int64_t>(picked.size()) == r.budget, KVRET_ERR_INTERNAL,
         "cluster select took " + std::to_string(picked.size()) + " tokens for a budget of " + std::to_string(r.budget));
@@ -380,7 +447,7 @@ constexpr uint32_t kClusterTag = 0x434c5553u;  // "CLUS"
 
 std::vector<std::byte> ClusterRetriever::save() const {
   ByteWriter w;
-  write_header(w, kClusterTag, 1);
+  write_header(w, kClusterTag, 2);
   w.value<int32_t>(n_kv_);
   w.value<int32_t>(d_);
   w.value<int32_t>(params_.cluster_tokens);
@@ -388,66 +455,86 @@ std::vector<std::byte> ClusterRetriever::save() const {
   w.value<int32_t>(params_.decode_k);
   w.value<int32_t>(params_.max_iters);
   w.value<uint64_t>(params_.seed);
+  w.value<float>(params_.exact_fraction);
   write_range(w);
   std::vector<int64_t> bounds;  // begin of every segment, then the end of the last
-  std::vector<int32_t> counts;
+  std::vector<int32_t> counts, exact_counts;
   for (const Segment& s : segments_) {
     bounds.push_back(s.begin);
     counts.push_back(s.clusters);
+    exact_counts.push_back(s.exacts);
   }
   if (!segments_.empty()) bounds.push_back(segments_.back().end);
   w.array(bounds);
   w.array(counts);
+  w.array(exact_counts);
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     w.array(centroids_[i]);
     w.array(sizes_[i]);
     w.array(ids_[i]);
+    w.array(exact_pos_[i]);
+    w.array(exact_keys_[i]);
   }
   return std::move(w.bytes());
 }
 
 void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, size_t size) {
   ByteReader r(data, size);
-  read_header(r, kClusterTag, 1);
+  read_header(r, kClusterTag, 2);
   require_intact(r.value<int32_t>() == n_kv_ && r.value<int32_t>() == d_, "another geometry than this context's");
   require_intact(r.value<int32_t>() == params_.cluster_tokens && r.value<int32_t>() == params_.decode_interval &&
                      r.value<int32_t>() == params_.decode_k && r.value<int32_t>() == params_.max_iters &&
-                     r.value<uint64_t>() == params_.seed,
+                     r.value<uint64_t>() == params_.seed && r.value<float>() == params_.exact_fraction,
                  "other cluster parameters (or another layer's seed) than this retriever's");
   const auto range = read_range(r, store);
   const bool empty = range.first < 0;
   const auto bounds = r.array<int64_t>();
   const auto counts = r.array<int32_t>();
+  const auto exact_counts = r.array<int32_t>(static_cast<int64_t>(counts.size()));
   require_intact(bounds.size() == (counts.empty() ? 0 : counts.size() + 1), "segment bounds and counts disagree");
   require_intact(!empty || counts.empty(), "segments in an empty index");
   std::vector<Segment> segments;
-  int64_t total_clusters = 0;
+  int64_t total_clusters = 0, total_exact = 0;
   for (size_t s = 0; s < counts.size(); ++s) {
     const int64_t b = bounds[s], e = bounds[s + 1];
-    require_intact(b < e && counts[s] >= 1 && counts[s] <= e - b, "a malformed segment");
-    require_intact(total_clusters + counts[s] <= std::numeric_limits<int32_t>::max(), "too many clusters");
-    segments.push_back({b, e, static_cast<int32_t>(total_clusters), counts[s]});
+    require_intact(b < e && counts[s] >= 1 && exact_counts[s] >= 0 && counts[s] + exact_counts[s] <= e - b,
+                   "a malformed segment");
+    require_intact(total_clusters + counts[s] <= std::numeric_limits<int32_t>::max() &&
+                       total_exact + exact_counts[s] <= std::numeric_limits<int32_t>::max(),
+                   "too many clusters");
+    segments.push_back(
+        {b, e, static_cast<int32_t>(total_clusters), counts[s], static_cast<int32_t>(total_exact), exact_counts[s]});
     total_clusters += counts[s];
+    total_exact += exact_counts[s];
   }
   require_intact(counts.empty() || (bounds.front() == range.first && bounds.back() <= range.second),
                  "segments outside the indexed range");
   const int64_t first = empty ? 0 : range.first;
   const int64_t clustered = counts.empty() ? 0 : bounds.back() - first;
 
-  std::vector<std::vector<float>> centroids(static_cast<size_t>(n_kv_));
+  std::vector<std::vector<float>> centroids(static_cast<size_t>(n_kv_)), exact_keys(static_cast<size_t>(n_kv_));
   std::vector<std::vector<int32_t>> sizes(static_cast<size_t>(n_kv_)), offsets(static_cast<size_t>(n_kv_)),
-      ids(static_cast<size_t>(n_kv_));
+      ids(static_cast<size_t>(n_kv_)), exact_pos(static_cast<size_t>(n_kv_));
   std::vector<uint8_t> seen(static_cast<size_t>(clustered));
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     centroids[i] = r.array<float>(total_clusters * d_);
     sizes[i] = r.array<int32_t>(total_clusters);
-    ids[i] = r.array<int32_t>(clustered);
+    ids[i] = r.array<int32_t>(clustered - total_exact);
+    exact_pos[i] = r.array<int32_t>(total_exact);
+    exact_keys[i] = r.array<float>(total_exact * d_);
     offsets[i].assign(static_cast<size_t>(total_clusters) + 1, 0);
     std::fill(seen.begin(), seen.end(), uint8_t{0});
     for (const Segment& s : segments) {
-      int64_t tokens = 0;
+      for (int32_t x = s.first_exact; x < s.first_exact + s.exacts; ++x) {  // ascending, inside the segment, once
+        const int32_t pos = exact_pos[i][static_cast<size_t>(x)];
+        require_intact(
+            pos >= s.begin && pos < s.end && (x == s.first_exact || pos > exact_pos[i][static_cast<size_t>(x - 1)]),
+            "an exact position outside its segment or out of order");
+        seen[static_cast<size_t>(pos - first)] = 1;
+      }
+      int64_t tokens = s.exacts;
       for (int32_t c = s.first_cluster; c < s.first_cluster + s.clusters; ++c) {
         const int32_t n = sizes[i][static_cast<size_t>(c)];
         require_intact(n >= 0 && n <= s.end - s.begin - tokens, "cluster sizes that do not fill their segment");
@@ -473,6 +560,8 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   sizes_.swap(sizes);
   offsets_.swap(offsets);
   ids_.swap(ids);
+  exact_pos_.swap(exact_pos);
+  exact_keys_.swap(exact_keys);
   set_range(range);
 }
 
@@ -487,6 +576,7 @@ class ClusterKind final : public RetrieverKind {
     p.decode_interval = c.cluster_decode_interval;
     p.decode_k = c.cluster_decode_k;
     p.segment_tokens = c.cluster_segment_tokens;
+    p.exact_fraction = c.cluster_exact_fraction;
     uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32) ^ 0x436c75737465724bull;
     p.seed = splitmix64(state);
     return std::make_unique<ClusterRetriever>(c.n_kv_heads, c.head_dim, p);

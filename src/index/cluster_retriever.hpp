@@ -56,12 +56,14 @@ class ClusterRetriever final : public Retriever {
     int max_iters = 5;            ///< k-means iteration cap
     int segment_tokens = 8192;    ///< most tokens one prefill k-means clusters (cluster_segment_tokens; 0: no limit)
     int sample_per_cluster = 32;  ///< k-means trains on at most this many keys per cluster (0: on every key)
+    float exact_fraction = 0.0f;  ///< share of each segment's tokens kept out of the clusters as exact singletons
     uint64_t seed = 42;           ///< the layer's seed (config.seed and the layer)
   };
   /// One clustered run of positions [begin, end), owning clusters [first_cluster, first_cluster + clusters).
   struct Segment {
     int64_t begin = 0, end = 0;
     int32_t first_cluster = 0, clusters = 0;
+    int32_t first_exact = 0, exacts = 0;  ///< the segment's exact singletons (the same count in every head)
     bool operator==(const Segment&) const = default;
   };
 
@@ -91,6 +93,12 @@ class ClusterRetriever final : public Retriever {
   const std::vector<int32_t>& sizes(int head) const noexcept { return sizes_[static_cast<size_t>(head)]; }
   const std::vector<int32_t>& offsets(int head) const noexcept { return offsets_[static_cast<size_t>(head)]; }
   const std::vector<int32_t>& sorted_ids(int head) const noexcept { return ids_[static_cast<size_t>(head)]; }
+  /// The exact singletons: positions (ascending within each segment) and their keys [E, d] (f32).
+  int32_t exacts() const noexcept {
+    return segments_.empty() ? 0 : segments_.back().first_exact + segments_.back().exacts;
+  }
+  const std::vector<int32_t>& exact_positions(int head) const noexcept { return exact_pos_[static_cast<size_t>(head)]; }
+  const std::vector<float>& exact_keys(int head) const noexcept { return exact_keys_[static_cast<size_t>(head)]; }
   /// The k-means seed of (head, segment starting at `begin`).
   uint64_t segment_seed(int head, int64_t begin) const noexcept;
 
@@ -103,10 +111,12 @@ class ClusterRetriever final : public Retriever {
   int d_;
   Params params_;
   std::vector<Segment> segments_;
-  std::vector<std::vector<float>> centroids_;  ///< per head [C, d]
-  std::vector<std::vector<int32_t>> sizes_;    ///< per head [C]
-  std::vector<std::vector<int32_t>> offsets_;  ///< per head [C + 1], offsets[0] = 0
-  std::vector<std::vector<int32_t>> ids_;      ///< per head [clustered]: positions sorted stably by cluster
+  std::vector<std::vector<float>> centroids_;    ///< per head [C, d]
+  std::vector<std::vector<int32_t>> sizes_;      ///< per head [C]
+  std::vector<std::vector<int32_t>> offsets_;    ///< per head [C + 1], offsets[0] = 0
+  std::vector<std::vector<int32_t>> ids_;        ///< per head [clustered - exact]: positions sorted stably by cluster
+  std::vector<std::vector<int32_t>> exact_pos_;  ///< per head [E]: the exact singletons' positions
+  std::vector<std::vector<float>> exact_keys_;   ///< per head [E, d]: their keys
 };
 
 /// The KVRET_INDEX_CLUSTER kind.

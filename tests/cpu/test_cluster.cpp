@@ -114,6 +114,7 @@ TEST(Cluster, GoldenVector) {
   c.n_layers = 1;
   c.n_sink = 0;
   c.n_local = 0;
+  c.cluster_exact_fraction = 0;  // ClusterKV's own index: clusters only
   auto ctx = test::make_context(c);
   kvret_seq* seq = nullptr;
   ASSERT_EQ(kvret_seq_open(ctx.get(), &seq), KVRET_OK);
@@ -124,7 +125,7 @@ TEST(Cluster, GoldenVector) {
   const auto& built = dynamic_cast<const ClusterRetriever&>(s.index(0));
 
   ByteWriter w;
-  write_header(w, 0x434c5553u, 1);
+  write_header(w, 0x434c5553u, 2);
   w.value<int32_t>(kH);
   w.value<int32_t>(kD);
   w.value<int32_t>(c.cluster_tokens);
@@ -132,10 +133,12 @@ TEST(Cluster, GoldenVector) {
   w.value<int32_t>(c.cluster_decode_k);
   w.value<int32_t>(built.params().max_iters);
   w.value<uint64_t>(built.params().seed);
-  w.value<int64_t>(0);  // indexed range [0, 6)
+  w.value<float>(0.0f);  // exact_fraction
+  w.value<int64_t>(0);   // indexed range [0, 6)
   w.value<int64_t>(6);
-  w.array(std::vector<int64_t>{0, 6});  // one segment [0, 6) of 3 clusters
+  w.array(std::vector<int64_t>{0, 6});  // one segment [0, 6) of 3 clusters and no exact singletons
   w.array(std::vector<int32_t>{3});
+  w.array(std::vector<int32_t>{0});
   // centroid c = logit[c] * e_0: with q = sqrt(d) e_0 (scale 1/sqrt(d)), cluster c's logit is exactly logit[c]
   const float logit[3] = {1.0f, -1.0f, 2.0f};
   for (int h = 0; h < kH; ++h) {
@@ -144,6 +147,8 @@ TEST(Cluster, GoldenVector) {
     w.array(centroids);
     w.array(std::vector<int32_t>{1, 3, 2});           // sizes
     w.array(std::vector<int32_t>{1, 2, 3, 4, 0, 5});  // ids sorted stably by label
+    w.array(std::vector<int32_t>{});                  // exact positions
+    w.array(std::vector<float>{});                    // exact keys
   }
   auto index = make_retriever(c, 0);
   index->restore(s.store(0), w.bytes().data(), w.bytes().size());
@@ -174,6 +179,7 @@ TEST(Cluster, GoldenVectorThroughKmeans) {
   c.n_sink = 0;
   c.n_local = 0;
   c.cluster_tokens = 2;  // 6 tokens: 3 clusters
+  c.cluster_exact_fraction = 0;
   auto ctx = test::make_context(c);
   kvret_seq* seq = nullptr;
   ASSERT_EQ(kvret_seq_open(ctx.get(), &seq), KVRET_OK);
@@ -217,7 +223,8 @@ TEST(Cluster, GoldenVectorThroughKmeans) {
 // ---- layout -------------------------------------------------------------------------------------------------------
 
 void expect_layout(const ClusterRetriever& idx, int heads) {
-  const int64_t clustered = idx.clustered_end() - idx.indexed_begin();
+  const int64_t segment_tokens = idx.clustered_end() - idx.indexed_begin();
+  const int64_t clustered = segment_tokens - idx.exacts();
   for (int h = 0; h < heads; ++h) {
     const auto& sizes = idx.sizes(h);
     const auto& off = idx.offsets(h);
@@ -228,10 +235,14 @@ void expect_layout(const ClusterRetriever& idx, int heads) {
     ASSERT_EQ(off[0], 0);
     for (size_t c = 0; c < sizes.size(); ++c) ASSERT_EQ(off[c + 1], off[c] + sizes[c]) << "prefix sums";
     ASSERT_EQ(static_cast<int64_t>(ids.size()), clustered);
-    std::vector<int32_t> sorted = ids;  // a permutation of the clustered positions
+    const auto& exact = idx.exact_positions(h);
+    ASSERT_EQ(static_cast<int64_t>(exact.size()), idx.exacts());
+    ASSERT_EQ(idx.exact_keys(h).size(), exact.size() * static_cast<size_t>(kD));
+    std::vector<int32_t> sorted = ids;  // with the exact singletons, a permutation of the segments' positions
+    sorted.insert(sorted.end(), exact.begin(), exact.end());
     std::sort(sorted.begin(), sorted.end());
-    for (int64_t i = 0; i < clustered; ++i)
-      ASSERT_EQ(sorted[static_cast<size_t>(i)], idx.indexed_begin() + i) << "ids are a permutation";
+    for (int64_t i = 0; i < segment_tokens; ++i)
+      ASSERT_EQ(sorted[static_cast<size_t>(i)], idx.indexed_begin() + i) << "ids and exact positions: a permutation";
     // labels (from the prefix sums) non-decreasing along the ids; ascending positions within a cluster; each
     // segment's clusters hold exactly its positions
     int32_t label = 0;
@@ -244,12 +255,26 @@ void expect_layout(const ClusterRetriever& idx, int heads) {
       }
       label = l;
     }
-    for (const auto& seg : idx.segments())
+    for (const auto& seg : idx.segments()) {
       for (int32_t i = off[static_cast<size_t>(seg.first_cluster)];
            i < off[static_cast<size_t>(seg.first_cluster + seg.clusters)]; ++i) {
         ASSERT_GE(ids[static_cast<size_t>(i)], seg.begin);
         ASSERT_LT(ids[static_cast<size_t>(i)], seg.end);
       }
+      // ceil(fraction * length) exact singletons per segment, leaving a token per cluster; ascending, inside it
+      const int64_t len = seg.end - seg.begin;
+      const auto want = std::min<int64_t>(
+          static_cast<int64_t>(std::ceil(static_cast<double>(idx.params().exact_fraction) * static_cast<double>(len))),
+          len - seg.clusters);
+      ASSERT_EQ(seg.exacts, want);
+      for (int32_t x = seg.first_exact; x < seg.first_exact + seg.exacts; ++x) {
+        ASSERT_GE(exact[static_cast<size_t>(x)], seg.begin);
+        ASSERT_LT(exact[static_cast<size_t>(x)], seg.end);
+        if (x > seg.first_exact) {
+          ASSERT_LT(exact[static_cast<size_t>(x) - 1], exact[static_cast<size_t>(x)]);
+        }
+      }
+    }
   }
 }
 
@@ -643,9 +668,14 @@ TEST(Cluster, SaveRestoreRoundTripAndDamage) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), KVRET_ERR_CORRUPT);
   }
-  // the ids of head 1 end the state: swap two of its positions across clusters, duplicate one, move one out
+  // head 1's ids, exact positions and exact keys end the state: swap two of its ids across clusters, duplicate
+  // one, move one out; likewise an exact position
+  const size_t n_exact = idx.exact_positions(1).size();
+  ASSERT_GT(n_exact, 0u) << "the default keeps exact singletons";
+  const size_t exact_keys_bytes = sizeof(uint64_t) + n_exact * kD * sizeof(float);
+  const size_t exact_at = state.size() - exact_keys_bytes - n_exact * sizeof(int32_t);
   const size_t ids_bytes = static_cast<size_t>(idx.sorted_ids(1).size()) * sizeof(int32_t);
-  const size_t at = state.size() - ids_bytes;
+  const size_t at = exact_at - sizeof(uint64_t) - ids_bytes;
   const auto write_id = [&](std::vector<std::byte>& b, size_t i, int32_t pos) {
     std::memcpy(b.data() + at + i * sizeof(int32_t), &pos, sizeof pos);
   };
@@ -663,6 +693,15 @@ TEST(Cluster, SaveRestoreRoundTripAndDamage) {
   write_id(unordered, static_cast<size_t>(off[c]), ids[static_cast<size_t>(off[c]) + 1]);
   write_id(unordered, static_cast<size_t>(off[c]) + 1, ids[static_cast<size_t>(off[c])]);
   refused(unordered, "positions out of order within a cluster");
+  const auto write_exact = [&](std::vector<std::byte>& b, size_t i, int32_t pos) {
+    std::memcpy(b.data() + exact_at + i * sizeof(int32_t), &pos, sizeof pos);
+  };
+  auto exact_in_cluster = state;
+  write_exact(exact_in_cluster, 0, ids[0]);
+  refused(exact_in_cluster, "an exact position that is also clustered");
+  auto exact_outside = state;
+  write_exact(exact_outside, 0, static_cast<int32_t>(idx.indexed_end() + 5));
+  refused(exact_outside, "an exact position outside its segment");
 }
 
 // Strong guarantee: an extend (a prefill build, a decode interval) that fails on any allocation leaves the index as
@@ -704,16 +743,117 @@ TEST(Cluster, ExtendLeavesTheIndexAsItWasWhenAnAllocationFails) {
   EXPECT_EQ(again.save(), index.save());
 }
 
+// ---- exact singletons ---------------------------------------------------------------------------------------------
+
+/// A store of n clustered tokens (kH heads, kD dims).
+HostKvStore clustered_store(int64_t n, uint64_t seed, F32* keys = nullptr) {
+  HostKvStore store{kH, kD, DType::F32};
+  F32 k({n, kH, kD}), v({n, kH, kD});
+  test::clustered_kv(n, kH, kD, seed, k, v);
+  store.append(TensorView::from(&k, "k", kFloatTypes, {3}), TensorView::from(&v, "v", kFloatTypes, {3}), n, true);
+  if (keys != nullptr) *keys = k;
+  return store;
+}
+
+// The exact singletons of a segment are its keys of lowest cosine to the k-means direction they were assigned to
+// (the k-means rerun here with the segment's seed), and the index holds their keys as stored.
+TEST(Cluster, ExactSingletonsAreTheKeysFarthestFromTheirDirection) {
+  const int64_t n = 1300;
+  HostKvStore store = clustered_store(n, 41);
+  ClusterRetriever::Params p;
+  p.exact_fraction = 0.07f;
+  p.segment_tokens = 600;  // two segments
+  ClusterRetriever index(kH, kD, p);
+  index.extend(store, 4, 1204, true, 2);
+  ASSERT_EQ(index.segments().size(), 2u);
+  for (int h = 0; h < kH; ++h) {
+    const auto& exact = index.exact_positions(h);
+    for (const auto& seg : index.segments()) {
+      const int64_t len = seg.end - seg.begin;
+      ASSERT_EQ(seg.exacts, static_cast<int32_t>(std::ceil(0.07 * static_cast<double>(len))));
+      std::vector<float> keys(static_cast<size_t>(len * kD));
+      store.keys_f32(h, seg.begin, seg.end, keys.data());
+      const CosineKmeansResult km = cosine_kmeans(keys.data(), len, kD, seg.clusters, index.segment_seed(h, seg.begin),
+                                                  p.max_iters, int64_t{p.sample_per_cluster} * seg.clusters);
+      std::vector<double> cos(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) {
+        const float* key = keys.data() + i * kD;
+        const auto u = unit(key, kD);
+        cos[static_cast<size_t>(i)] =
+            dotd(u.data(), km.directions.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * kD, kD);
+      }
+      std::vector<uint8_t> is_exact(static_cast<size_t>(len), 0);
+      double worst_exact = -2;
+      for (int32_t x = seg.first_exact; x < seg.first_exact + seg.exacts; ++x) {
+        const int32_t pos = exact[static_cast<size_t>(x)];
+        is_exact[static_cast<size_t>(pos - seg.begin)] = 1;
+        worst_exact = std::max(worst_exact, cos[static_cast<size_t>(pos - seg.begin)]);
+        for (int t = 0; t < kD; ++t)  // the key as stored
+          ASSERT_EQ(index.exact_keys(h)[static_cast<size_t>(x) * kD + t],
+                    keys[static_cast<size_t>((pos - seg.begin) * kD + t)]);
+      }
+      for (int64_t i = 0; i < len; ++i) {
+        if (!is_exact[static_cast<size_t>(i)]) {
+          ASSERT_GE(cos[static_cast<size_t>(i)], worst_exact - 1e-6) << "head " << h << " position " << seg.begin + i;
+        }
+      }
+    }
+  }
+  expect_layout(index, kH);
+}
+
+// Rare, sharp keys planted among clustered ones (16 of them, each along its own axis): a query that points at one
+// selects it with a budget of one token in every head when the index keeps exact singletons; without them the
+// cluster that absorbs a needle (its mean) rarely ranks first, and its earliest position is rarely the needle.
+TEST(Cluster, AnExactSingletonKeepsARareSharpKey) {
+  const int64_t n = 2000;
+  constexpr int kNeedles = 16;
+  F32 k({n, kH, kD}), v({n, kH, kD});
+  test::clustered_kv(n, kH, kD, 43, k, v);
+  const auto needle = [](int a) { return int64_t{100} + 113 * a; };
+  for (int a = 0; a < kNeedles; ++a)
+    for (int h = 0; h < kH; ++h) {  // 3x the key's norm along axis a
+      float* key = k.data.data() + (needle(a) * kH + h) * kD;
+      double norm = 0;
+      for (int t = 0; t < kD; ++t) norm += static_cast<double>(key[t]) * key[t];
+      std::fill_n(key, kD, 0.0f);
+      key[a] = static_cast<float>(3.0 * std::sqrt(norm));
+    }
+  HostKvStore store{kH, kD, DType::F32};
+  store.append(TensorView::from(&k, "k", kFloatTypes, {3}), TensorView::from(&v, "v", kFloatTypes, {3}), n, true);
+  for (const float fraction : {0.0f, 0.05f}) {
+    ClusterRetriever::Params p;
+    p.exact_fraction = fraction;
+    ClusterRetriever index(kH, kD, p);
+    index.extend(store, 16, n - 64, true, 2);
+    for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+      int found = 0;
+      for (int a = 0; a < kNeedles; ++a) {
+        std::vector<float> q(static_cast<size_t>(kQ * kD), 0.0f);
+        for (int g = 0; g < kQ; ++g) q[static_cast<size_t>(g * kD + a)] = 4.0f;
+        const Selection s = select_direct(index, store, q, 1, fold);
+        for (int h = 0; h < kH; ++h) found += s.rows[static_cast<size_t>(h)][0] == needle(a);
+      }
+      if (fraction > 0) {
+        EXPECT_EQ(found, kNeedles * kH) << "fold " << fold;
+      } else {
+        EXPECT_LT(found, kNeedles * kH / 2) << "fold " << fold;
+      }
+    }
+  }
+}
+
 // ---- config -------------------------------------------------------------------------------------------------------
 
 TEST(Cluster, BadConfigValuesAreRefused) {
-  for (const char* field :
-       {"cluster_tokens", "cluster_decode_interval", "cluster_decode_k", "cluster_segment_tokens"}) {
+  for (const char* field : {"cluster_tokens", "cluster_decode_interval", "cluster_decode_k", "cluster_segment_tokens",
+                            "cluster_exact_fraction"}) {
     kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
     if (std::string(field) == "cluster_tokens") c.cluster_tokens = 0;
     if (std::string(field) == "cluster_decode_interval") c.cluster_decode_interval = -3;
     if (std::string(field) == "cluster_decode_k") c.cluster_decode_k = 0;
     if (std::string(field) == "cluster_segment_tokens") c.cluster_segment_tokens = -1;
+    if (std::string(field) == "cluster_exact_fraction") c.cluster_exact_fraction = 0.6f;
     kvret_context* ctx = nullptr;
     EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT) << field;
     EXPECT_NE(std::string(kvret_last_error()).find(field), std::string::npos) << kvret_last_error();
