@@ -85,6 +85,9 @@ def test_invalid_pq_exact_fraction(fraction):
         ({"index_kind": "cluster", "cluster_reuse_steps": -1}, "cluster_reuse_steps"),
         ({"index_kind": "cluster", "cluster_reuse_steps": 1025}, "cluster_reuse_steps"),
         ({"device_bytes_limit": -1}, "device_bytes_limit"),
+        ({"index_kind": "cluster", "cluster_exact_fraction": -0.1}, "cluster_exact_fraction"),
+        ({"index_kind": "cluster", "cluster_exact_fraction": 0.6}, "cluster_exact_fraction"),
+        ({"index_kind": "cluster", "cluster_exact_fraction": float("nan")}, "cluster_exact_fraction"),
     ],
 )
 def test_invalid_quant_and_cluster_fields(overrides, field):

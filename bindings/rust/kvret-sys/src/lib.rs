@@ -172,6 +172,7 @@ pub struct kvret_config {
     pub rope_high_freq_factor: f32,
     pub rope_original_max_positions: i32,
     pub session_shared_url: *const c_char,
+    pub cluster_exact_fraction: f32,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -307,7 +307,8 @@ impl Config {
         self
     }
 
-    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill (ceil(n / this) clusters); default 80
+    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill (ceil(n / this) clusters); default 32 (ClusterKV's own setting is 80:
+    /// docs/cluster.md compares them)
     pub fn cluster_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_tokens = self.int_field("cluster_tokens", value);
         self
@@ -433,7 +434,7 @@ impl Config {
 
     /// `kvret_config.cluster_segment_tokens`: most middle tokens one k-means of the cluster index clusters: a longer prefill is cut into ceil(n /
     /// this) segments of equal length, clustered apart, so the build is linear in the prefill length; 0 =
-    /// the whole prefill in one k-means (quadratic in its length); default 8192
+    /// the whole prefill in one k-means (quadratic in its length); default 4096
     pub fn cluster_segment_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_segment_tokens = self.int_field("cluster_segment_tokens", value);
         self
@@ -542,6 +543,17 @@ impl Config {
     /// `kvret_config.rope_original_max_positions`: Llama-3 scaling: the original context length; >= 1; default 8192
     pub fn rope_original_max_positions(mut self, value: impl ConfigInt) -> Self {
         self.raw.rope_original_max_positions = self.int_field("rope_original_max_positions", value);
+        self
+    }
+
+    /// `kvret_config.cluster_exact_fraction`: share of each clustered segment's tokens (per KV head) that the cluster index keeps out of the
+    /// clusters: the ceil(fraction * n) keys of lowest cosine to their k-means direction (ties to the
+    /// earlier position; at most n minus the segment's clusters), each a group of its own, scored by its
+    /// exact q.k. A rare, sharp key (the one a retrieval head copies from) is the one its cluster's mean
+    /// hides. Costs fraction * n * head_dim * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5];
+    /// default 0.05
+    pub fn cluster_exact_fraction(mut self, value: f32) -> Self {
+        self.raw.cluster_exact_fraction = value;
         self
     }
     // </generated setters>

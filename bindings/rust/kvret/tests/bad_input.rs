@@ -280,6 +280,9 @@ fn config_values_past_the_c_types_are_refused() {
         (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(-1), "cluster_reuse_steps"),
         (config().index_kind(IndexKind::Cluster).cluster_reuse_steps(1025), "cluster_reuse_steps"),
         (config().device_bytes_limit(-1i64), "device_bytes_limit"),
+        (config().index_kind(IndexKind::Cluster).cluster_exact_fraction(-0.1), "cluster_exact_fraction"),
+        (config().index_kind(IndexKind::Cluster).cluster_exact_fraction(0.6), "cluster_exact_fraction"),
+        (config().index_kind(IndexKind::Cluster).cluster_exact_fraction(f32::NAN), "cluster_exact_fraction"),
     ] {
         let error = expect_status(Context::new(&config), Status::InvalidArgument);
         assert!(error.message().contains(field), "{error}");

@@ -166,7 +166,7 @@ public final class Config {
 
   /**
    * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
-   * 80
+   * 32 (ClusterKV's own setting is 80: docs/cluster.md compares them)
    */
   public int clusterTokens() {
     return fields.getCluster_tokens();
@@ -304,7 +304,7 @@ public final class Config {
    * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
    * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
    * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
-   * (quadratic in its length); default 8192
+   * (quadratic in its length); default 4096
    */
   public int clusterSegmentTokens() {
     return fields.getCluster_segment_tokens();
@@ -429,6 +429,18 @@ public final class Config {
    */
   public int ropeOriginalMaxPositions() {
     return fields.getRope_original_max_positions();
+  }
+
+  /**
+   * kvret_config.cluster_exact_fraction: share of each clustered segment's tokens (per KV head)
+   * that the cluster index keeps out of the clusters: the ceil(fraction * n) keys of lowest cosine
+   * to their k-means direction (ties to the earlier position; at most n minus the segment's
+   * clusters), each a group of its own, scored by its exact q.k. A rare, sharp key (the one a
+   * retrieval head copies from) is the one its cluster's mean hides. Costs fraction * n * head_dim
+   * * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5]; default 0.05
+   */
+  public float clusterExactFraction() {
+    return fields.getCluster_exact_fraction();
   }
   // </generated getters>
 
@@ -584,7 +596,7 @@ public final class Config {
 
     /**
      * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
-     * 80
+     * 32 (ClusterKV's own setting is 80: docs/cluster.md compares them)
      */
     public Builder clusterTokens(int value) {
       fields.setCluster_tokens(value);
@@ -741,7 +753,7 @@ public final class Config {
      * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
      * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
      * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
-     * (quadratic in its length); default 8192
+     * (quadratic in its length); default 4096
      */
     public Builder clusterSegmentTokens(int value) {
       fields.setCluster_segment_tokens(value);
@@ -882,6 +894,19 @@ public final class Config {
      */
     public Builder ropeOriginalMaxPositions(int value) {
       fields.setRope_original_max_positions(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.cluster_exact_fraction: share of each clustered segment's tokens (per KV head)
+     * that the cluster index keeps out of the clusters: the ceil(fraction * n) keys of lowest
+     * cosine to their k-means direction (ties to the earlier position; at most n minus the
+     * segment's clusters), each a group of its own, scored by its exact q.k. A rare, sharp key (the
+     * one a retrieval head copies from) is the one its cluster's mean hides. Costs fraction * n *
+     * head_dim * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5]; default 0.05
+     */
+    public Builder clusterExactFraction(float value) {
+      fields.setCluster_exact_fraction(value);
       return this;
     }
     // </generated setters>

@@ -76,11 +76,15 @@ public class ErrorsTest {
       Fixtures.config().clusterSegmentTokens(-1),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(-1),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterReuseSteps(1025),
-      Fixtures.config().deviceBytesLimit(-1)
+      Fixtures.config().deviceBytesLimit(-1),
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(-0.1f),
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(0.6f),
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(Float.NaN)
     };
     String[] fields = {
       "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens",
-      "cluster_reuse_steps", "cluster_reuse_steps", "device_bytes_limit"
+      "cluster_reuse_steps", "cluster_reuse_steps", "device_bytes_limit", "cluster_exact_fraction",
+      "cluster_exact_fraction", "cluster_exact_fraction"
     };
     for (int i = 0; i < bad.length; ++i) {
       Config config = bad[i].build();
