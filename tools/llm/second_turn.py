@@ -59,6 +59,7 @@ import smollm2  # noqa: E402
 
 FOLLOW_UP = "Thank you. Please write the pass key once more, followed by the word 'done'."
 SESSION_ID = "conversation"
+RESTORE_PARTS = []  # (open, new tokens' prefill, first decode step) seconds of every restored run
 
 
 class SequenceAttention(kvret_decode.KvretAttention):
@@ -121,12 +122,15 @@ def restored_turn(model, ctx, conv, max_new, stop, budget):
     if seq is None:
         raise SystemExit("the session was not found in the store")
     try:
+        t1 = time.perf_counter()
         start = seq.length(0)
         prefill_continuation(model, seq, conv[start:-1], start)
+        t2 = time.perf_counter()
         tokens, ttft = decode(model, SequenceAttention(model, ctx, seq, budget), conv[-1], len(conv) - 1, max_new,
                               stop, t0)
     finally:
         seq.close()
+    RESTORE_PARTS.append((t1 - t0, t2 - t1, t0 + ttft - t2))
     return tokens, ttft, tier.name.lower()
 
 
@@ -215,16 +219,20 @@ def run_case(args, model, length, variant, prompt, keys1, values1, log):
         with kvret.Context(**config, disk_path=disk) as ctx:
             results = {"disk": [], "dram": [], "recompute": []}
             tiers = {"disk": [], "dram": []}
+            RESTORE_PARTS.clear()
             for _ in range(args.runs):
                 drop_page_cache(disk)
                 tokens, ttft, tier = restored_turn(model, ctx, conv, args.max_new, stop, args.kvret_budget)
                 results["disk"].append((tokens, ttft))
                 tiers["disk"].append(tier)
+            parts = {"disk": list(RESTORE_PARTS)}
+            RESTORE_PARTS.clear()
             ctx.schedule_sessions([SESSION_ID])  # scheduler-aware placement prefetches it into DRAM
             for _ in range(args.runs):
                 tokens, ttft, tier = restored_turn(model, ctx, conv, args.max_new, stop, args.kvret_budget)
                 results["dram"].append((tokens, ttft))
                 tiers["dram"].append(tier)
+            parts["dram"] = list(RESTORE_PARTS)
             for _ in range(args.runs):
                 results["recompute"].append(recompute_turn(model, ctx, conv, args.max_new, stop, args.kvret_budget))
             record.update(history_difference(model, ctx, conv, stored, len(prompt) - 1))
@@ -240,14 +248,23 @@ def run_case(args, model, length, variant, prompt, keys1, values1, log):
         if not same:
             record[f"{way}_tokens"] = [tok.decode(t) for t, _ in results[way]]
     record["tiers"] = tiers
+    for way in ("disk", "dram"):  # medians of the parts of a restored TTFT
+        record[f"{way}_parts_s"] = {name: statistics.median(p[i] for p in parts[way])
+                                    for i, name in enumerate(("open", "new_prefill", "first_step"))}
     record["equal"] = equal
     log(f"  {name}: turn 2 {record['turn2']!r}; tokens equal: {'yes' if equal else 'NO'}; TTFT median "
         f"disk {record['disk_ttft_s']:.3f} s ({'/'.join(tiers['disk'])}), DRAM {record['dram_ttft_s']:.3f} s "
-        f"({'/'.join(tiers['dram'])}), recompute {record['recompute_ttft_s']:.3f} s; stored history vs a dense "
+        f"({'/'.join(tiers['dram'])}), recompute {record['recompute_ttft_s']:.3f} s; restored parts (open, new "
+        f"tokens' prefill, first step) disk {fmt_parts(record['disk_parts_s'])}, DRAM "
+        f"{fmt_parts(record['dram_parts_s'])}; stored history vs a dense "
         f"prefill: largest difference (relative to the "
         f"largest value of the layer) {record['history_prompt_rows_max_diff']:.2g} in the prompt's rows, "
         f"{record['history_decoded_rows_max_diff']:.2g} in the rows turn 1 decoded")
     return record
+
+
+def fmt_parts(parts):
+    return " / ".join(f"{v:.3f}" for v in parts.values()) + " s"
 
 
 def markdown(records):
