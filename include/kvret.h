@@ -69,7 +69,8 @@ typedef enum kvret_status {
   KVRET_ERR_NONFINITE = 11,       /**< NaN or Inf in keys/values/queries (only when check_finite is on) */
   KVRET_ERR_STATE = 12,           /**< the call is out of order (e.g. decode before any prefill of that layer) */
   KVRET_ERR_UNSUPPORTED = 13,     /**< the build or this version does not provide the requested feature */
-  KVRET_ERR_IO = 14,              /**< a read or write in the disk tier failed (full disk, permissions) */
+  KVRET_ERR_IO = 14,              /**< a read or write in the disk tier failed (full disk, permissions), or the
+                                       shared tier's server could not be reached or did not answer in time */
   KVRET_ERR_CORRUPT = 15,         /**< a file of the disk tier or a saved session is corrupt or truncated */
   KVRET_ERR_CUDA = 16,            /**< a CUDA runtime error (including ones from earlier asynchronous work) */
   KVRET_ERR_VERSION = 17,         /**< a struct_size this library does not understand */
@@ -317,9 +318,13 @@ typedef struct kvret_config {
   int32_t rope_original_max_positions; /**< Llama-3 scaling: the original context length; >= 1; default 8192 */
 
   /* The shared session tier (appended: older, smaller structs get the default; docs/sessions.md) */
-  const char* session_shared_url; /**< a Redis server every node of a serving stack reads saved sessions from:
-                                       redis://[:password@]host[:port][/db][?prefix=P&timeout_ms=N], or rediss://
-                                       for TLS; NULL or "" = none (default). kvret_create copies the string;
+  const char* session_shared_url; /**< a Redis server every node of a serving stack reads saved sessions from
+                                       (docs/redis.md): redis://[[user]:password@]host[:port][/db][?prefix=P&
+                                       timeout_ms=N]; NULL or "" = none (default). Saves write through to it, and
+                                       open, where and drop look there on a local miss. kvret_create parses it (a
+                                       bad URL: KVRET_ERR_INVALID_ARGUMENT; rediss:// or a build without hiredis:
+                                       KVRET_ERR_UNSUPPORTED; no context is made) but does not connect: the first
+                                       session call that needs the server does. kvret_create copies the string;
                                        kvret_get_config returns a pointer valid until kvret_destroy */
 
   /* ClusterKV's exact singletons (appended: older, smaller structs get the default; docs/cluster.md) */
@@ -489,7 +494,8 @@ KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvr
  * sequence from it and appends only the new tokens; the index is restored, not rebuilt. Every call here has the
  * strong guarantee: on failure the store and the sequences are as they were (except that a session found corrupt
  * is dropped). A new context on the same config.disk_path sees the sessions a previous one left on disk; one
- * directory serves one context at a time.
+ * directory serves one context at a time. With a shared tier, every context (on any machine) pointed at the same
+ * Redis server and key prefix sees the sessions the others saved (docs/redis.md).
  * ------------------------------------------------------------------------------------------------------------- */
 
 /** Where a saved session is (kvret_session_where). */
@@ -506,27 +512,37 @@ typedef enum kvret_session_tier {
  *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
  *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The disk writes a save needs (the sessions it
  *  evicts to disk, or the session itself when it goes there) are done before it returns: a full disk or another
- *  write error is KVRET_ERR_IO and nothing changed (the sessions in DRAM stay there). A sequence with KVCrush's
- *  state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
+ *  write error is KVRET_ERR_IO and nothing changed (the sessions in DRAM stay there). With a shared tier
+ *  (config.session_shared_url) the session is then written through to it, before the call returns; a failure
+ *  there (the server unreachable: KVRET_ERR_IO) does not fail the save, which the local tiers hold: the next
+ *  kvret_session_flush reports it, and the shared tier keeps the previous save of the id (or none). A sequence
+ *  with KVCrush's state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
  *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
  *  before the call returns (layer-wise loading in the background is not built yet). The session stays stored.
  *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose files fail their checks (CRC-32,
- *  sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND. */
+ *  sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND. With a shared
+ *  tier, a session in no local tier is read from it (every layer, before the call returns; one saved by a context
+ *  of another configuration is KVRET_ERR_NOT_FOUND; the server unreachable, KVRET_ERR_IO), and a local copy
+ *  whose save the shared tier no longer names (another context saved the id since) is replaced by the shared
+ *  tier's. */
 KVRET_API kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out);
-/** Removes a session from every tier. KVRET_ERR_NOT_FOUND when there was none. */
+/** Removes a session from every tier, the shared tier included. KVRET_ERR_NOT_FOUND when there was none. A
+ *  shared tier that cannot be reached fails the call (KVRET_ERR_IO) only when no local tier held the session; else
+ *  the local copy is dropped and kvret_session_flush reports the failure. */
 KVRET_API kvret_status kvret_session_drop(kvret_context* ctx, const char* session_id);
 /** The scheduler's job queue: the ids of the sessions it will run next, in order (n >= 0; ids may repeat; an id need
  *  not be stored yet). With config.session_policy = KVRET_SESSION_SCHEDULER_AWARE, eviction keeps the sessions
  *  needed soonest, and the sessions of the look-ahead window that are on disk are read into DRAM before the call
  *  returns (evicting to disk only sessions needed later). Replaces the previous queue. */
 KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* const* session_ids, int32_t n);
-/** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. */
+/** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. With a shared tier, a session
+ *  in no local tier is looked up there (KVRET_TIER_SHARED; KVRET_ERR_IO when the server cannot be reached). */
 KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
-/** Reports the first failure since the last flush of the store's cleanups (removing the files of a dropped,
- *  replaced or expired session), which no call reports itself; KVRET_OK when there was none. The store's writes
- *  are synchronous today, so there is nothing to wait for. */
+/** Reports the first failure since the last flush of what no call reports itself: the store's cleanups (removing
+ *  the files of a dropped, replaced or expired session) and a save's write-through to the shared tier;
+ *  KVRET_OK when there was none. The store's writes are synchronous today, so there is nothing to wait for. */
 KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
 
 /** Context-window truncation (docs/rope.md): drops `count` tokens of every layer, starting after its first `keep`

@@ -222,9 +222,10 @@ kvret_status kvret_create(const kvret_config* config, kvret_context** out) {
   return guarded([&] {
     require_out(out, "out");
     *out = nullptr;
-    std::string disk_path;
-    const kvret_config c = kvret::read_config(config, &disk_path);
-    auto* ctx = new kvret_context(c, std::move(disk_path));
+    std::string disk_path, shared_url;
+    const kvret_config c = kvret::read_config(config, &disk_path, &shared_url);
+    // the session store opens the shared tier (config.session_shared_url) and refuses a bad URL before registering
+    auto* ctx = new kvret_context(c, std::move(disk_path), nullptr, std::move(shared_url));
     try {
       stores().add(ctx, std::make_shared<kvret::session::SessionStore>(*ctx));
       *out = static_cast<kvret_context*>(const_cast<void*>(contexts().add(ctx)));

@@ -78,10 +78,6 @@ void check(bool ok, const std::string& field, const std::string& why) {
   require(ok, KVRET_ERR_INVALID_ARGUMENT, "config." + field + ": " + why);
 }
 
-void unsupported(bool ok, const std::string& what) {
-  require(ok, KVRET_ERR_UNSUPPORTED, what + " is not implemented in kvret " + KVRET_VERSION_STRING);
-}
-
 }  // namespace
 
 /// Every field of kvret_config in declaration order (a struct from an older version ends at one of their
@@ -127,7 +123,7 @@ bool whole_fields(size_t size) {
 
 }  // namespace
 
-kvret_config read_config(const kvret_config* user, std::string* disk_path) {
+kvret_config read_config(const kvret_config* user, std::string* disk_path, std::string* shared_url) {
   kvret_config c;
   config_defaults(&c);
   if (user != nullptr) {
@@ -151,7 +147,8 @@ kvret_config read_config(const kvret_config* user, std::string* disk_path) {
   validate_config(c);
   disk_path->assign(c.disk_path ? c.disk_path : "");
   c.disk_path = nullptr;
-  c.session_shared_url = nullptr;  // validated unset above (the shared tier is not built yet)
+  if (shared_url != nullptr) shared_url->assign(c.session_shared_url ? c.session_shared_url : "");
+  c.session_shared_url = nullptr;  // the URL itself is checked when the session store opens the tier
   return c;
 }
 
@@ -234,8 +231,6 @@ void validate_config(const kvret_config& c) {
         "must be finite and > rope_low_freq_factor, got " + std::to_string(c.rope_high_freq_factor));
   check(c.rope_original_max_positions >= 1, "rope_original_max_positions",
         "must be >= 1, got " + std::to_string(c.rope_original_max_positions));
-  unsupported(c.session_shared_url == nullptr || c.session_shared_url[0] == '\0',
-              "the shared session tier (config.session_shared_url)");
   check(c.block_tokens >= 1, "block_tokens", "must be >= 1");
   check(c.cache_policy == KVRET_CACHE_LRU || c.cache_policy == KVRET_CACHE_LFU, "cache_policy", "unknown value");
   check(c.cache_capacity_tokens >= 0, "cache_capacity_tokens", "must be >= 0");

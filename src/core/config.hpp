@@ -18,8 +18,9 @@ void config_defaults(kvret_config* config) noexcept;
 
 /// Reads a caller's config honouring struct_size (older, smaller structs get defaults for the newer fields; larger
 /// ones are accepted only when the bytes this library does not know are zero), validates it, and returns it.
-/// `disk_path` receives a copy of config->disk_path so the returned struct does not borrow the caller's string.
-kvret_config read_config(const kvret_config* config, std::string* disk_path);
+/// `disk_path` receives a copy of config->disk_path, and `shared_url` (when not null) one of
+/// config->session_shared_url, so the returned struct does not borrow the caller's strings (both are null in it).
+kvret_config read_config(const kvret_config* config, std::string* disk_path, std::string* shared_url = nullptr);
 
 /// Throws kvret::Error (KVRET_ERR_INVALID_ARGUMENT or KVRET_ERR_UNSUPPORTED) naming the first bad field.
 void validate_config(const kvret_config& config);

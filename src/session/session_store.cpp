@@ -6,11 +6,13 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <unordered_set>
 
 #include "core/error.hpp"
 #include "core/serial.hpp"
 #include "core/tensor_view.hpp"
+#include "session/redis_tier.hpp"
 
 namespace kvret::session {
 
@@ -83,6 +85,31 @@ std::string layer_key(const std::string& stem, uint64_t generation, int32_t laye
   return stem + ".g" + std::to_string(generation) + ".l" + std::to_string(layer);
 }
 
+/// The shared tier's keys of a session: "s.<hex of the id's bytes>.m" (the manifest) and
+/// "s.<hex>.<generation: 16 hex digits>.l<layer>", the same on every node.
+std::string shared_stem(const std::string& id) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "s.";
+  for (const char c : id) {
+    const auto b = static_cast<unsigned char>(c);
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+std::string shared_layer_key(const std::string& stem, uint64_t generation, int32_t layer) {
+  return stem + "." + hex64(generation) + ".l" + std::to_string(layer);
+}
+
+/// A random generation for a save to the shared tier (never 0 or all ones, Meta's markers).
+uint64_t new_generation() {
+  std::random_device rd;
+  for (;;) {
+    const uint64_t g = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (g != 0 && g != std::numeric_limits<uint64_t>::max()) return g;
+  }
+}
+
 kvret_dtype dtype_of(DType d) {
   switch (d) {
     case DType::F16:
@@ -97,6 +124,15 @@ kvret_dtype dtype_of(DType d) {
 }  // namespace
 
 SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_config(ctx)) {
+  if (!ctx.shared_url().empty()) {  // parsed here; the first call that uses it connects
+    try {
+      shared_ = open_shared_tier(ctx.shared_url().c_str());
+    } catch (const Error& e) {
+      const std::string what = e.what();  // the tier's messages name session_shared_url (never its password)
+      throw Error(e.status(),
+                  what.rfind("session_shared_url", 0) == 0 ? "config." + what : "config.session_shared_url: " + what);
+    }
+  }
   if (!ctx.disk_path().empty()) {
     disk_ = std::make_unique<DiskTier>(ctx.disk_path());
     scan_disk();
@@ -135,7 +171,7 @@ void SessionStore::forget_if_unused(SessionId sid) {
     }
 }
 
-void SessionStore::keep_failure(const std::exception_ptr& e) noexcept {
+void SessionStore::keep_failure(const std::exception_ptr& e, const char* what) noexcept {
   if (deferred_status_ != KVRET_OK) return;
   try {
     std::rethrow_exception(e);
@@ -143,7 +179,7 @@ void SessionStore::keep_failure(const std::exception_ptr& e) noexcept {
     std::string message;
     deferred_status_ = current_exception_status(message);
     try {
-      deferred_message_ = "session store cleanup: " + message;
+      deferred_message_ = std::string(what) + ": " + message;
     } catch (...) {
     }
   }
@@ -213,6 +249,33 @@ std::vector<std::byte> SessionStore::manifest_bytes(const Meta& meta, const Disk
   return std::move(w.bytes());
 }
 
+std::vector<std::byte> SessionStore::layer_blob(const Sequence& seq, int32_t l, uint64_t generation) const {
+  const LayerState& layer = *seq.layers_[static_cast<size_t>(l)];
+  const HostKvStore& s = layer.store();
+  const std::vector<std::byte> index = layer.index().save();
+  ByteWriter w;
+  write_header(w, kLayerTag, kLayoutVersion);
+  w.value<uint64_t>(generation);
+  w.value<int32_t>(l);
+  w.value<int64_t>(s.size());
+  w.value<uint64_t>(s.row_bytes());
+  std::vector<std::byte>& out = w.bytes();
+  const size_t rows = static_cast<size_t>(s.size()) * static_cast<size_t>(s.n_kv_heads());
+  const size_t start = out.size();
+  out.resize(start + 2 * rows * s.row_bytes());
+  std::byte* p = out.data() + start;
+  for (int kv = 0; kv < 2; ++kv)
+    for (int64_t t = 0; t < s.size(); ++t)
+      for (int h = 0; h < s.n_kv_heads(); ++h) {
+        // keys as appended: before RoPE when the store rotates them (restore rotates them again)
+        const std::byte* row = kv == 1 ? s.value_row(h, t) : (s.rope() ? s.pre_rope_key_row(h, t) : s.key_row(h, t));
+        std::memcpy(p, row, s.row_bytes());
+        p += s.row_bytes();
+      }
+  w.array(index);
+  return std::move(w.bytes());
+}
+
 SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq) {
   const Meta& meta = meta_.at(sid);
   DiskRecord rec;
@@ -235,30 +298,7 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
   int32_t written = 0;
   try {
     for (int32_t l = 0; l < n_layers; ++l) {
-      const LayerState& layer = *seq.layers_[static_cast<size_t>(l)];
-      const HostKvStore& s = layer.store();
-      const std::vector<std::byte> index = layer.index().save();
-      ByteWriter w;
-      write_header(w, kLayerTag, kLayoutVersion);
-      w.value<uint64_t>(rec.generation);
-      w.value<int32_t>(l);
-      w.value<int64_t>(s.size());
-      w.value<uint64_t>(s.row_bytes());
-      std::vector<std::byte>& out = w.bytes();
-      const size_t rows = static_cast<size_t>(s.size()) * static_cast<size_t>(s.n_kv_heads());
-      const size_t start = out.size();
-      out.resize(start + 2 * rows * s.row_bytes());
-      std::byte* p = out.data() + start;
-      for (int kv = 0; kv < 2; ++kv)
-        for (int64_t t = 0; t < s.size(); ++t)
-          for (int h = 0; h < s.n_kv_heads(); ++h) {
-            // keys as appended: before RoPE when the store rotates them (restore rotates them again)
-            const std::byte* row =
-                kv == 1 ? s.value_row(h, t) : (s.rope() ? s.pre_rope_key_row(h, t) : s.key_row(h, t));
-            std::memcpy(p, row, s.row_bytes());
-            p += s.row_bytes();
-          }
-      w.array(index);
+      const std::vector<std::byte> out = layer_blob(seq, l, rec.generation);
       disk_->put(layer_key(rec.stem, rec.generation, l), out.data(), out.size(), 0);
       ++written;
       sizes.push_back(out.size());
@@ -453,6 +493,16 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
     throw;
   }
   ++counters_.saves;
+  if (shared_) {
+    // Write-through, now that the local tiers hold the session: a failure leaves them so and is kept for flush.
+    Meta& m = meta_.at(sid);
+    try {
+      m.shared = write_shared(seq, m);
+    } catch (...) {
+      m.shared = kSharedBehind;
+      keep_failure(std::current_exception(), "kvret_session_save: the write-through to the shared tier");
+    }
+  }
 }
 
 std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
@@ -460,10 +510,36 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
   expire_now();
   const auto it = ids_.find(id);
   if (it == ids_.end() || placement_.where(it->second) == Tier::miss) {
+    if (shared_) {
+      try {
+        return read_shared(id);
+      } catch (const Error& e) {
+        if (e.status() == KVRET_ERR_NOT_FOUND) ++counters_.misses;
+        throw;
+      }
+    }
     ++counters_.misses;
     throw Error(KVRET_ERR_NOT_FOUND, "kvret_session_open: no saved session '" + id + "'");
   }
   const SessionId sid = it->second;
+  if (shared_ && meta_.at(sid).shared != kSharedBehind) {
+    // Another node may have saved a later turn: the local copy serves only when the shared tier names the same
+    // save (or has none, or cannot be asked).
+    std::optional<SharedManifest> current;
+    try {
+      current = shared_manifest(id);
+    } catch (const Error&) {
+    }
+    if (current && current->same_config && current->generation != meta_.at(sid).shared) {
+      try {
+        std::unique_ptr<Sequence> seq = read_shared(id);
+        if (meta_.at(sid).shared != kSharedUnknown) drop_session(sid);  // a copy of an older save
+        return seq;
+      } catch (const Error& e) {
+        if (e.status() != KVRET_ERR_NOT_FOUND) throw;  // gone meanwhile: the local copy serves
+      }
+    }
+  }
   if (placement_.where(sid) == Tier::dram) {
     std::unique_ptr<Sequence> seq = dram_.at(sid)->fork();
     placement_.access(sid);
@@ -489,9 +565,18 @@ void SessionStore::drop(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   const auto it = ids_.find(id);
-  require(it != ids_.end() && placement_.where(it->second) != Tier::miss, KVRET_ERR_NOT_FOUND,
-          "kvret_session_drop: no saved session '" + id + "'");
-  drop_session(it->second);
+  const bool local = it != ids_.end() && placement_.where(it->second) != Tier::miss;
+  bool shared = false;
+  if (shared_) {
+    try {
+      shared = remove_shared(id);
+    } catch (...) {
+      if (!local) throw;  // the shared tier was all there was to drop
+      keep_failure(std::current_exception(), "kvret_session_drop: the shared tier");
+    }
+  }
+  require(local || shared, KVRET_ERR_NOT_FOUND, "kvret_session_drop: no saved session '" + id + "'");
+  if (local) drop_session(it->second);
 }
 
 void SessionStore::schedule(const std::vector<std::string>& ids) {
@@ -533,15 +618,20 @@ kvret_session_tier SessionStore::where(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   const auto it = ids_.find(id);
-  if (it == ids_.end()) return KVRET_TIER_NONE;
-  switch (placement_.where(it->second)) {
-    case Tier::dram:
-      return KVRET_TIER_DRAM;
-    case Tier::disk:
-      return KVRET_TIER_DISK;
-    default:
-      return KVRET_TIER_NONE;
+  if (it != ids_.end()) {
+    const Tier tier = placement_.where(it->second);
+    if (tier == Tier::dram) return KVRET_TIER_DRAM;
+    if (tier == Tier::disk) return KVRET_TIER_DISK;
   }
+  if (shared_) {
+    try {
+      const std::optional<SharedManifest> m = shared_manifest(id);
+      if (m && m->same_config) return KVRET_TIER_SHARED;
+    } catch (const Error& e) {
+      if (e.status() != KVRET_ERR_CORRUPT) throw;  // a damaged manifest: opening it reports (and drops) it
+    }
+  }
+  return KVRET_TIER_NONE;
 }
 
 void SessionStore::flush() {
@@ -618,6 +708,155 @@ void SessionStore::scan_disk() {
     if (g == std::string::npos || key.find(".l", g) == std::string::npos || keep.count(key) != 0) continue;
     disk_->remove(key);
   }
+}
+
+// ---- the shared tier ----------------------------------------------------------------------------------------------
+
+std::optional<SessionStore::SharedManifest> SessionStore::shared_manifest(const std::string& id) {
+  const std::optional<std::vector<std::byte>> bytes = shared_->get(manifest_key(shared_stem(id)));
+  if (!bytes) return std::nullopt;
+  SharedManifest m;
+  ByteReader r(bytes->data(), bytes->size());
+  read_header(r, kManifestTag, kLayoutVersion);
+  const auto id_chars = r.array<char>();
+  m.id.assign(id_chars.begin(), id_chars.end());
+  m.generation = r.value<uint64_t>();
+  m.expires_ms = r.value<int64_t>();
+  (void)r.value<uint64_t>();
+  m.same_config = r.array<int32_t>() == fingerprint(ctx_.config());
+  m.sizes = r.array<uint64_t>();
+  require_intact(r.left() == 0, "trailing bytes after a shared manifest");
+  require_intact(m.id == id, "a shared manifest of another session");
+  if (m.expires_ms != 0 && now_ms() >= m.expires_ms) return std::nullopt;
+  return m;
+}
+
+uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
+  const int32_t n_layers = ctx_.config().n_layers;
+  const std::string stem = shared_stem(meta.id);
+  // The save this one replaces (its layers go once the new manifest is in); a damaged manifest is simply replaced.
+  std::optional<SharedManifest> old;
+  try {
+    old = shared_manifest(meta.id);
+  } catch (const Error& e) {
+    if (e.status() != KVRET_ERR_CORRUPT) throw;
+  }
+  const uint64_t generation = new_generation();
+  // every blob expires when the session does (expires_ms was set at the start of the save)
+  const auto ttl = [&] { return meta.expires_ms == 0 ? int64_t{0} : std::max<int64_t>(1, meta.expires_ms - now_ms()); };
+  std::vector<uint64_t> sizes;
+  int32_t written = 0;
+  try {
+    for (int32_t l = 0; l < n_layers; ++l) {
+      const std::vector<std::byte> blob = layer_blob(seq, l, generation);
+      shared_->put(shared_layer_key(stem, generation, l), blob.data(), blob.size(), ttl());
+      ++written;
+      sizes.push_back(blob.size());
+    }
+    const std::vector<std::byte> manifest = manifest_bytes(meta, DiskRecord{stem, generation}, sizes);
+    shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+  } catch (...) {
+    for (int32_t l = 0; l < written; ++l) {  // no manifest names them; a tier that stopped answering keeps them
+      try {
+        shared_->remove(shared_layer_key(stem, generation, l));
+      } catch (...) {
+        break;
+      }
+    }
+    throw;
+  }
+  if (old && old->generation != generation)
+    for (size_t l = 0; l < old->sizes.size(); ++l) {
+      try {
+        shared_->remove(shared_layer_key(stem, old->generation, static_cast<int32_t>(l)));
+      } catch (...) {
+        keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+      }
+    }
+  return generation;
+}
+
+std::unique_ptr<Sequence> SessionStore::read_shared(const std::string& id) {
+  const kvret_config& c = ctx_.config();
+  const std::string stem = shared_stem(id);
+  std::optional<uint64_t> incomplete;  // the generation a read found a layer of missing
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    try {
+      const std::optional<SharedManifest> m = shared_manifest(id);
+      if (!m || !m->same_config)
+        throw Error(KVRET_ERR_NOT_FOUND,
+                    m ? "kvret_session_open: the session '" + id +
+                            "' in the shared tier was saved by a context of another "
+                            "configuration (model shapes, index kind, sink, local, RoPE)"
+                      : "kvret_session_open: no saved session '" + id + "' (nor in the shared tier)");
+      if (incomplete && *incomplete == m->generation) break;  // the same save still lacks a layer: gone for good
+      require_intact(m->sizes.size() == static_cast<size_t>(c.n_layers), "a shared manifest of another layer count");
+      auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
+      seq->layers_.reserve(static_cast<size_t>(c.n_layers));
+      const std::shared_ptr<const rope::Rope> rope = rope_of(c);
+      const DiskRecord rec{stem, m->generation};
+      bool complete = true;
+      for (int32_t l = 0; l < c.n_layers && complete; ++l) {
+        auto blob = shared_->get(shared_layer_key(stem, m->generation, l));
+        complete = blob.has_value();  // replaced by a later save or expired meanwhile: the manifest again
+        if (!complete) break;
+        require_intact(blob->size() == m->sizes[static_cast<size_t>(l)],
+                       "a shared layer blob of another size than its manifest's");
+        restore_layer(*seq, l, rec, *blob, rope);
+      }
+      if (!complete) {
+        incomplete = m->generation;
+        continue;
+      }
+      account_restored(*seq);
+      return seq;
+    } catch (const Error& e) {
+      if (e.status() == KVRET_ERR_CORRUPT) {  // dropped, as a local one is: the next open is a miss
+        ++counters_.corrupt;
+        try {
+          remove_shared(id);
+        } catch (...) {
+          keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+        }
+      }
+      throw;
+    }
+  }
+  throw Error(KVRET_ERR_NOT_FOUND,
+              "kvret_session_open: the session '" + id + "' lost a layer in the shared tier (expired or evicted)");
+}
+
+bool SessionStore::remove_shared(const std::string& id) {
+  const std::string stem = shared_stem(id);
+  std::optional<SharedManifest> m;
+  try {
+    m = shared_manifest(id);
+  } catch (const Error& e) {
+    if (e.status() != KVRET_ERR_CORRUPT) throw;
+  }
+  // the manifest first: a reader then misses the session instead of finding a layer gone
+  const bool had = shared_->remove(manifest_key(stem));
+  if (m)
+    for (size_t l = 0; l < m->sizes.size(); ++l) {
+      try {
+        shared_->remove(shared_layer_key(stem, m->generation, static_cast<int32_t>(l)));
+      } catch (...) {
+        keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+      }
+    }
+  return had;
+}
+
+void SessionStore::account_restored(Sequence& seq) {
+  int64_t host_bytes = 0, tokens = 0;
+  for (const auto& l : seq.layers_) {
+    host_bytes += l->store().bytes();
+    tokens += l->store().size();
+  }
+  ctx_.reserve_host_bytes(host_bytes);
+  // no throw below
+  seq.stats_.host_bytes = host_bytes;
+  seq.stats_.tokens_stored = tokens;
 }
 
 void SessionStore::add_stats(kvret_stats* out) const {

@@ -7,6 +7,12 @@
 // Every public call takes the store's lock and has the strong guarantee: the disk writes a decision needs (the
 // sessions it demotes, the saved one) are done before anything is committed, and a failed one is undone. Disk
 // writes are synchronous (flush only reports what a cleanup left).
+//
+// The shared tier (config.session_shared_url: a RedisTier; docs/redis.md) is outside placement: a save writes the
+// session through to it once the local tiers hold it (synchronously, before the save returns; a failure there is
+// kept for flush, the local save stands), and open, where and drop look there on a local miss. Its keys depend on
+// the session id only (the hex of its bytes), so every node finds them; each save writes its layers under a random
+// generation and then the manifest naming it.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -57,7 +63,7 @@ class SessionStore {
   /// Reports (and clears) the first failure of a cleanup since the last flush.
   void flush();
 
-  /// A shared tier (Redis) below the disk; kept, not used yet.
+  /// Replaces the shared tier (the constructor opens the one config.session_shared_url names); nullptr: none.
   void set_shared_tier(std::unique_ptr<BlobTier> tier);
 
   /// Adds the session counters and the disk tier's figures to a context's stats (fields within struct_size).
@@ -69,11 +75,23 @@ class SessionStore {
     std::string stem;
     uint64_t generation = 0;
   };
+  /// Meta::shared: the local copy's relation to the shared tier's.
+  static constexpr uint64_t kSharedUnknown = 0;          ///< not known (found on disk by a new store)
+  static constexpr uint64_t kSharedBehind = UINT64_MAX;  ///< the write-through failed: the local copy is newer
   struct Meta {
     std::string id;
     uint64_t bytes = 0;
     int64_t expires_ms = 0;  ///< system-clock ms; 0 = never
     std::optional<DiskRecord> disk;
+    uint64_t shared = kSharedUnknown;  ///< else the generation of the shared tier's copy of this same save
+  };
+  /// What a manifest of the shared tier says.
+  struct SharedManifest {
+    std::string id;
+    uint64_t generation = 0;
+    int64_t expires_ms = 0;
+    bool same_config = false;  ///< saved by a context of this configuration (the fingerprint matches)
+    std::vector<uint64_t> sizes;
   };
 
   SessionId id_of(const std::string& id);
@@ -95,7 +113,21 @@ class SessionStore {
   std::vector<std::byte> manifest_bytes(const Meta& meta, const DiskRecord& rec,
                                         const std::vector<uint64_t>& layer_sizes) const;
   void scan_disk();
-  void keep_failure(const std::exception_ptr& e) noexcept;
+  void keep_failure(const std::exception_ptr& e, const char* what = "session store cleanup") noexcept;
+
+  /// The bytes of layer `l` of `seq` as a blob of save `generation`.
+  std::vector<std::byte> layer_blob(const Sequence& seq, int32_t l, uint64_t generation) const;
+  /// The shared tier's manifest of `id`; std::nullopt when it has none (or only an expired one).
+  std::optional<SharedManifest> shared_manifest(const std::string& id);
+  /// Writes `seq` (saved as `meta`) to the shared tier: layers under a new generation, then the manifest; then
+  /// removes the replaced save's layers. Returns the generation. On failure the shared tier's old copy stays.
+  uint64_t write_shared(const Sequence& seq, const Meta& meta);
+  /// The session from the shared tier (a miss: KVRET_ERR_NOT_FOUND). A corrupt one is counted and removed from it.
+  std::unique_ptr<Sequence> read_shared(const std::string& id);
+  /// Removes `id`'s manifest and then its layers from the shared tier; false when it had none.
+  bool remove_shared(const std::string& id);
+  /// Sets the host bytes and tokens of a sequence restored layer by layer, accounting its bytes (may throw).
+  void account_restored(Sequence& seq);
 
   Context& ctx_;
   mutable std::mutex mu_;
