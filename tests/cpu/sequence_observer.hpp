@@ -26,6 +26,23 @@ struct Seq {
   Seq& operator=(const Seq&) = delete;
 };
 
+/// Every layer's length, then its keys and values read back raw (f32), for the first `layers` layers: equal for two
+/// sequences that hold the same bytes.
+inline std::vector<float> read_layers(kvret_seq* s, int32_t layers = kLayers) {
+  std::vector<float> all;
+  for (int32_t layer = 0; layer < layers; ++layer) {
+    int64_t n = 0;
+    EXPECT_EQ(kvret_seq_length(s, layer, &n), KVRET_OK) << kvret_last_error();
+    all.push_back(static_cast<float>(n));
+    if (n == 0) continue;
+    F32 k({n, kHeads, kDim}), v({n, kHeads, kDim});
+    EXPECT_EQ(kvret_seq_read(s, layer, 0, n, &k, &v), KVRET_OK) << kvret_last_error();
+    all.insert(all.end(), k.data.begin(), k.data.end());
+    all.insert(all.end(), v.data.begin(), v.data.end());
+  }
+  return all;
+}
+
 /// Tokens [begin, end) of k/v ([T, H, D]) as a prefill of `layer`.
 inline void prefill(kvret_seq* s, int32_t layer, const F32& k, const F32& v, int64_t begin, int64_t end) {
   F32 kp({end - begin, kHeads, kDim}), vp({end - begin, kHeads, kDim});

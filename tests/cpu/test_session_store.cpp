@@ -55,22 +55,6 @@ kvret_stats context_stats(kvret_context* ctx) {
   return s;
 }
 
-/// Every layer's keys and values, read back raw (f32).
-std::vector<float> read_all(kvret_seq* s) {
-  std::vector<float> all;
-  for (int32_t layer = 0; layer < kLayers; ++layer) {
-    int64_t n = 0;
-    EXPECT_EQ(kvret_seq_length(s, layer, &n), KVRET_OK);
-    all.push_back(static_cast<float>(n));
-    if (n == 0) continue;
-    F32 k({n, kHeads, kDim}), v({n, kHeads, kDim});
-    EXPECT_EQ(kvret_seq_read(s, layer, 0, n, &k, &v), KVRET_OK) << kvret_last_error();
-    all.insert(all.end(), k.data.begin(), k.data.end());
-    all.insert(all.end(), v.data.begin(), v.data.end());
-  }
-  return all;
-}
-
 /// A sequence holding tokens [begin, end) of k/v in every layer: a prefill of all but the last 12, then 12 decodes.
 void fill(kvret_seq* s, const F32& k, const F32& v, int64_t begin, int64_t end) {
   for (int32_t layer = 0; layer < kLayers; ++layer) {
@@ -125,8 +109,8 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     fill(b.s, k, v, 700, 1300);
     observed_a = observe(a.s);
     observed_b = observe(b.s);
-    raw_a = read_all(a.s);
-    raw_b = read_all(b.s);
+    raw_a = read_layers(a.s);
+    raw_b = read_layers(b.s);
 
     KVRET_ASSERT_OK(kvret_session_save(a.s, "conversation-a"));
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DRAM);
@@ -145,8 +129,8 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     // Opened from disk and from DRAM: the same tokens, the same selections and working sets.
     Seq ra(open_session(ctx.get(), "conversation-a"));
     Seq rb(open_session(ctx.get(), "conversation-b"));
-    EXPECT_EQ(read_all(ra.s), raw_a);
-    EXPECT_EQ(read_all(rb.s), raw_b);
+    EXPECT_EQ(read_layers(ra.s), raw_a);
+    EXPECT_EQ(read_layers(rb.s), raw_b);
     EXPECT_EQ(observe(ra.s), observed_a);
     EXPECT_EQ(observe(rb.s), observed_b);
     st = context_stats(ctx.get());
@@ -163,17 +147,17 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     }
     EXPECT_EQ(observe(ra.s), observe(a.s));
     EXPECT_EQ(observe(rb.s), observe(b.s));
-    EXPECT_EQ(read_all(ra.s), read_all(a.s));
+    EXPECT_EQ(read_layers(ra.s), read_layers(a.s));
     // The saved sessions did not change with the sequences opened from them.
     Seq again(open_session(ctx.get(), "conversation-b"));
-    EXPECT_EQ(read_all(again.s), raw_b);
+    EXPECT_EQ(read_layers(again.s), raw_b);
   }
   // A new context on the same directory (as a new process would): A is on disk, B was only in DRAM.
   auto ctx = make_context(config);
   EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);
   EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_NONE);
   Seq ra(open_session(ctx.get(), "conversation-a"));
-  EXPECT_EQ(read_all(ra.s), raw_a);
+  EXPECT_EQ(read_layers(ra.s), raw_a);
   EXPECT_EQ(observe(ra.s), observed_a);
   kvret_seq* none = reinterpret_cast<kvret_seq*>(1);
   EXPECT_EQ(kvret_session_open(ctx.get(), "conversation-b", &none), KVRET_ERR_NOT_FOUND);
@@ -217,11 +201,11 @@ TEST_F(SessionStore, PreRopeKeysRoundTripThroughDisk) {
       Seq s(ctx.get());
       fill_session(s.s, 3);
       before = observe(s.s);
-      raw = read_all(s.s);
+      raw = read_layers(s.s);
       KVRET_ASSERT_OK(kvret_session_save(s.s, "r"));
       ASSERT_EQ(where(ctx.get(), "r"), KVRET_TIER_DISK);
       Seq r(open_session(ctx.get(), "r"));
-      EXPECT_EQ(read_all(r.s), raw);  // the keys read are rotated at their positions, as the original's
+      EXPECT_EQ(read_layers(r.s), raw);  // the keys read are rotated at their positions, as the original's
       EXPECT_EQ(observe(r.s), before);
       for (int32_t layer = 0; layer < kLayers; ++layer) {
         decode(s.s, layer, k, v, 1000, 1020);
@@ -238,7 +222,7 @@ TEST_F(SessionStore, PreRopeKeysRoundTripThroughDisk) {
     }
     auto ctx = make_context(config);
     Seq r(open_session(ctx.get(), "r"));
-    EXPECT_EQ(read_all(r.s), raw);
+    EXPECT_EQ(read_layers(r.s), raw);
   }
 }
 
@@ -314,7 +298,7 @@ TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
   Seq a(ctx.get()), b(ctx.get());
   fill_session(a.s, 0);
   fill_session(b.s, 1);
-  const std::vector<float> raw_a = read_all(a.s);
+  const std::vector<float> raw_a = read_layers(a.s);
   KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
   // The directory is replaced by a file: every write fails (as root, permissions would not stop one).
   fs::rename(disk, dir.path / "moved");
@@ -324,7 +308,7 @@ TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
   EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
   EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_NONE);
   Seq ra(open_session(ctx.get(), "a"));
-  EXPECT_EQ(read_all(ra.s), raw_a);
+  EXPECT_EQ(read_layers(ra.s), raw_a);
   kvret_stats st = context_stats(ctx.get());
   EXPECT_EQ(st.session_saves, 1);
   EXPECT_EQ(st.session_evictions, 0);
@@ -345,9 +329,9 @@ TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
   Seq s(ctx.get());
   fill_session(s.s, 0);
   KVRET_ASSERT_OK(kvret_session_save(s.s, "v"));
-  const std::vector<float> v1 = read_all(s.s);
+  const std::vector<float> v1 = read_layers(s.s);
   decode(s.s, 1, k, v, 900, 920);
-  const std::vector<float> v2 = read_all(s.s);
+  const std::vector<float> v2 = read_layers(s.s);
   // Files may not grow past 64 KiB: a layer file's write fails part way (EFBIG), as on a full disk.
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
@@ -365,7 +349,7 @@ TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
   EXPECT_EQ(where(ctx.get(), "v"), KVRET_TIER_DISK);
   {
     Seq r(open_session(ctx.get(), "v"));
-    EXPECT_EQ(read_all(r.s), v1);
+    EXPECT_EQ(read_layers(r.s), v1);
   }
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) {
@@ -376,7 +360,7 @@ TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
   EXPECT_EQ(context_stats(ctx.get()).session_saves, 1);
   KVRET_ASSERT_OK(kvret_session_save(s.s, "v"));
   Seq r(open_session(ctx.get(), "v"));
-  EXPECT_EQ(read_all(r.s), v2);
+  EXPECT_EQ(read_layers(r.s), v2);
 }
 
 TEST_F(SessionStore, AMissingDirectoryIsCreatedAndAnUncreatableOneIsIo) {
@@ -479,7 +463,7 @@ class SessionPolicy : public SessionStore {
       KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 2));
       prefetched = {where(ctx.get(), "a"), where(ctx.get(), "b"), where(ctx.get(), "c")};
       Seq ra(open_session(ctx.get(), "a"));
-      EXPECT_EQ(read_all(ra.s), read_all(a.s));
+      EXPECT_EQ(read_layers(ra.s), read_layers(a.s));
       EXPECT_EQ(context_stats(ctx.get()).session_hits_dram, 2);
     }
   }
@@ -519,10 +503,10 @@ TEST_F(SessionStore, DropAndResave) {
   // A re-save replaces the session on disk (a new generation of its files; the old one is removed).
   decode(s.s, 0, k, v, 900, 910);
   KVRET_ASSERT_OK(kvret_session_save(s.s, "d"));
-  const std::vector<float> raw = read_all(s.s);
+  const std::vector<float> raw = read_layers(s.s);
   {
     Seq r(open_session(ctx.get(), "d"));
-    EXPECT_EQ(read_all(r.s), raw);
+    EXPECT_EQ(read_layers(r.s), raw);
   }
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) (void)e, ++files;
@@ -546,7 +530,7 @@ TEST_F(SessionStore, AnyIdBytesAreSafeFileNames) {
     for (size_t i = 0; i < std::size(ids); ++i) {
       Seq s(ctx.get());
       fill_session(s.s, static_cast<int>(i));
-      raws.push_back(read_all(s.s));
+      raws.push_back(read_layers(s.s));
       KVRET_ASSERT_OK(kvret_session_save(s.s, ids[i].c_str()));
     }
   }
@@ -558,7 +542,7 @@ TEST_F(SessionStore, AnyIdBytesAreSafeFileNames) {
   for (size_t i = 0; i < std::size(ids); ++i) {
     EXPECT_EQ(where(ctx.get(), ids[i].c_str()), KVRET_TIER_DISK);
     Seq r(open_session(ctx.get(), ids[i].c_str()));
-    EXPECT_EQ(read_all(r.s), raws[i]);
+    EXPECT_EQ(read_layers(r.s), raws[i]);
   }
 }
 
@@ -657,7 +641,7 @@ TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     for (int i = 0; i < 3; ++i) {
       Seq s(ctx.get());
       fill(s.s, k, v, 0, 2000 + 400 * i);
-      versions.push_back(read_all(s.s));
+      versions.push_back(read_layers(s.s));
     }
   }
   const std::string self = fs::read_symlink("/proc/self/exe").string();
@@ -697,7 +681,7 @@ TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     if (st == KVRET_OK) {
       ++hits;
       Seq guard(s);
-      const std::vector<float> got = read_all(s);
+      const std::vector<float> got = read_layers(s);
       int match = -1;
       for (int i = 0; i < 3; ++i)
         if (got == versions[static_cast<size_t>(i)]) match = i;

@@ -89,25 +89,10 @@ Snapshot read_snapshot(const std::string& path) {
   return s;
 }
 
-std::vector<float> read_all(kvret_seq* s) {
-  std::vector<float> all;
-  for (int32_t layer = 0; layer < kLayers; ++layer) {
-    int64_t n = 0;
-    EXPECT_EQ(kvret_seq_length(s, layer, &n), KVRET_OK);
-    all.push_back(static_cast<float>(n));
-    if (n == 0) continue;
-    F32 k({n, kHeads, kDim}), v({n, kHeads, kDim});
-    EXPECT_EQ(kvret_seq_read(s, layer, 0, n, &k, &v), KVRET_OK) << kvret_last_error();
-    all.insert(all.end(), k.data.begin(), k.data.end());
-    all.insert(all.end(), v.data.begin(), v.data.end());
-  }
-  return all;
-}
-
 Snapshot snapshot(kvret_seq* s) {
   Snapshot out;
   out.observed = observe(s);
-  out.raw = read_all(s);
+  out.raw = read_layers(s);
   return out;
 }
 

@@ -32,20 +32,6 @@ namespace fs = std::filesystem;
 constexpr const char* kPrefix = "store-test";
 
 /// Every layer's length, keys and values, as kvret_seq_read gives them.
-std::vector<float> contents(kvret_seq* s, int32_t layers) {
-  std::vector<float> all;
-  for (int32_t layer = 0; layer < layers; ++layer) {
-    int64_t n = 0;
-    EXPECT_EQ(kvret_seq_length(s, layer, &n), KVRET_OK) << kvret_last_error();
-    all.push_back(static_cast<float>(n));
-    if (n == 0) continue;
-    F32 k({n, kHeads, kDim}), v({n, kHeads, kDim});
-    EXPECT_EQ(kvret_seq_read(s, layer, 0, n, &k, &v), KVRET_OK) << kvret_last_error();
-    all.insert(all.end(), k.data.begin(), k.data.end());
-    all.insert(all.end(), v.data.begin(), v.data.end());
-  }
-  return all;
-}
 
 /// `tokens` clustered tokens (from `seed`) as a prefill of every layer.
 void fill(kvret_seq* s, int32_t layers, int64_t tokens, uint64_t seed) {
@@ -69,7 +55,7 @@ std::pair<kvret_status, std::vector<float>> open_contents(kvret_context* ctx, co
     return {st, {}};
   }
   Seq opened(s);
-  return {st, contents(s, layers)};
+  return {st, read_layers(s, layers)};
 }
 
 // ---- the URL at kvret_create -------------------------------------------------------------------------------------
@@ -168,7 +154,7 @@ TEST_F(SharedStore, AServerDownAtSaveFailsOnlyTheWriteThrough) {
     server_->kill9();
     Seq s(a.get());
     fill(s.s, kLayers, 300, 5);
-    const std::vector<float> saved = contents(s.s, kLayers);
+    const std::vector<float> saved = read_layers(s.s, kLayers);
     KVRET_ASSERT_OK(kvret_session_save(s.s, "down"));
     EXPECT_EQ(kvret_session_flush(a.get()), KVRET_ERR_IO);
     EXPECT_NE(std::string(kvret_last_error()).find("write-through"), std::string::npos) << kvret_last_error();
@@ -216,11 +202,11 @@ TEST_F(SharedStore, ANewerSaveOnAnotherNodeReplacesTheLocalCopy) {
   kvret_seq* opened = nullptr;
   KVRET_ASSERT_OK(kvret_session_open(b.get(), "conversation", &opened));
   Seq turn(opened);
-  EXPECT_EQ(contents(turn.s, kLayers), contents(s.s, kLayers));
+  EXPECT_EQ(read_layers(turn.s, kLayers), read_layers(s.s, kLayers));
   F32 k({40, kHeads, kDim}), v({40, kHeads, kDim});
   clustered_kv(40, kHeads, kDim, 8, k, v);
   for (int32_t layer = 0; layer < kLayers; ++layer) decode(turn.s, layer, k, v, 0, 40);
-  const std::vector<float> second = contents(turn.s, kLayers);
+  const std::vector<float> second = read_layers(turn.s, kLayers);
   KVRET_ASSERT_OK(kvret_session_save(turn.s, "conversation"));
   KVRET_ASSERT_OK(kvret_session_flush(b.get()));
 
@@ -268,7 +254,7 @@ TEST_F(SharedStore, ADamagedLayerIsCorruptThenAMiss) {
   auto a = make_context(config());
   Seq s(a.get());
   fill(s.s, kLayers, 300, 11);
-  const std::vector<float> saved = contents(s.s, kLayers);
+  const std::vector<float> saved = read_layers(s.s, kLayers);
   KVRET_ASSERT_OK(kvret_session_save(s.s, "damaged"));
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));
   Raw raw(server_->port());
@@ -320,7 +306,7 @@ TEST_F(SharedStorePersistent, ARestartedServerStillServesTheSession) {
   KVRET_ASSERT_OK(kvret_session_save(s.s, "survivor"));
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));
   const Observed before = observe(s.s);
-  const std::vector<float> saved = contents(s.s, kLayers);
+  const std::vector<float> saved = read_layers(s.s, kLayers);
   server_->kill9();
   ASSERT_TRUE(server_->start()) << server_->log();  // from its append-only file
   auto b = make_context(config());
@@ -328,7 +314,7 @@ TEST_F(SharedStorePersistent, ARestartedServerStillServesTheSession) {
   kvret_seq* opened = nullptr;
   KVRET_ASSERT_OK(kvret_session_open(b.get(), "survivor", &opened));
   Seq restored(opened);
-  EXPECT_EQ(contents(restored.s, kLayers), saved);
+  EXPECT_EQ(read_layers(restored.s, kLayers), saved);
   EXPECT_EQ(observe(restored.s), before);  // the same selections and working sets
 }
 
@@ -346,13 +332,13 @@ TEST_F(SharedStorePersistent, KillingTheServerMidSaveLeavesTheOldVersionOrAMiss)
   fill(old_turn.s, layers, 200, 17);
   KVRET_ASSERT_OK(kvret_session_save(old_turn.s, "killed"));
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));
-  const std::vector<float> old_version = contents(old_turn.s, layers);
+  const std::vector<float> old_version = read_layers(old_turn.s, layers);
   const size_t old_heads = heads().size();
   ASSERT_EQ(old_heads, static_cast<size_t>(layers + 1));
 
   Seq new_turn(a.get());
   fill(new_turn.s, layers, 6000, 19);
-  const std::vector<float> new_version = contents(new_turn.s, layers);
+  const std::vector<float> new_version = read_layers(new_turn.s, layers);
   std::atomic<bool> killed{false}, stop{false};
   std::thread killer([&] {
     Raw raw(server_->port());
