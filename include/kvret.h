@@ -335,6 +335,16 @@ typedef struct kvret_config {
                                      rare, sharp key (the one a retrieval head copies from) is the one its
                                      cluster's mean hides. Costs fraction * n * head_dim * 4 bytes per head.
                                      0 = off (ClusterKV's own index); [0, 0.5]; default 0.05 */
+
+  /* The quant index's exact re-ranking (appended: older, smaller structs get the default; docs/quant.md) */
+  int32_t quant_rerank; /**< on a KVRET_INDEX_QUANT context, select takes the quant_rerank x budget middle tokens
+                             the low-bit keys score highest (at most the middle) as candidates, scores them again
+                             with their exact keys from the KV store and keeps the top budget of those: a key the
+                             1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
+                             multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
+                             alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds and under
+                             quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest
+                             (the rows whose low-bit errors weigh most in that attention) */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

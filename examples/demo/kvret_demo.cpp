@@ -77,6 +77,7 @@ struct Options {
   int n_sink = -1, n_local = -1;                               // -1: the library's defaults
   int pq_m = -1, pq_bits = -1, pq_iters = -1, pq_sample = -1;  // -1: the library's defaults
   double pq_exact_fraction = -1;                               // -1: the library's default
+  int quant_rerank = -1;                                       // -1: the library's default
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";
   std::string device = "cpu";
@@ -105,6 +106,8 @@ void usage(FILE* f) {
       "  --pq-iters N        k-means iterations, 0 = adaptive (library default: 0)\n"
       "  --pq-sample N       PQ training tokens per KV head, 0 = all (library default: 8192)\n"
       "  --pq-exact-fraction F  share of keys PQ keeps exact, 0 = none (library default)\n"
+      "  --quant-rerank N    quant index: candidates per selected token re-ranked by exact keys, 1 = none\n"
+      "                      (library default: 4)\n"
       "  --seed N            workload seed (1)\n"
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
       "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant1, quant2); NAME+prefetch:\n"
@@ -180,6 +183,8 @@ Options parse(int argc, char** argv) {
       o.pq_bits = static_cast<int>(parse_int("--pq-bits", val(), 1, 8));
     } else if (a == "--pq-iters") {
       o.pq_iters = static_cast<int>(parse_int("--pq-iters", val(), 0, 1000));
+    } else if (a == "--quant-rerank") {
+      o.quant_rerank = static_cast<int>(parse_int("--quant-rerank", val(), 1, 64));
     } else if (a == "--pq-sample") {
       o.pq_sample = static_cast<int>(parse_int("--pq-sample", val(), 0, INT32_MAX));
     } else if (a == "--pq-exact-fraction") {
@@ -524,6 +529,7 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   if (o.pq_bits >= 0) cfg.pq_bits = o.pq_bits;
   if (o.pq_iters >= 0) cfg.pq_iters = o.pq_iters;
   if (o.pq_sample >= 0) cfg.pq_train_sample = o.pq_sample;
+  if (o.quant_rerank >= 0) cfg.quant_rerank = o.quant_rerank;
   if (o.pq_exact_fraction >= 0) cfg.pq_exact_fraction = static_cast<float>(o.pq_exact_fraction);
   if (ix.quant_bits > 0) cfg.quant_bits = ix.quant_bits;
   kvret_context* ctx = nullptr;

@@ -51,6 +51,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->quant_residual = 64;
   c->cluster_segment_tokens = 4096;
   c->quant_attention = 0;
+  c->quant_rerank = 4;
   c->cluster_reuse_steps = 1;
   c->device_bytes_limit = 0;
   c->session_dram_bytes = 0;
@@ -97,7 +98,7 @@ void check(bool ok, const std::string& field, const std::string& why) {
                                       X(rope_layout) X(rope_theta) X(rope_scale_factor)                       \
                                           X(rope_low_freq_factor) X(rope_high_freq_factor)                    \
                                               X(rope_original_max_positions) X(session_shared_url)           \
-                                                  X(cluster_exact_fraction)
+                                                  X(cluster_exact_fraction) X(quant_rerank)
 // clang-format on
 
 namespace {
@@ -199,6 +200,8 @@ void validate_config(const kvret_config& c) {
         "must be 32 or 64, got " + std::to_string(c.quant_group_size));
   check(c.quant_residual >= 0 && c.quant_residual <= 65536, "quant_residual",
         "must be in 0..65536, got " + std::to_string(c.quant_residual));
+  check(c.quant_rerank >= 1 && c.quant_rerank <= 64, "quant_rerank",
+        "must be in 1..64, got " + std::to_string(c.quant_rerank));
   check(c.quant_attention == 0 || c.quant_attention == 1, "quant_attention",
         "must be 0 or 1, got " + std::to_string(c.quant_attention));
   check(c.quant_attention == 0 || c.index_kind == KVRET_INDEX_QUANT, "quant_attention",

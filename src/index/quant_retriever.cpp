@@ -8,6 +8,7 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/tensor_view.hpp"
+#include "core/vec_math.hpp"
 #include "select/gqa_fold.hpp"
 #include "select/topk.hpp"
 
@@ -20,8 +21,8 @@ constexpr uint32_t kQuantTag = 0x5155414eu;  // "QUAN"
 constexpr uint32_t kQuantVersion = 1;
 }  // namespace
 
-QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params)
-    : n_kv_(n_kv_heads), d_(head_dim), p_(params) {
+QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params, int rerank)
+    : n_kv_(n_kv_heads), d_(head_dim), p_(params), rerank_(rerank < 1 ? 1 : rerank) {
   heads_.reserve(static_cast<size_t>(n_kv_heads));
   for (int h = 0; h < n_kv_heads; ++h) heads_.emplace_back(head_dim, params);
 }
@@ -114,19 +115,39 @@ void QuantRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
     });
 }
 
-int64_t QuantRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
+int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r, int32_t* const* out_rows,
                                float* const* out_scores) const {
   require_covers(r, "quant");
   const int64_t n = r.mid_end - r.mid_begin;
+  // Candidates for the exact re-ranking: rerank_ x budget, at most the middle (then it is EXACT's ranking).
+  const int64_t candidates = rerank_ > 1 ? std::min(n, r.budget * rerank_) : r.budget;
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
+    const float* qh = r.q + static_cast<int64_t>(h) * r.group * d_;
     std::vector<float> logits(static_cast<size_t>(r.group) * n);
-    heads_[static_cast<size_t>(h)].logits(r.q + static_cast<int64_t>(h) * r.group * d_, r.group, r.scale, logits.data(),
-                                          n);
+    heads_[static_cast<size_t>(h)].logits(qh, r.group, r.scale, logits.data(), n);
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
-    take_top_tokens(folded.data(), n, r.budget, r.mid_begin, out_rows[h],
-                    out_scores != nullptr ? out_scores[h] : nullptr);
+    if (candidates == r.budget) {
+      take_top_tokens(folded.data(), n, r.budget, r.mid_begin, out_rows[h],
+                      out_scores != nullptr ? out_scores[h] : nullptr);
+      return;
+    }
+    // The candidates (ascending positions), their exact logits as EXACT computes them, the fold over them, the top.
+    std::vector<int32_t> cand(static_cast<size_t>(candidates));
+    take_top_tokens(folded.data(), n, candidates, r.mid_begin, cand.data(), nullptr);
+    std::vector<float> key(static_cast<size_t>(d_));
+    std::vector<float> exact(static_cast<size_t>(r.group) * candidates);
+    for (int64_t i = 0; i < candidates; ++i) {
+      store.keys_f32(h, cand[static_cast<size_t>(i)], cand[static_cast<size_t>(i)] + 1, key.data());
+      for (int g = 0; g < r.group; ++g)
+        exact[static_cast<size_t>(g * candidates + i)] = r.scale * dot(qh + g * d_, key.data(), d_);
+    }
+    std::vector<float> refolded(static_cast<size_t>(candidates));
+    fold_logits(exact.data(), r.group, candidates, r.fold, refolded.data());
+    int32_t* out = out_rows[h];
+    take_top_tokens(refolded.data(), candidates, r.budget, 0, out, out_scores != nullptr ? out_scores[h] : nullptr);
+    for (int64_t i = 0; i < r.budget; ++i) out[i] = cand[static_cast<size_t>(out[i])];  // ascending stays ascending
   });
   return r.budget;
 }
@@ -183,9 +204,12 @@ namespace {
 class QuantKind final : public RetrieverKind {
  public:
   const char* name() const noexcept override { return "quant"; }
+  // Under quantized attention the exact rows stay the tokens the low-bit keys score highest (SpeCache's rule): they
+  // are the rows whose low-bit errors weigh most in that attention's softmax.
   std::unique_ptr<Retriever> make(const kvret_config& c, int) const override {
     return std::make_unique<QuantRetriever>(c.n_kv_heads, c.head_dim,
-                                            KiviParams{c.quant_bits, c.quant_group_size, c.quant_residual});
+                                            KiviParams{c.quant_bits, c.quant_group_size, c.quant_residual},
+                                            c.quant_attention != 0 ? 1 : c.quant_rerank);
   }
 };
 

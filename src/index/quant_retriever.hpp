@@ -3,12 +3,15 @@
 // tokens, values per token along channels, groups of 32 or 64, 1 or 2 bits, the most recent tokens in f16). A query
 // scores every middle token from the packed key codes (q . zero + (q * step) . codes per key block, no key
 // reconstructed; the f16 residual by its dot product), the query heads of a KV group are folded and the top
-// `budget` tokens are taken, as EXACT does with the exact keys.
+// `budget` tokens are taken, as EXACT does with the exact keys. With re-ranking (config.quant_rerank = r > 1) the
+// top r x budget tokens by the low-bit scores are candidates, scored again from their exact keys in the store, and
+// the top `budget` of them are taken.
 //
 // The copy is the resident state the engine keeps near the compute (its bytes are the index bytes): keys and values
-// at (bits + 32 / group) / 16 of their f16 size, plus the residual window. Select reads only the copy, never the
-// host store. The quantized state is a function of the indexed tokens (blocks start at the first middle position),
-// so a decode extend, a cut and a rebuild all agree. See docs/quant.md.
+// at (bits + 32 / group) / 16 of their f16 size, plus the residual window. Without re-ranking select reads only
+// the copy, never the host store; with it, the candidates' keys too. The quantized state is a function of the indexed
+// tokens (blocks start at the first middle position), so a decode extend, a cut and a rebuild all agree. See
+// docs/quant.md.
 #include <memory>
 #include <vector>
 
@@ -19,7 +22,8 @@ namespace kvret {
 
 class QuantRetriever final : public Retriever {
  public:
-  QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params);
+  /// rerank: select's candidates per selected token (config.quant_rerank; 1 = the low-bit ranking alone).
+  QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params, int rerank = 1);
 
   int64_t select(const HostKvStore& store, const SelectRequest& request, int32_t* const* out_rows,
                  float* const* out_scores) const override;
@@ -41,6 +45,7 @@ class QuantRetriever final : public Retriever {
 
   // Introspection (tests, tools).
   const KiviParams& params() const noexcept { return p_; }
+  int rerank() const noexcept { return rerank_; }
   const KiviHead& head(int h) const noexcept { return heads_[static_cast<size_t>(h)]; }
 
  protected:
@@ -51,6 +56,7 @@ class QuantRetriever final : public Retriever {
   int n_kv_;
   int d_;
   KiviParams p_;
+  int rerank_;
   std::vector<KiviHead> heads_;
 };
 

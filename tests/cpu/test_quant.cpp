@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "c_api/handles.hpp"
@@ -190,11 +192,12 @@ TEST(Quant, IndexBytesAreTheResidentCopy) {
     }
 }
 
-// The score of a selected token (MAX_LOGIT fold) is the largest scaled dot product of the group's queries with the
-// token's low-bit key, not with its exact key.
+// Without re-ranking, the score of a selected token (MAX_LOGIT fold) is the largest scaled dot product of the
+// group's queries with the token's low-bit key, not with its exact key.
 TEST(Quant, ScoresAreDotsWithTheLowBitKeys) {
   kvret_config c = quant_config(1, 64, 0);
   c.gqa_fold = KVRET_FOLD_MAX_LOGIT;
+  c.quant_rerank = 1;
   constexpr int64_t kTokens = 1000;
   F32 k({kTokens, kH, kD}), v({kTokens, kH, kD});
   test::clustered_kv(kTokens, kH, kD, 9, k, v);
@@ -234,6 +237,141 @@ TEST(Quant, ScoresAreDotsWithTheLowBitKeys) {
       worst_exact_gap = std::max(worst_exact_gap, std::fabs(got - best_exact));
     }
   EXPECT_GT(worst_exact_gap, 1e-2) << "1-bit scores should differ from the exact ones";
+}
+
+/// Positions and scores kvret_select_scored writes for `q` on a fresh context of `config` over k, v.
+std::pair<std::vector<int32_t>, std::vector<float>> select_scored(const kvret_config& config, const F32& k,
+                                                                  const F32& v, const F32& q, int32_t budget) {
+  auto ctx = test::make_context(config);
+  Seq seq(ctx.get());
+  test::expect_ok(kvret_append_prefill(seq.s, 0, &k, &v));
+  I32 out({kH, budget});
+  F32 scores({kH, budget});
+  int32_t count = 0;
+  test::expect_ok(kvret_select_scored(seq.s, 0, &q, budget, &out, &scores, &count));
+  EXPECT_EQ(count, budget);
+  return {out.data, scores.data};
+}
+
+// Candidates that cover the whole middle make the re-ranked selection EXACT's, positions and scores bit for bit
+// (the candidates' exact logits are EXACT's, folded over the same tokens in the same order), for both folds and
+// both bit widths.
+TEST(Quant, RerankingTheWholeMiddleIsExactSelection) {
+  constexpr int64_t kTokens = 900;
+  constexpr int32_t kBudget = 40;  // 64 x 40 candidates > the middle
+  F32 k({kTokens, kH, kD}), v({kTokens, kH, kD});
+  test::clustered_kv(kTokens, kH, kD, 31, k, v);
+  F32 q({kQ, kD});
+  q.data = test::random_vector(static_cast<size_t>(kQ * kD), 32);
+  q.refresh();
+  for (const auto fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT})
+    for (const int bits : {1, 2}) {
+      kvret_config c = quant_config(bits);
+      c.gqa_fold = fold;
+      c.quant_rerank = 64;
+      kvret_config e = c;
+      e.index_kind = KVRET_INDEX_EXACT;
+      const auto got = select_scored(c, k, v, q, kBudget), want = select_scored(e, k, v, q, kBudget);
+      EXPECT_EQ(got.first, want.first) << bits << " bits, fold " << fold;
+      EXPECT_EQ(got.second, want.second) << bits << " bits, fold " << fold;
+    }
+}
+
+// With r x budget candidates, the selection is drawn from the r x budget tokens the low-bit keys rank highest (the
+// selection of quant_rerank = 1 at that budget), and holds the budget of them with the largest exact score (MAX_LOGIT:
+// the largest scaled exact q.k of the group, independent of which tokens are candidates); the scores are exact.
+TEST(Quant, RerankedSelectionIsTheExactTopOfTheLowBitCandidates) {
+  constexpr int64_t kTokens = 2000;
+  F32 k({kTokens, kH, kD}), v({kTokens, kH, kD});
+  test::clustered_kv(kTokens, kH, kD, 41, k, v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  for (uint64_t seed = 0; seed < 4; ++seed)
+    for (const int r : {2, 4, 8}) {
+      F32 q({kQ, kD});
+      q.data = test::random_vector(static_cast<size_t>(kQ * kD), 50 + seed);
+      q.refresh();
+      constexpr int32_t kBudget = 24;
+      kvret_config c = quant_config(1);
+      c.gqa_fold = KVRET_FOLD_MAX_LOGIT;
+      c.quant_rerank = 1;
+      const auto candidates = select_scored(c, k, v, q, kBudget * r).first;
+      c.quant_rerank = r;
+      const auto [got, scores] = select_scored(c, k, v, q, kBudget);
+      for (int h = 0; h < kH; ++h) {
+        const auto exact_score = [&](int32_t p) {
+          double best = -1e300;
+          for (int g = 0; g < kGroup; ++g) {
+            double s = 0;
+            for (int j = 0; j < kD; ++j)
+              s += static_cast<double>(q.data[static_cast<size_t>((h * kGroup + g) * kD + j)]) *
+                   k.data[static_cast<size_t>((p * kH + h) * kD + j)];
+            best = std::max(best, s * scale);
+          }
+          return best;
+        };
+        const std::set<int32_t> pool(candidates.begin() + h * kBudget * r, candidates.begin() + (h + 1) * kBudget * r);
+        const std::set<int32_t> chosen(got.begin() + h * kBudget, got.begin() + (h + 1) * kBudget);
+        ASSERT_EQ(chosen.size(), static_cast<size_t>(kBudget));
+        double lowest_chosen = 1e300, highest_left = -1e300;
+        for (int32_t i = 0; i < kBudget; ++i) {
+          const int32_t p = got[static_cast<size_t>(h * kBudget + i)];
+          EXPECT_TRUE(pool.count(p)) << "position " << p << " was not a candidate";
+          if (i > 0) {
+            EXPECT_LT(got[static_cast<size_t>(h * kBudget + i - 1)], p) << "ascending";
+          }
+          const double e = exact_score(p);
+          EXPECT_NEAR(scores[static_cast<size_t>(h * kBudget + i)], e, 1e-4 * (1 + std::fabs(e)));
+          lowest_chosen = std::min(lowest_chosen, e);
+        }
+        for (const int32_t p : pool) {
+          if (!chosen.count(p)) highest_left = std::max(highest_left, exact_score(p));
+        }
+        EXPECT_GE(lowest_chosen, highest_left - 1e-5) << "head " << h << ", r " << r << ", seed " << seed;
+      }
+    }
+}
+
+// The re-ranking recovers what 1 bit loses: at a small budget its selection holds more of EXACT's tokens than the
+// low-bit ranking alone.
+TEST(Quant, RerankingRaisesOneBitRecall) {
+  constexpr int64_t kTokens = 3000;
+  kvret_config plain = quant_config(1), reranked = quant_config(1);
+  plain.quant_rerank = 1;
+  reranked.quant_rerank = 4;
+  const Recall a = recall_vs_exact(plain, kTokens, 32), b = recall_vs_exact(reranked, kTokens, 32);
+  std::printf("[ quant    ] budget 32: 1-bit token recall vs EXACT %.3f alone, %.3f re-ranked from 4x candidates\n",
+              a.token, b.token);
+  EXPECT_GT(b.token, a.token + 0.1);
+  EXPECT_GE(b.relative, a.relative);
+}
+
+// Under quantized attention the selection is the low-bit ranking's whatever quant_rerank says.
+TEST(Quant, QuantizedAttentionKeepsTheLowBitRanking) {
+  constexpr int64_t kTokens = 1500;
+  constexpr int32_t kBudget = 30;
+  F32 k({kTokens, kH, kD}), v({kTokens, kH, kD});
+  test::clustered_kv(kTokens, kH, kD, 61, k, v);
+  F32 q({kQ, kD});
+  q.data = test::random_vector(static_cast<size_t>(kQ * kD), 62);
+  q.refresh();
+  kvret_config plain = quant_config(1), attention = quant_config(1);
+  plain.quant_rerank = 1;
+  attention.quant_attention = 1;
+  attention.quant_rerank = 8;
+  EXPECT_EQ(select_scored(attention, k, v, q, kBudget), select_scored(plain, k, v, q, kBudget));
+  attention.quant_attention = 0;  // the same context without it re-ranks
+  EXPECT_NE(select_scored(attention, k, v, q, kBudget).first, select_scored(plain, k, v, q, kBudget).first);
+}
+
+TEST(Quant, RerankOutsideItsRangeIsRefused) {
+  for (const int32_t bad : {0, -1, 65}) {
+    kvret_config c = quant_config(1);
+    c.quant_rerank = bad;
+    kvret_context* ctx = nullptr;
+    EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(std::string(kvret_last_error()).find("quant_rerank"), std::string::npos) << kvret_last_error();
+  }
 }
 
 }  // namespace

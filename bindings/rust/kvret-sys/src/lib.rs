@@ -173,6 +173,7 @@ pub struct kvret_config {
     pub rope_original_max_positions: i32,
     pub session_shared_url: *const c_char,
     pub cluster_exact_fraction: f32,
+    pub quant_rerank: i32,
 }
 
 // ---- context and sequences: opaque handles ----

@@ -556,6 +556,18 @@ impl Config {
         self.raw.cluster_exact_fraction = value;
         self
     }
+
+    /// `kvret_config.quant_rerank`: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x budget middle tokens the low-bit
+    /// keys score highest (at most the middle) as candidates, scores them again with their exact keys from
+    /// the KV store and keeps the top budget of those: a key the 1-bit copy ranks just below the cut (a
+    /// needle) is recovered for candidates x head_dim multiply-adds more and a read of the candidates'
+    /// keys. 1 = off (the low-bit ranking alone, SpeCache's); 1..64; default 4. Ignored by the other index
+    /// kinds and under quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest
+    /// (the rows whose low-bit errors weigh most in that attention)
+    pub fn quant_rerank(mut self, value: impl ConfigInt) -> Self {
+        self.raw.quant_rerank = self.int_field("quant_rerank", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

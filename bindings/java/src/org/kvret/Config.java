@@ -442,6 +442,20 @@ public final class Config {
   public float clusterExactFraction() {
     return fields.getCluster_exact_fraction();
   }
+
+  /**
+   * kvret_config.quant_rerank: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x
+   * budget middle tokens the low-bit keys score highest (at most the middle) as candidates, scores
+   * them again with their exact keys from the KV store and keeps the top budget of those: a key the
+   * 1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
+   * multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking alone,
+   * SpeCache's); 1..64; default 4. Ignored by the other index kinds and under quant_attention = 1,
+   * whose exact rows stay the tokens the low-bit keys score highest (the rows whose low-bit errors
+   * weigh most in that attention)
+   */
+  public int quantRerank() {
+    return fields.getQuant_rerank();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -907,6 +921,21 @@ public final class Config {
      */
     public Builder clusterExactFraction(float value) {
       fields.setCluster_exact_fraction(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.quant_rerank: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x
+     * budget middle tokens the low-bit keys score highest (at most the middle) as candidates,
+     * scores them again with their exact keys from the KV store and keeps the top budget of those:
+     * a key the 1-bit copy ranks just below the cut (a needle) is recovered for candidates x
+     * head_dim multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
+     * alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds and under
+     * quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest (the
+     * rows whose low-bit errors weigh most in that attention)
+     */
+    public Builder quantRerank(int value) {
+      fields.setQuant_rerank(value);
       return this;
     }
     // </generated setters>

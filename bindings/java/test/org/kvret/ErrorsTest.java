@@ -79,12 +79,14 @@ public class ErrorsTest {
       Fixtures.config().deviceBytesLimit(-1),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(-0.1f),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(0.6f),
-      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(Float.NaN)
+      Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(Float.NaN),
+      Fixtures.config().indexKind(IndexKind.QUANT).quantRerank(0),
+      Fixtures.config().indexKind(IndexKind.QUANT).quantRerank(65)
     };
     String[] fields = {
       "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens",
       "cluster_reuse_steps", "cluster_reuse_steps", "device_bytes_limit", "cluster_exact_fraction",
-      "cluster_exact_fraction", "cluster_exact_fraction"
+      "cluster_exact_fraction", "cluster_exact_fraction", "quant_rerank", "quant_rerank"
     };
     for (int i = 0; i < bad.length; ++i) {
       Config config = bad[i].build();
