@@ -176,6 +176,16 @@ typedef enum kvret_rope_layout {
   KVRET_ROPE_GPTJ = 1  /**< dimension 2i pairs with 2i + 1 (GPT-J, Meta's original Llama) */
 } kvret_rope_layout;
 
+/** Where KVCrush's token importance comes from (config.hamming_importance; docs/kvcrush.md). */
+typedef enum kvret_importance {
+  KVRET_IMPORTANCE_WINDOW = 0, /**< SnapKV's observation window: the prompt's last queries given to
+                                    kvret_seq_observe, else the layer's last 32 keys as stand-in queries (default) */
+  KVRET_IMPORTANCE_ACCUMULATED =
+      1 /**< H2O's accumulated attention: per query head and token, the sum of the attention
+             probabilities of every decode step kvret_seq_attend computed or the engine handed
+             to kvret_seq_observe_attention; the window until a layer has observed a step */
+} kvret_importance;
+
 typedef struct kvret_config {
   size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
 
@@ -335,6 +345,11 @@ typedef struct kvret_config {
                                      rare, sharp key (the one a retrieval head copies from) is the one its
                                      cluster's mean hides. Costs fraction * n * head_dim * 4 bytes per head.
                                      0 = off (ClusterKV's own index); [0, 0.5]; default 0.05 */
+
+  /* KVCrush's importance (appended: older, smaller structs get the default; docs/kvcrush.md) */
+  int32_t hamming_importance; /**< a kvret_importance: where the importance behind KVCrush's signatures, its
+                                   representatives and kvret_seq_retained_set comes from; default
+                                   KVRET_IMPORTANCE_WINDOW */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */
@@ -595,6 +610,54 @@ KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_
  *  - Threads: as every call on a sequence (it must not overlap another call on the same sequence). */
 KVRET_API kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budget,
                                               const kvret_tensor* out_positions, int32_t* out_count);
+
+/** The prompt's observation window for KVCrush (SnapKV's w last queries), an optional input given after the layer's
+ *  prefill: `q_window` holds the queries of the layer's last w prompt tokens, as the model's attention used them
+ *  (after RoPE, as kvret_select takes them). From then on the importance behind the layer's KVCrush signatures and
+ *  representatives (config.hamming_fraction > 0) and behind kvret_seq_retained_set comes from these queries
+ *  instead of the layer's last 32 keys: for query head i, token t's importance is the sum over the w rows of
+ *  softmax over all the layer's tokens of (q_j[i] . k_t[g(i)] / sqrt(head_dim)), g(i) = i / (n_q_heads /
+ *  n_kv_heads) its KV head as in attention. Signatures have one bit per query head (bit i: the token is in query
+ *  head i's top half); a KV head's importance (its top tokens, its representatives) is the sum over its query heads.
+ *  With n_q_heads == n_kv_heads and the layer's last 32 keys as q_window, everything equals the keys' rule.
+ *  - q_window: f16, bf16 or f32 [w, n_q_heads, head_dim], 1 <= w <= the layer's length (rows in any order: the
+ *    importance is a sum over them). kvret keeps an f32 copy (w x n_q_heads x head_dim x 4 bytes, host memory).
+ *  - When: the layer's select signatures are computed at its next select that spends budget on representatives,
+ *    over the tokens it then holds; tokens appended later are scored against the same rows and normalizers. A
+ *    second call replaces the window (and recomputes the signatures at the next such select). Under
+ *    KVRET_IMPORTANCE_ACCUMULATED the window serves until the layer has observed a decode step.
+ *  - The window is dropped (the keys' rule again) by kvret_seq_truncate to fewer tokens than the layer held at
+ *    this call and by kvret_seq_drop_front of the layer; kvret_seq_fork copies it. A sequence holding one cannot be
+ *    saved as a session (KVRET_ERR_UNSUPPORTED), as with every KVCrush state.
+ *  - Errors (nothing changes): a NULL or closed seq, KVRET_ERR_INVALID_HANDLE; layer outside [0, n_layers),
+ *    KVRET_ERR_OUT_OF_RANGE; a layer holding no tokens, KVRET_ERR_STATE; q_window NULL, of another dtype, rank,
+ *    shape (n_q_heads, head_dim, w outside 1..length) or memory, KVRET_ERR_INVALID_ARGUMENT / KVRET_ERR_DTYPE /
+ *    KVRET_ERR_SHAPE / KVRET_ERR_DEVICE; NaN or Inf in it with config.check_finite, KVRET_ERR_NONFINITE.
+ *  - Threads: as every call on a sequence (it must not overlap another call on the same sequence). */
+KVRET_API kvret_status kvret_seq_observe(kvret_seq* seq, int32_t layer, const kvret_tensor* q_window);
+
+/** One decode step's attention probabilities of `layer`, for engines that attend themselves, added to the layer's
+ *  accumulated attention (H2O) under config.hamming_importance = KVRET_IMPORTANCE_ACCUMULATED. probs: f16, bf16 or
+ *  f32 [n_q_heads, n], 1 <= n <= the layer's length: probs[i][t] is the probability query head i gave token
+ *  position t this step; tokens at n and after get 0 (so a step taken before the last appends may be handed in).
+ *  Values must be finite and >= 0; they need not sum to 1 (a step over part of the tokens is summed as given).
+ *  kvret_seq_attend adds its own steps the same way, its probabilities over its working set (sink, selected and
+ *  local tokens; every other token gets 0 that step).
+ *  - Effect: per query head and token a float sum (n_q_heads x tokens x 4 bytes per layer, host memory); once a
+ *    layer has one step, its KVCrush signatures (one bit per query head: the token is in that head's top half by
+ *    its sum), representatives (a KV head's importance: the sum over its query heads) and
+ *    kvret_seq_retained_set's important part come from the sums, recomputed at every select after a new step.
+ *    Tokens appended after the last step have sum 0 until a step attends them.
+ *  - kvret_seq_truncate cuts the sums to the remaining tokens; kvret_seq_drop_front removes the dropped tokens'
+ *    sums (the others keep theirs at their new positions); kvret_seq_fork copies them. A sequence holding them
+ *    cannot be saved as a session (KVRET_ERR_UNSUPPORTED).
+ *  - Errors (nothing changes): a NULL or closed seq, KVRET_ERR_INVALID_HANDLE; config.hamming_importance not
+ *    KVRET_IMPORTANCE_ACCUMULATED, KVRET_ERR_STATE; layer outside [0, n_layers), KVRET_ERR_OUT_OF_RANGE; a layer
+ *    holding no tokens, KVRET_ERR_STATE; probs NULL, of another dtype, rank, shape (n_q_heads, n outside
+ *    1..length) or memory, KVRET_ERR_INVALID_ARGUMENT / KVRET_ERR_DTYPE / KVRET_ERR_SHAPE / KVRET_ERR_DEVICE; a
+ *    negative, NaN or infinite value, KVRET_ERR_INVALID_ARGUMENT naming its head and position.
+ *  - Threads: as every call on a sequence. */
+KVRET_API kvret_status kvret_seq_observe_attention(kvret_seq* seq, int32_t layer, const kvret_tensor* probs);
 
 /** Waits for the work the library enqueued on `stream` (no-op on the CPU backend). Errors of earlier
  *  asynchronous work surface here. */

@@ -442,6 +442,15 @@ public final class Config {
   public float clusterExactFraction() {
     return fields.getCluster_exact_fraction();
   }
+
+  /**
+   * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
+   * signatures, its representatives and kvret_seq_retained_set comes from; default
+   * KVRET_IMPORTANCE_WINDOW
+   */
+  public Importance hammingImportance() {
+    return Importance.fromCode(fields.getHamming_importance());
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -907,6 +916,16 @@ public final class Config {
      */
     public Builder clusterExactFraction(float value) {
       fields.setCluster_exact_fraction(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
+     * signatures, its representatives and kvret_seq_retained_set comes from; default
+     * KVRET_IMPORTANCE_WINDOW
+     */
+    public Builder hammingImportance(Importance value) {
+      fields.setHamming_importance(value.code);
       return this;
     }
     // </generated setters>
