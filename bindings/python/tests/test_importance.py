@@ -51,7 +51,7 @@ def test_observe_refusals_change_nothing(rng):
         seq.append_prefill(0, k, v)
         before = seq.retained_set(0, budget=20)
         for bad, status in [
-            (np.zeros((0, N_Q, D), np.float32), kvret.Status.SHAPE),
+            (np.zeros((4, N_Q, D + 1), np.float32), kvret.Status.SHAPE),
             (np.zeros((TOKENS + 1, N_Q, D), np.float32), kvret.Status.SHAPE),
             (np.zeros((4, N_KV + 1, D), np.float32), kvret.Status.SHAPE),
             (np.zeros((N_Q, D), np.float32), kvret.Status.SHAPE),
