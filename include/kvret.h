@@ -391,8 +391,10 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
  *  selections equal those of a sequence given the same appends up to `length`. One exception: where `length` falls
  *  inside the tokens a PQ index was trained on (its prefill), that index is rebuilt from the remaining tokens, as a
  *  prefill of exactly those tokens would build it. Waits for the sequence's background builds. Strong guarantee:
- *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. length < 0: KVRET_ERR_INVALID_ARGUMENT;
- *  a length at or above every layer's is a no-op. */
+ *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. KVCrush's inputs (docs/kvcrush.md): the
+ *  accumulated attention keeps the remaining tokens' sums (a layer cut to 0 tokens forgets its steps too); a query
+ *  window given to kvret_seq_observe is dropped when `length` is below the layer's length at that call.
+ *  length < 0: KVRET_ERR_INVALID_ARGUMENT; a length at or above every layer's is a no-op. */
 KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
 /** Opens a new sequence of the same context that holds what `seq` holds (every layer's tokens and index): for
  *  beam search, parallel sampling, or several continuations of one prompt. The two share their KV pages copy on
@@ -400,7 +402,8 @@ KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
  *  they are independent: appends, truncations, selections and closing one never change the other, and each may
  *  be used from its own thread. Its stats start with the state (tokens_stored, host_bytes, index_bytes) and no
  *  activity; a page the two share counts in the host_bytes of each, so host_bytes_limit is never exceeded when
- *  one of them later copies it. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
+ *  one of them later copies it. KVCrush's state and inputs (signatures, an observed query window, accumulated
+ *  attention) are copied. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
  *  OUT_OF_MEMORY) *out is NULL and nothing was created. */
 KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
 
@@ -495,7 +498,11 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  1/sqrt(head_dim)), for engines without a sparse attention of their own. The output is what those three calls
  *  give with the same budget and scale, bit for bit; the stats count one selection and one fetch. A later backend
  *  may answer it from state the separate calls cannot use (cached blocks, a low-bit copy). q: [n_q_heads,
- *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. */
+ *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. Under config.hamming_importance =
+ *  KVRET_IMPORTANCE_ACCUMULATED it also adds the step's attention probabilities to the layer's accumulated attention
+ *  (as kvret_seq_observe_attention): each query head's softmax over the working set (sink, selected and local
+ *  tokens; with config.quant_attention, over those exact rows only), every other token 0 that step; computed on the
+ *  host, n_q_heads x (working set) x head_dim multiply-adds and n_q_heads x tokens additions per call. */
 KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                         float scale, const kvret_tensor* out, kvret_stream stream);
 
@@ -531,7 +538,8 @@ typedef enum kvret_session_tier {
  *  (config.session_shared_url) the session is then written through to it, before the call returns; a failure
  *  there (the server unreachable: KVRET_ERR_IO) does not fail the save, which the local tiers hold: the next
  *  kvret_session_flush reports it, and the shared tier keeps the previous save of the id (or none). A sequence
- *  with KVCrush's state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
+ *  with KVCrush's state (config.hamming_fraction > 0, or a query window given to kvret_seq_observe, or attention
+ *  accumulated under KVRET_IMPORTANCE_ACCUMULATED) cannot be saved: KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
  *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
@@ -566,7 +574,9 @@ KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
  *  positions from then on (from the pre-RoPE keys kept, so exactly as a sequence given only the remaining tokens
  *  rotates them); with rope_keys = 0 keys are kept as given, rotated at their old positions. Each shortened layer's
  *  index is rebuilt, on the calling thread, for the keys it now has: the sequence then selects as one given the
- *  remaining tokens in one prefill. KVCrush's signatures are recomputed at the next select; a kvret_prefetch_async
+ *  remaining tokens in one prefill. KVCrush's signatures are recomputed at the next select, a query window given to
+ *  kvret_seq_observe is dropped and the accumulated attention loses the dropped tokens' sums (the others move with
+ *  their tokens); a kvret_prefetch_async
  *  selection and ClusterKV's resident clusters of a shortened layer are dropped. A layer holding at most `keep`
  *  tokens is unchanged; one holding fewer than keep + count keeps its first `keep`. Waits for the sequence's
  *  background builds. While it runs it holds a second copy of the pages it rewrites (not counted against
@@ -586,17 +596,20 @@ KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_
  *    length, or KVRET_BUDGET_DEFAULT for the sequence's default budget (kvret_seq_budget); *out_count receives
  *    min(budget, middle tokens), 0 when the layer has no middle. 0, a negative budget other than the default, or
  *    a budget above the layer's length is KVRET_ERR_BUDGET.
- *  - The set is SnapKV's base plus KVCrush's representatives. Importance: an observation window of the layer's last
- *    32 keys at this call (all of them when it holds fewer; the keys stand in for the prompt's last queries, which
- *    the library never sees), each key taken as a query of its own KV head; a token's importance for a head is the
- *    sum over the window rows of the softmax over all the layer's tokens of (k_j . k_t / sqrt(head_dim)). Of
- *    count, floor(config.hamming_fraction * count) (at most config.hamming_buckets when that is positive) are
- *    representatives, the rest the head's highest-importance middle tokens (ties to the earlier position). The
- *    representatives are drawn from the other middle tokens by KVCrush's grouping (one bit per KV head: the token
- *    is in that head's top half by importance; ordered by Hamming distance to the alternating anchor, cut into
- *    buckets of near-equal size, from each the token of largest importance for the head). hamming_fraction = 0
- *    gives SnapKV's top count tokens exactly. Works with every index kind (KVRET_INDEX_STREAMING included, whose
- *    context builds no index: the natural configuration of an evicting engine); the index is not used.
+ *  - The set is SnapKV's base plus KVCrush's representatives. Importance: under KVRET_IMPORTANCE_ACCUMULATED, once the
+ *    layer has observed a decode step, the accumulated attention (H2O; kvret_seq_observe_attention), a KV head's
+ *    importance the sum over its query heads; else, when the prompt's queries were given (kvret_seq_observe), their
+ *    window, with the same sum; else an observation window of the layer's last 32 keys at this call (all of them when
+ *    it holds fewer; the keys stand in for the prompt's last queries), each key taken as a query of its own KV head; a
+ *    token's importance for a head is the sum over the window rows of the softmax over all the layer's tokens of (k_j .
+ *    k_t / sqrt(head_dim)). Of count, floor(config.hamming_fraction * count) (at most config.hamming_buckets when that
+ *    is positive) are representatives, the rest the head's highest-importance middle tokens (ties to the earlier
+ *    position). The representatives are drawn from the other middle tokens by KVCrush's grouping (one bit per KV head,
+ *    or per query head with queries or accumulated attention: the token is in that head's top half by importance;
+ *    ordered by Hamming distance to the alternating anchor, cut into buckets of near-equal size, from each the token of
+ *    largest importance for the head). hamming_fraction = 0 gives SnapKV's top count tokens exactly. Works with every
+ *    index kind (KVRET_INDEX_STREAMING included, whose context builds no index: the natural configuration of an
+ *    evicting engine); the index is not used.
  *  - out_positions: int32 [n_kv_heads, >= count]; row h receives head h's count distinct middle positions,
  *    ascending (elements past count are left as they were).
  *  - Reads the layer's keys only: the sequence, its stats and the selections of later calls are unchanged (the
