@@ -511,6 +511,7 @@ TEST(KvCrushImportance, BadInputIsRefusedAndChangesNothing) {
   F32 probs({kQHeads, n}, 0.01f);
   refused(KVRET_ERR_STATE, kvret_seq_observe_attention(s->s, 0, &probs), "hamming_importance");
   refused(KVRET_ERR_INVALID_ARGUMENT, kvret_seq_observe_attention(a->s, 0, nullptr), "probs");
+  EXPECT_EQ(kvret_seq_observe_attention(nullptr, 0, &probs), KVRET_ERR_INVALID_HANDLE);
   refused(KVRET_ERR_OUT_OF_RANGE, kvret_seq_observe_attention(a->s, 2, &probs), "layer 2");
   refused(KVRET_ERR_STATE, kvret_seq_observe_attention(a->s, 1, &probs), "holds no tokens");
   const F32 too_long({kQHeads, n + 1}), wrong_heads({kHeads, n}), rank3({1, kQHeads, n});
