@@ -20,7 +20,8 @@ RUST = ROOT / "bindings" / "rust" / "kvret" / "src" / "config.rs"
 SKIP = {"struct_size", "device_type", "device_id", "disk_path", "session_shared_url"}
 ENUMS = {"kv_dtype": ("KvDtype", "KvDtype"), "gqa_fold": ("GqaFold", "GqaFold"),
          "index_kind": ("IndexKind", "IndexKind"), "cache_policy": ("CachePolicy", "CachePolicy"),
-         "session_policy": ("SessionPolicy", "SessionPolicy"), "rope_layout": ("RopeLayout", "RopeLayout")}  # Java, Rust
+         "session_policy": ("SessionPolicy", "SessionPolicy"), "rope_layout": ("RopeLayout", "RopeLayout"),
+         "hamming_importance": ("Importance", "Importance")}  # Java, Rust
 BOOLS = {"background_build", "check_finite", "rope_keys"}
 JAVA_TYPES = {"int32_t": "int", "int64_t": "long", "uint64_t": "long", "float": "float"}
 # Rust: the integer counts and sizes (every int32_t/int64_t field is validated >= 0 by the library: no negative

@@ -176,6 +176,16 @@ typedef enum kvret_rope_layout {
   KVRET_ROPE_GPTJ = 1  /**< dimension 2i pairs with 2i + 1 (GPT-J, Meta's original Llama) */
 } kvret_rope_layout;
 
+/** Where KVCrush's token importance comes from (config.hamming_importance; docs/kvcrush.md). */
+typedef enum kvret_importance {
+  KVRET_IMPORTANCE_WINDOW = 0, /**< SnapKV's observation window: the prompt's last queries given to
+                                    kvret_seq_observe, else the layer's last 32 keys as stand-in queries (default) */
+  KVRET_IMPORTANCE_ACCUMULATED =
+      1 /**< H2O's accumulated attention: per query head and token, the sum of the attention
+             probabilities of every decode step kvret_seq_attend computed or the engine handed
+             to kvret_seq_observe_attention; the window until a layer has observed a step */
+} kvret_importance;
+
 typedef struct kvret_config {
   size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
 
@@ -345,6 +355,11 @@ typedef struct kvret_config {
                              alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds and under
                              quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest
                              (the rows whose low-bit errors weigh most in that attention) */
+
+  /* KVCrush's importance (appended: older, smaller structs get the default; docs/kvcrush.md) */
+  int32_t hamming_importance; /**< a kvret_importance: where the importance behind KVCrush's signatures, its
+                                   representatives and kvret_seq_retained_set comes from; default
+                                   KVRET_IMPORTANCE_WINDOW */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */
@@ -386,8 +401,10 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
  *  selections equal those of a sequence given the same appends up to `length`. One exception: where `length` falls
  *  inside the tokens a PQ index was trained on (its prefill), that index is rebuilt from the remaining tokens, as a
  *  prefill of exactly those tokens would build it. Waits for the sequence's background builds. Strong guarantee:
- *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. length < 0: KVRET_ERR_INVALID_ARGUMENT;
- *  a length at or above every layer's is a no-op. */
+ *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. KVCrush's inputs (docs/kvcrush.md): the
+ *  accumulated attention keeps the remaining tokens' sums (a layer cut to 0 tokens forgets its steps too); a query
+ *  window given to kvret_seq_observe is dropped when `length` is below the layer's length at that call.
+ *  length < 0: KVRET_ERR_INVALID_ARGUMENT; a length at or above every layer's is a no-op. */
 KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
 /** Opens a new sequence of the same context that holds what `seq` holds (every layer's tokens and index): for
  *  beam search, parallel sampling, or several continuations of one prompt. The two share their KV pages copy on
@@ -395,7 +412,8 @@ KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
  *  they are independent: appends, truncations, selections and closing one never change the other, and each may
  *  be used from its own thread. Its stats start with the state (tokens_stored, host_bytes, index_bytes) and no
  *  activity; a page the two share counts in the host_bytes of each, so host_bytes_limit is never exceeded when
- *  one of them later copies it. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
+ *  one of them later copies it. KVCrush's state and inputs (signatures, an observed query window, accumulated
+ *  attention) are copied. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
  *  OUT_OF_MEMORY) *out is NULL and nothing was created. */
 KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
 
@@ -490,7 +508,11 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  1/sqrt(head_dim)), for engines without a sparse attention of their own. The output is what those three calls
  *  give with the same budget and scale, bit for bit; the stats count one selection and one fetch. A later backend
  *  may answer it from state the separate calls cannot use (cached blocks, a low-bit copy). q: [n_q_heads,
- *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. */
+ *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. Under config.hamming_importance =
+ *  KVRET_IMPORTANCE_ACCUMULATED it also adds the step's attention probabilities to the layer's accumulated attention
+ *  (as kvret_seq_observe_attention): each query head's softmax over the working set (sink, selected and local
+ *  tokens; with config.quant_attention, over those exact rows only), every other token 0 that step; computed on the
+ *  host, n_q_heads x (working set) x head_dim multiply-adds and n_q_heads x tokens additions per call. */
 KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                         float scale, const kvret_tensor* out, kvret_stream stream);
 
@@ -526,7 +548,8 @@ typedef enum kvret_session_tier {
  *  (config.session_shared_url) the session is then written through to it, before the call returns; a failure
  *  there (the server unreachable: KVRET_ERR_IO) does not fail the save, which the local tiers hold: the next
  *  kvret_session_flush reports it, and the shared tier keeps the previous save of the id (or none). A sequence
- *  with KVCrush's state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
+ *  with KVCrush's state (config.hamming_fraction > 0, or a query window given to kvret_seq_observe, or attention
+ *  accumulated under KVRET_IMPORTANCE_ACCUMULATED) cannot be saved: KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
  *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
@@ -561,7 +584,9 @@ KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
  *  positions from then on (from the pre-RoPE keys kept, so exactly as a sequence given only the remaining tokens
  *  rotates them); with rope_keys = 0 keys are kept as given, rotated at their old positions. Each shortened layer's
  *  index is rebuilt, on the calling thread, for the keys it now has: the sequence then selects as one given the
- *  remaining tokens in one prefill. KVCrush's signatures are recomputed at the next select; a kvret_prefetch_async
+ *  remaining tokens in one prefill. KVCrush's signatures are recomputed at the next select, a query window given to
+ *  kvret_seq_observe is dropped and the accumulated attention loses the dropped tokens' sums (the others move with
+ *  their tokens); a kvret_prefetch_async
  *  selection and ClusterKV's resident clusters of a shortened layer are dropped. A layer holding at most `keep`
  *  tokens is unchanged; one holding fewer than keep + count keeps its first `keep`. Waits for the sequence's
  *  background builds. While it runs it holds a second copy of the pages it rewrites (not counted against
@@ -581,17 +606,20 @@ KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_
  *    length, or KVRET_BUDGET_DEFAULT for the sequence's default budget (kvret_seq_budget); *out_count receives
  *    min(budget, middle tokens), 0 when the layer has no middle. 0, a negative budget other than the default, or
  *    a budget above the layer's length is KVRET_ERR_BUDGET.
- *  - The set is SnapKV's base plus KVCrush's representatives. Importance: an observation window of the layer's last
- *    32 keys at this call (all of them when it holds fewer; the keys stand in for the prompt's last queries, which
- *    the library never sees), each key taken as a query of its own KV head; a token's importance for a head is the
- *    sum over the window rows of the softmax over all the layer's tokens of (k_j . k_t / sqrt(head_dim)). Of
- *    count, floor(config.hamming_fraction * count) (at most config.hamming_buckets when that is positive) are
- *    representatives, the rest the head's highest-importance middle tokens (ties to the earlier position). The
- *    representatives are drawn from the other middle tokens by KVCrush's grouping (one bit per KV head: the token
- *    is in that head's top half by importance; ordered by Hamming distance to the alternating anchor, cut into
- *    buckets of near-equal size, from each the token of largest importance for the head). hamming_fraction = 0
- *    gives SnapKV's top count tokens exactly. Works with every index kind (KVRET_INDEX_STREAMING included, whose
- *    context builds no index: the natural configuration of an evicting engine); the index is not used.
+ *  - The set is SnapKV's base plus KVCrush's representatives. Importance: under KVRET_IMPORTANCE_ACCUMULATED, once the
+ *    layer has observed a decode step, the accumulated attention (H2O; kvret_seq_observe_attention), a KV head's
+ *    importance the sum over its query heads; else, when the prompt's queries were given (kvret_seq_observe), their
+ *    window, with the same sum; else an observation window of the layer's last 32 keys at this call (all of them when
+ *    it holds fewer; the keys stand in for the prompt's last queries), each key taken as a query of its own KV head; a
+ *    token's importance for a head is the sum over the window rows of the softmax over all the layer's tokens of (k_j .
+ *    k_t / sqrt(head_dim)). Of count, floor(config.hamming_fraction * count) (at most config.hamming_buckets when that
+ *    is positive) are representatives, the rest the head's highest-importance middle tokens (ties to the earlier
+ *    position). The representatives are drawn from the other middle tokens by KVCrush's grouping (one bit per KV head,
+ *    or per query head with queries or accumulated attention: the token is in that head's top half by importance;
+ *    ordered by Hamming distance to the alternating anchor, cut into buckets of near-equal size, from each the token of
+ *    largest importance for the head). hamming_fraction = 0 gives SnapKV's top count tokens exactly. Works with every
+ *    index kind (KVRET_INDEX_STREAMING included, whose context builds no index: the natural configuration of an
+ *    evicting engine); the index is not used.
  *  - out_positions: int32 [n_kv_heads, >= count]; row h receives head h's count distinct middle positions,
  *    ascending (elements past count are left as they were).
  *  - Reads the layer's keys only: the sequence, its stats and the selections of later calls are unchanged (the
@@ -605,6 +633,54 @@ KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_
  *  - Threads: as every call on a sequence (it must not overlap another call on the same sequence). */
 KVRET_API kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budget,
                                               const kvret_tensor* out_positions, int32_t* out_count);
+
+/** The prompt's observation window for KVCrush (SnapKV's w last queries), an optional input given after the layer's
+ *  prefill: `q_window` holds the queries of the layer's last w prompt tokens, as the model's attention used them
+ *  (after RoPE, as kvret_select takes them). From then on the importance behind the layer's KVCrush signatures and
+ *  representatives (config.hamming_fraction > 0) and behind kvret_seq_retained_set comes from these queries
+ *  instead of the layer's last 32 keys: for query head i, token t's importance is the sum over the w rows of
+ *  softmax over all the layer's tokens of (q_j[i] . k_t[g(i)] / sqrt(head_dim)), g(i) = i / (n_q_heads /
+ *  n_kv_heads) its KV head as in attention. Signatures have one bit per query head (bit i: the token is in query
+ *  head i's top half); a KV head's importance (its top tokens, its representatives) is the sum over its query heads.
+ *  With n_q_heads == n_kv_heads and the layer's last 32 keys as q_window, everything equals the keys' rule.
+ *  - q_window: f16, bf16 or f32 [w, n_q_heads, head_dim], 1 <= w <= the layer's length (rows in any order: the
+ *    importance is a sum over them). kvret keeps an f32 copy (w x n_q_heads x head_dim x 4 bytes, host memory).
+ *  - When: the layer's select signatures are computed at its next select that spends budget on representatives,
+ *    over the tokens it then holds; tokens appended later are scored against the same rows and normalizers. A
+ *    second call replaces the window (and recomputes the signatures at the next such select). Under
+ *    KVRET_IMPORTANCE_ACCUMULATED the window serves until the layer has observed a decode step.
+ *  - The window is dropped (the keys' rule again) by kvret_seq_truncate to fewer tokens than the layer held at
+ *    this call and by kvret_seq_drop_front of the layer; kvret_seq_fork copies it. A sequence holding one cannot be
+ *    saved as a session (KVRET_ERR_UNSUPPORTED), as with every KVCrush state.
+ *  - Errors (nothing changes): a NULL or closed seq, KVRET_ERR_INVALID_HANDLE; layer outside [0, n_layers),
+ *    KVRET_ERR_OUT_OF_RANGE; a layer holding no tokens, KVRET_ERR_STATE; q_window NULL, of another dtype, rank,
+ *    shape (n_q_heads, head_dim, w outside 1..length) or memory, KVRET_ERR_INVALID_ARGUMENT / KVRET_ERR_DTYPE /
+ *    KVRET_ERR_SHAPE / KVRET_ERR_DEVICE; NaN or Inf in it with config.check_finite, KVRET_ERR_NONFINITE.
+ *  - Threads: as every call on a sequence (it must not overlap another call on the same sequence). */
+KVRET_API kvret_status kvret_seq_observe(kvret_seq* seq, int32_t layer, const kvret_tensor* q_window);
+
+/** One decode step's attention probabilities of `layer`, for engines that attend themselves, added to the layer's
+ *  accumulated attention (H2O) under config.hamming_importance = KVRET_IMPORTANCE_ACCUMULATED. probs: f16, bf16 or
+ *  f32 [n_q_heads, n], 1 <= n <= the layer's length: probs[i][t] is the probability query head i gave token
+ *  position t this step; tokens at n and after get 0 (so a step taken before the last appends may be handed in).
+ *  Values must be finite and >= 0; they need not sum to 1 (a step over part of the tokens is summed as given).
+ *  kvret_seq_attend adds its own steps the same way, its probabilities over its working set (sink, selected and
+ *  local tokens; every other token gets 0 that step).
+ *  - Effect: per query head and token a float sum (n_q_heads x tokens x 4 bytes per layer, host memory); once a
+ *    layer has one step, its KVCrush signatures (one bit per query head: the token is in that head's top half by
+ *    its sum), representatives (a KV head's importance: the sum over its query heads) and
+ *    kvret_seq_retained_set's important part come from the sums, recomputed at every select after a new step.
+ *    Tokens appended after the last step have sum 0 until a step attends them.
+ *  - kvret_seq_truncate cuts the sums to the remaining tokens; kvret_seq_drop_front removes the dropped tokens'
+ *    sums (the others keep theirs at their new positions); kvret_seq_fork copies them. A sequence holding them
+ *    cannot be saved as a session (KVRET_ERR_UNSUPPORTED).
+ *  - Errors (nothing changes): a NULL or closed seq, KVRET_ERR_INVALID_HANDLE; config.hamming_importance not
+ *    KVRET_IMPORTANCE_ACCUMULATED, KVRET_ERR_STATE; layer outside [0, n_layers), KVRET_ERR_OUT_OF_RANGE; a layer
+ *    holding no tokens, KVRET_ERR_STATE; probs NULL, of another dtype, rank, shape (n_q_heads, n outside
+ *    1..length) or memory, KVRET_ERR_INVALID_ARGUMENT / KVRET_ERR_DTYPE / KVRET_ERR_SHAPE / KVRET_ERR_DEVICE; a
+ *    negative, NaN or infinite value, KVRET_ERR_INVALID_ARGUMENT naming its head and position.
+ *  - Threads: as every call on a sequence. */
+KVRET_API kvret_status kvret_seq_observe_attention(kvret_seq* seq, int32_t layer, const kvret_tensor* probs);
 
 /** Waits for the work the library enqueued on `stream` (no-op on the CPU backend). Errors of earlier
  *  asynchronous work surface here. */

@@ -81,6 +81,8 @@ struct Options {
   std::vector<IndexChoice> indexes{kIndexNames[0], kIndexNames[1], kIndexNames[2]};
   std::string kv_dtype = "f16";
   std::string device = "cpu";
+  double hamming_fraction = 0;      // KVCrush's share of representatives; 0: off
+  std::string importance = "keys";  // KVCrush's importance: keys, queries or accumulated
   bool json = false;
   bool progress = true;
 };
@@ -112,6 +114,12 @@ void usage(FILE* f) {
       "  --threads N         CPU threads, library and demo (0 = all cores)\n"
       "  --indexes LIST      comma-separated: exact,pq,streaming (also page, cluster, quant1, quant2); NAME+prefetch:\n"
       "                      after each step, kvret_prefetch_async with that step's query as the next one's guess\n"
+      "  --hamming-fraction F  KVCrush: share of each select's budget spent on representatives, [0, 1) (0)\n"
+      "  --importance I      KVCrush's importance (with --hamming-fraction): keys (the layer's last 32 keys as "
+      "stand-in\n"
+      "                      queries, the library's default), queries (the prompt's last 32 queries, handed in with\n"
+      "                      kvret_seq_observe after the prefill) or accumulated (each step's attention over its\n"
+      "                      working set, handed in with kvret_seq_observe_attention; cpu only) (keys)\n"
       "  --kv-dtype T        f16, bf16 or f32 (f16)\n"
       "  --device D          cpu or cuda (cpu)\n"
       "  --json              print one JSON object on stdout instead of the table\n"
@@ -230,6 +238,16 @@ Options parse(int argc, char** argv) {
       o.json = true;
     } else if (a == "--no-progress") {
       o.progress = false;
+    } else if (a == "--hamming-fraction") {
+      const char* v = val();
+      char* end = nullptr;
+      o.hamming_fraction = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o.hamming_fraction >= 0 && o.hamming_fraction < 1))
+        bad_arg("--hamming-fraction expects a number in [0, 1), got '%s'", v);
+    } else if (a == "--importance") {
+      o.importance = val();
+      if (o.importance != "keys" && o.importance != "queries" && o.importance != "accumulated")
+        bad_arg("--importance expects keys, queries or accumulated, got '%s'", o.importance.c_str());
     } else {
       bad_arg("unknown argument '%s'", a.c_str());
     }
@@ -237,6 +255,9 @@ Options parse(int argc, char** argv) {
   if (o.q_heads % o.kv_heads != 0)
     bad_arg("--q-heads (%d) must be a multiple of --kv-heads (%d)", o.q_heads, o.kv_heads);
   if (o.head_dim % 2 != 0) bad_arg("--head-dim must be even");
+  if (o.importance == "accumulated" && o.device != "cpu") bad_arg("--importance accumulated needs --device cpu");
+  if (o.importance == "queries" && o.prefill < o.decode + 96 + 1)
+    bad_arg("--importance queries needs --prefill above --decode + 96 (the prompt queries' generator)");
   if (!isatty(STDERR_FILENO)) o.progress = false;
   return o;
 }
@@ -501,13 +522,27 @@ struct Record {  // what one index kind produced, for the quality pass
   double token_recall = 0, mass_recall = 0, output_error = 0;
 };
 
+/// f32 of element i of a KV buffer in `type`.
+float kv_element(const void* data, KvType type, size_t i) {
+  switch (type) {
+    case KvType::F32:
+      return static_cast<const float*>(data)[i];
+    case KvType::F16:
+      return kvret_demo::f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case KvType::BF16:
+      return kvret_demo::bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
 Record run_index(const Options& o, const kvret::workload::Workload& w, const std::vector<float>& queries,
-                 const IndexChoice& ix) {
+                 const std::vector<float>& prompt_queries, const IndexChoice& ix) {
   const KvFormat fmt = kv_format(o.kv_dtype);
   const bool cuda = o.device == "cuda";
   const int L = o.layers, HQ = o.q_heads, HK = o.kv_heads, D = o.head_dim;
   Record rec;
   rec.name = ix.label();
+  if (o.hamming_fraction > 0) rec.name += "/" + o.importance;
   rec.kind = ix.kind;
 
   kvret_config cfg;
@@ -532,6 +567,8 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
   if (o.quant_rerank >= 0) cfg.quant_rerank = o.quant_rerank;
   if (o.pq_exact_fraction >= 0) cfg.pq_exact_fraction = static_cast<float>(o.pq_exact_fraction);
   if (ix.quant_bits > 0) cfg.quant_bits = ix.quant_bits;
+  cfg.hamming_fraction = static_cast<float>(o.hamming_fraction);
+  cfg.hamming_importance = o.importance == "accumulated" ? KVRET_IMPORTANCE_ACCUMULATED : KVRET_IMPORTANCE_WINDOW;
   kvret_context* ctx = nullptr;
   KVRET_CHECK(kvret_create(&cfg, &ctx));
   kvret_config eff;
@@ -561,6 +598,16 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
     }
   }
   KVRET_CHECK(kvret_wait_index(seq, -1));
+  if (!prompt_queries.empty()) {  // KVCrush's observation window: the prompt's last queries of every layer
+    const size_t per_layer = prompt_queries.size() / static_cast<size_t>(L);
+    Staged q_in(cuda, per_layer * sizeof(float));
+    for (int l = 0; l < L; ++l) {
+      float* host = const_cast<float*>(&prompt_queries[static_cast<size_t>(l) * per_layer]);
+      const Tensor qt(q_in.put(host, per_layer * sizeof(float)), kF32,
+                      {static_cast<int64_t>(per_layer / (static_cast<size_t>(HQ) * D)), HQ, D}, q_in.device_type());
+      KVRET_CHECK(kvret_seq_observe(seq, l, qt.get()));
+    }
+  }
   rec.prefill_s = seconds_since(t_prefill);
   {
     kvret_stats st;
@@ -675,6 +722,32 @@ Record run_index(const Options& o, const kvret::workload::Workload& w, const std
             }
           }
         }
+        if (o.importance == "accumulated") {
+          // an engine that attends itself hands kvret the step's probabilities: softmax over the working set
+          std::vector<float> probs(static_cast<size_t>(HQ) * len, 0.0f), logit(static_cast<size_t>(rows));
+          const int group = HQ / HK;
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          for (int h = 0; h < HQ; ++h) {
+            const int g = h / group;
+            float mx = -INFINITY;
+            for (int64_t r = 0; r < rows; ++r) {
+              float dot = 0;
+              for (int d = 0; d < D; ++d)
+                dot += qh[static_cast<size_t>(h) * D + d] *
+                       kv_element(buf.ws_k, fmt.type, (static_cast<size_t>(g) * cap_rows + r) * D + d);
+              logit[static_cast<size_t>(r)] = scale * dot;
+              mx = std::max(mx, logit[static_cast<size_t>(r)]);
+            }
+            double z = 0;
+            for (int64_t r = 0; r < rows; ++r) z += std::exp(logit[static_cast<size_t>(r)] - mx);
+            const int32_t* row = wpos + static_cast<size_t>(g) * cap_rows;
+            for (int64_t r = 0; r < rows; ++r)
+              probs[static_cast<size_t>(h) * len + row[r]] =
+                  static_cast<float>(std::exp(logit[static_cast<size_t>(r)] - mx) / z);
+          }
+          const Tensor pt(probs.data(), kF32, {HQ, len}, KVRET_DEVICE_CPU);
+          KVRET_CHECK(kvret_seq_observe_attention(seq, l, pt.get()));
+        }
         const auto* o_ws = reinterpret_cast<const float*>(buf.cuda ? buf.host_out.data() : buf.out);
         std::copy_n(o_ws, static_cast<size_t>(HQ) * D, &rec.o_ws[sl * HQ * D]);
         bar.update(static_cast<int64_t>(s) * L + l + 1);
@@ -773,6 +846,9 @@ void print_table(const Options& o, const std::vector<Record>& recs, double total
               o.budget > 0 ? (std::to_string(o.budget) + " tokens per KV head").c_str()
                            : (std::to_string(o.budget_ratio).substr(0, 6) + " x context").c_str(),
               static_cast<unsigned long long>(o.seed));
+  if (o.hamming_fraction > 0)
+    std::printf("KVCrush: %.3g of each budget on representatives, importance from %s\n", o.hamming_fraction,
+                o.importance.c_str());
   if (!recs.empty()) {
     std::printf("working set = %d sink + budget + %d local tokens per KV head\n\n", recs.front().n_sink,
                 recs.front().n_local);
@@ -806,8 +882,10 @@ void print_json(const Options& o, const std::vector<Record>& recs, double total_
       o.budget, recs.empty() ? o.n_sink : recs.front().n_sink, recs.empty() ? o.n_local : recs.front().n_local,
       static_cast<unsigned long long>(o.seed), o.threads);
   for (size_t i = 0; i < o.indexes.size(); ++i) std::printf("%s\"%s\"", i ? ", " : "", o.indexes[i].label().c_str());
-  std::printf("], \"kv_dtype\": \"%s\", \"device\": \"%s\", \"kvret_version\": \"%s\"}, \"results\": [",
-              o.kv_dtype.c_str(), o.device.c_str(), kvret_version_string());
+  std::printf(
+      "], \"kv_dtype\": \"%s\", \"device\": \"%s\", \"hamming_fraction\": %.6g, \"importance\": \"%s\", "
+      "\"kvret_version\": \"%s\"}, \"results\": [",
+      o.kv_dtype.c_str(), o.device.c_str(), o.hamming_fraction, o.importance.c_str(), kvret_version_string());
   for (size_t i = 0; i < recs.size(); ++i) {
     const Record& r = recs[i];
     std::printf(
@@ -851,8 +929,30 @@ int main(int argc, char** argv) {
     w.queries(l, o.decode, &queries[static_cast<size_t>(l) * o.decode * o.q_heads * o.head_dim]);
   }
 
+  // --importance queries: the prompt's last 32 queries of every layer, [layer, 32, q_head, head_dim]. The workload
+  // generates queries for decode steps only: a workload that ends its prefill `gap` + 32 tokens earlier places its
+  // decode steps gap .. gap + 31 at the prompt's last 32 positions (the same keys and topics; the steps' random
+  // innovations are those of steps the decode below never reaches, so the window does not see the measured queries).
+  std::vector<float> prompt_queries;
+  if (o.importance == "queries" && o.hamming_fraction > 0) {
+    constexpr int kWindow = 32;
+    const int gap = o.decode + 64;
+    kvret::workload::Config pc = wc;
+    pc.n_prefill = o.prefill - kWindow - gap;
+    pc.n_decode = gap + kWindow;
+    const kvret::workload::Workload pw(pc);
+    const size_t row = static_cast<size_t>(o.q_heads) * o.head_dim;
+    std::vector<float> steps(static_cast<size_t>(gap + kWindow) * row);
+    prompt_queries.resize(static_cast<size_t>(o.layers) * kWindow * row);
+    for (int l = 0; l < o.layers; ++l) {
+      pw.queries(l, gap + kWindow, steps.data());
+      std::copy(steps.begin() + static_cast<std::ptrdiff_t>(gap * row), steps.end(),
+                prompt_queries.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(l) * kWindow * row));
+    }
+  }
+
   std::vector<Record> recs;
-  for (const auto& ix : o.indexes) recs.push_back(run_index(o, w, queries, ix));
+  for (const auto& ix : o.indexes) recs.push_back(run_index(o, w, queries, prompt_queries, ix));
   quality(o, w, queries, recs);
   const double total_s = seconds_since(t0);
   if (o.json) {

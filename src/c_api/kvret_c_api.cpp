@@ -514,6 +514,14 @@ kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budge
   });
 }
 
+kvret_status kvret_seq_observe(kvret_seq* seq, int32_t layer, const kvret_tensor* q_window) {
+  return guarded([&] { sequence_of(seq).observe(layer, q_window); });
+}
+
+kvret_status kvret_seq_observe_attention(kvret_seq* seq, int32_t layer, const kvret_tensor* probs) {
+  return guarded([&] { sequence_of(seq).observe_attention(layer, probs); });
+}
+
 kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream) {
   return guarded([&] {
     const kvret::Context& c = context_of(ctx);

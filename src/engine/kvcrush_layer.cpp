@@ -10,17 +10,42 @@
 
 namespace kvret {
 
+void KvCrushLayer::init(int sig_heads, int kv_heads) {
+  sig_heads_ = sig_heads;
+  heads_ = kv_heads;
+  group_ = sig_heads / kv_heads;
+  words_ = signature_words(sig_heads);
+  anchor_.resize(static_cast<size_t>(words_));
+  make_anchor(Anchor::kAlternating, sig_heads, 0, nullptr, nullptr, 0, anchor_.data());
+  by_distance_.resize(static_cast<size_t>(sig_heads) + 1);
+  importance_by_distance_.resize(static_cast<size_t>(sig_heads) + 1);
+}
+
+std::vector<std::vector<float>> KvCrushLayer::kv_importance(const float* flat, int64_t count) const {
+  std::vector<std::vector<float>> out(static_cast<size_t>(heads_));
+  for (int h = 0; h < heads_; ++h) {
+    std::vector<float>& o = out[static_cast<size_t>(h)];
+    const float* first = flat + static_cast<int64_t>(h) * group_ * count;
+    o.assign(first, first + count);
+    for (int g = 1; g < group_; ++g) {  // the group's query heads in order
+      const float* row = first + static_cast<int64_t>(g) * count;
+      for (int64_t t = 0; t < count; ++t) o[static_cast<size_t>(t)] += row[t];
+    }
+  }
+  return out;
+}
+
 void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::vector<float>>& importance,
                                  int64_t count) {
   std::vector<int> distance(static_cast<size_t>(count));
-  std::vector<int64_t> per(static_cast<size_t>(heads_) + 1, 0);
+  std::vector<int64_t> per(static_cast<size_t>(sig_heads_) + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
     distance[static_cast<size_t>(t)] = hamming_distance(bits + t * words_, anchor_.data(), words_);
     ++per[static_cast<size_t>(distance[static_cast<size_t>(t)])];
   }
   // everything that may throw first: the room in every list
   bits_.reserve(static_cast<size_t>((n_ + count) * words_));
-  for (int d = 0; d <= heads_; ++d) {
+  for (int d = 0; d <= sig_heads_; ++d) {
     const auto i = static_cast<size_t>(d);
     by_distance_[i].reserve(by_distance_[i].size() + static_cast<size_t>(per[i]));
     importance_by_distance_[i].reserve(importance_by_distance_[i].size() + static_cast<size_t>(per[i] * heads_));
@@ -36,71 +61,84 @@ void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::ve
   n_ += count;
 }
 
-void KvCrushLayer::update(const HostKvStore& store, float scale, int n_threads) {
+void KvCrushLayer::update(const HostKvStore& store, float scale, int n_threads, const float* queries, int q_heads,
+                          int w) {
   const int64_t length = store.size();
   if (length <= n_) return;
   if (window_end_ == 0) {
-    // the first signatures: every token against the store's last keys
+    // the first signatures: every token against the window
     KvCrushLayer next;
-    next.heads_ = store.n_kv_heads();
-    next.words_ = signature_words(next.heads_);
+    const bool from_keys = queries == nullptr;
+    next.init(from_keys ? store.n_kv_heads() : q_heads, store.n_kv_heads());
     next.d_ = store.head_dim();
-    next.w_ = static_cast<int>(std::min<int64_t>(kWindow, length));
+    next.w_ = from_keys ? static_cast<int>(std::min<int64_t>(kWindow, length)) : w;
     next.scale_ = scale;
-    const int heads = next.heads_, d = next.d_, w = next.w_;
-    next.window_.resize(static_cast<size_t>(heads) * w * d);
-    next.lse_.resize(static_cast<size_t>(heads) * w);
-    next.threshold_.resize(static_cast<size_t>(heads));
-    next.anchor_.resize(static_cast<size_t>(next.words_));
-    make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, next.anchor_.data());
-    next.by_distance_.resize(static_cast<size_t>(heads) + 1);
-    next.importance_by_distance_.resize(static_cast<size_t>(heads) + 1);
-    std::vector<float> flat(static_cast<size_t>(heads) * length);
-    std::vector<std::vector<float>> importance(static_cast<size_t>(heads));
+    const int sig = next.sig_heads_, group = next.group_, d = next.d_, rows = next.w_;
+    next.window_.resize(static_cast<size_t>(sig) * rows * d);
+    if (!from_keys) std::copy_n(queries, next.window_.size(), next.window_.begin());
+    next.lse_.resize(static_cast<size_t>(sig) * rows);
+    next.threshold_.resize(static_cast<size_t>(sig));
+    std::vector<float> flat(static_cast<size_t>(sig) * length);
     std::vector<uint64_t> bits(static_cast<size_t>(length) * next.words_);
-    parallel_for(heads, n_threads, int64_t{w} * length * heads >= SelectRequest::kParallelLogits, Schedule::kDynamic,
-                 [&](int64_t h) {
+    parallel_for(sig, n_threads, int64_t{rows} * length * sig >= SelectRequest::kParallelLogits, Schedule::kDynamic,
+                 [&](int64_t s) {
+                   const int kv = static_cast<int>(s / group);
                    std::vector<float> keys(static_cast<size_t>(length) * d);
-                   float* win = next.window_.data() + h * w * d;
-                   store.keys_f32(static_cast<int>(h), length - w, length, win);
-                   store.keys_f32(static_cast<int>(h), 0, length, keys.data());
-                   float* imp = flat.data() + h * length;
-                   snapkv_importance(win, w, keys.data(), length, d, scale, imp, next.lse_.data() + h * w);
-                   importance[static_cast<size_t>(h)].assign(imp, imp + length);
+                   float* win = next.window_.data() + s * rows * d;
+                   if (from_keys) store.keys_f32(kv, length - rows, length, win);
+                   store.keys_f32(kv, 0, length, keys.data());
+                   snapkv_importance(win, rows, keys.data(), length, d, scale, flat.data() + s * length,
+                                     next.lse_.data() + s * rows);
                  });
-    signatures(flat.data(), heads, length, kMarkedFraction, bits.data());
-    for (int h = 0; h < heads; ++h) {  // the smallest importance a head marked
+    signatures(flat.data(), sig, length, kMarkedFraction, bits.data());
+    for (int h = 0; h < sig; ++h) {  // the smallest importance a head marked
       float t = std::numeric_limits<float>::infinity();
       for (int64_t p = 0; p < length; ++p)
         if ((bits[static_cast<size_t>(p * next.words_ + h / 64)] >> (h % 64)) & 1u)
           t = std::min(t, flat[static_cast<size_t>(h * length + p)]);
       next.threshold_[static_cast<size_t>(h)] = t;
     }
-    next.append_tokens(bits.data(), importance, length);
+    next.append_tokens(bits.data(), next.kv_importance(flat.data(), length), length);
     next.window_end_ = length;
     *this = std::move(next);  // no throw
     return;
   }
-  // later tokens: scored against the same window, marked at or above each head's threshold
+  // later tokens: scored against the same window, marked at or above each signature head's threshold
   const int64_t added = length - n_;
   std::vector<float> keys(static_cast<size_t>(added) * d_);
-  std::vector<std::vector<float>> imp(static_cast<size_t>(heads_), std::vector<float>(static_cast<size_t>(added)));
+  std::vector<float> flat(static_cast<size_t>(sig_heads_) * added);
   std::vector<uint64_t> bits(static_cast<size_t>(added) * words_, 0);
-  for (int h = 0; h < heads_; ++h) {
-    store.keys_f32(h, n_, length, keys.data());
-    std::vector<float>& ih = imp[static_cast<size_t>(h)];
-    window_importance(window_.data() + static_cast<int64_t>(h) * w_ * d_, w_,
-                      lse_.data() + static_cast<int64_t>(h) * w_, keys.data(), added, d_, scale_, ih.data());
+  for (int s = 0; s < sig_heads_; ++s) {
+    if (s % group_ == 0) store.keys_f32(s / group_, n_, length, keys.data());
+    float* is = flat.data() + static_cast<int64_t>(s) * added;
+    window_importance(window_.data() + static_cast<int64_t>(s) * w_ * d_, w_,
+                      lse_.data() + static_cast<int64_t>(s) * w_, keys.data(), added, d_, scale_, is);
     for (int64_t t = 0; t < added; ++t)
-      if (ih[static_cast<size_t>(t)] >= threshold_[static_cast<size_t>(h)])
-        bits[static_cast<size_t>(t * words_ + h / 64)] |= uint64_t{1} << (h % 64);
+      if (is[t] >= threshold_[static_cast<size_t>(s)])
+        bits[static_cast<size_t>(t * words_ + s / 64)] |= uint64_t{1} << (s % 64);
   }
-  append_tokens(bits.data(), imp, added);
+  append_tokens(bits.data(), kv_importance(flat.data(), added), added);
+}
+
+void KvCrushLayer::rebuild_from_sums(const float* sums, int sig_heads, int64_t n_sums, int kv_heads, int64_t length,
+                                     int64_t steps) {
+  KvCrushLayer next;
+  next.init(sig_heads, kv_heads);
+  std::vector<float> flat(static_cast<size_t>(sig_heads) * length, 0.0f);
+  for (int s = 0; s < sig_heads; ++s)
+    std::copy_n(sums + static_cast<int64_t>(s) * n_sums, std::min(n_sums, length),
+                flat.data() + static_cast<int64_t>(s) * length);
+  std::vector<uint64_t> bits(static_cast<size_t>(length) * next.words_);
+  if (length > 0) signatures(flat.data(), sig_heads, length, kMarkedFraction, bits.data());
+  next.append_tokens(bits.data(), next.kv_importance(flat.data(), length), length);
+  next.from_sums_ = true;
+  next.sums_steps_ = steps;
+  *this = std::move(next);  // no throw
 }
 
 void KvCrushLayer::truncate(int64_t length) noexcept {
   if (length >= n_) return;
-  if (length < window_end_) {  // the window's keys are gone: start again
+  if (length < window_end_ || from_sums_) {  // the window's keys are gone (or sums to rebuild from): start again
     *this = KvCrushLayer{};
     return;
   }

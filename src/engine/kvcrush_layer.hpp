@@ -1,8 +1,11 @@
 #pragma once
-// One layer's KVCrush state (config.hamming_fraction > 0): a signature per token, one bit per KV head, and each
-// head's importance of every token, from a proxy observation window: the last kWindow keys the layer held at its
-// first select (the end of the prompt), used as queries of their own KV head. A selection spends the important part
-// of its budget on the retriever's choice and adds one representative per bucket of the tokens left out.
+// One layer's KVCrush state (config.hamming_fraction > 0): a signature per token, one bit per signature head, and
+// each KV head's importance of every token. The importance comes from an observation window, either the prompt's
+// last queries (kvret_seq_observe; one bit per query head, a KV head's importance the sum over its query heads) or a
+// proxy, the last kWindow keys the layer held at its first select (the end of the prompt), used as queries of their
+// own KV head (one bit per KV head); or from accumulated attention sums (rebuild_from_sums). A selection spends the
+// important part of its budget on the retriever's choice and adds one representative per bucket of the tokens left
+// out.
 #include <cstdint>
 #include <vector>
 
@@ -17,12 +20,24 @@ class KvCrushLayer {
   /// The share of tokens each head marks in the signatures.
   static constexpr float kMarkedFraction = 0.5f;
 
-  /// Brings the signatures up to the store's tokens: at the first call, the window (the store's last kWindow
-  /// keys), every token's importance and bits, and each head's threshold (the importance of the last token it
-  /// marked); later tokens are scored against the same window and marked when at or above the threshold. The first
-  /// call runs the KV heads on n_threads threads when its window logits (window rows x tokens x heads) reach
-  /// SelectRequest::kParallelLogits.
-  void update(const HostKvStore& store, float scale, int n_threads = 1);
+  /// Brings the signatures up to the store's tokens: at the first call, the window, every token's importance and
+  /// bits, and each signature head's threshold (the importance of the last token it marked); later tokens are scored
+  /// against the same window and marked when at or above the threshold. The window: `queries` ([q_heads, w, head_dim],
+  /// query head i attending with KV head i / (q_heads / n_kv_heads); one signature bit per query head) when not null,
+  /// else the store's last kWindow keys (one bit per KV head). The first call runs the signature heads on n_threads
+  /// threads when its window logits (window rows x tokens x heads) reach SelectRequest::kParallelLogits. Strong
+  /// guarantee. Must not follow rebuild_from_sums without a reset.
+  void update(const HostKvStore& store, float scale, int n_threads = 1, const float* queries = nullptr, int q_heads = 0,
+              int w = 0);
+  /// Replaces everything with signatures over `length` tokens from accumulated sums: sums [sig_heads, n_sums]
+  /// (n_sums <= length; tokens from n_sums on count 0), one bit per sig head (its top kMarkedFraction), a KV head's
+  /// importance the sum over its sig_heads / kv_heads heads; `steps` is recorded (sums_steps()). Strong guarantee.
+  void rebuild_from_sums(const float* sums, int sig_heads, int64_t n_sums, int kv_heads, int64_t length, int64_t steps);
+  /// Whether the state comes from rebuild_from_sums, and the steps it recorded.
+  bool from_sums() const noexcept { return from_sums_; }
+  int64_t sums_steps() const noexcept { return sums_steps_; }
+  /// Bits per signature (0 before the first update).
+  int signature_heads() const noexcept { return sig_heads_; }
   /// Forgets the tokens from `length` on; everything when the window lay beyond it (recomputed at the next
   /// update). Never throws.
   void truncate(int64_t length) noexcept;
@@ -50,23 +65,31 @@ class KvCrushLayer {
   /// Appends tokens [n_, n_ + count) with their bits ([count, words]) and importance ([heads][count]) to the
   /// distance lists. Strong guarantee.
   void append_tokens(const uint64_t* bits, const std::vector<std::vector<float>>& importance, int64_t count);
+  /// A fresh state's geometry: sig_heads signature bits, kv_heads KV heads, the anchor and distance lists.
+  void init(int sig_heads, int kv_heads);
+  /// The KV heads' importance ([kv_heads][count]) from the signature heads' ([sig_heads, count] at `flat`).
+  std::vector<std::vector<float>> kv_importance(const float* flat, int64_t count) const;
 
-  int heads_ = 0;
+  int heads_ = 0;      ///< KV heads (importance)
+  int sig_heads_ = 0;  ///< signature bits (KV heads, or query heads)
+  int group_ = 1;      ///< sig_heads_ / heads_
   int words_ = 0;
   int d_ = 0;
-  int w_ = 0;  ///< window rows per head (kWindow, or fewer tokens)
+  int w_ = 0;  ///< window rows per signature head (kWindow, or fewer tokens; or the queries' w)
   float scale_ = 1.0f;
-  std::vector<float> window_;     ///< [heads, w, d]
-  std::vector<float> lse_;        ///< [heads, w]: each window row's log-normalizer
-  std::vector<float> threshold_;  ///< [heads]
+  std::vector<float> window_;     ///< [sig_heads, w, d]
+  std::vector<float> lse_;        ///< [sig_heads, w]: each window row's log-normalizer
+  std::vector<float> threshold_;  ///< [sig_heads]
   std::vector<uint64_t> anchor_;  ///< [words]: the alternating anchor
   std::vector<uint64_t> bits_;    ///< [n, words]
-  /// Per Hamming distance to the anchor (0..heads): its tokens in ascending position, and their importance
+  /// Per Hamming distance to the anchor (0..sig_heads): its tokens in ascending position, and their importance
   /// ([count, heads]); one pass over them in distance order gives the candidates in the grouping's order.
   std::vector<std::vector<int32_t>> by_distance_;
   std::vector<std::vector<float>> importance_by_distance_;
   int64_t window_end_ = 0;  ///< the window is the keys [window_end_ - w, window_end_); 0: none yet
   int64_t n_ = 0;           ///< tokens with a signature
+  bool from_sums_ = false;
+  int64_t sums_steps_ = 0;
 };
 
 }  // namespace kvret

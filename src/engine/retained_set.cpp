@@ -28,11 +28,11 @@ int64_t retained_set(Sequence& seq, int32_t layer, int32_t budget, const kvret_t
   out.expect_dim_at_least(1, count, "retained positions per head");
   if (count == 0) return 0;  // no middle: nothing to choose
 
-  // The importance and signatures of every token, from a window of its own: the sequence's select state (the
-  // window of the layer's first select) is neither read nor changed.
+  // The importance and signatures of every token, from a state of its own (the accumulated sums, the observed
+  // queries or the layer's last keys): the sequence's select state is neither read nor changed.
   const int threads = ctx.threads();
   KvCrushLayer crush;
-  crush.update(store, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), threads);
+  seq.refresh_crush(layer, crush);
   const TokenGroups g = seq.groups(layer);
   const BudgetSplit split = split_budget(count, c.hamming_fraction, c.hamming_buckets);
   const int heads = c.n_kv_heads;

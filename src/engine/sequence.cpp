@@ -10,6 +10,7 @@
 #include "core/attention.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/vec_math.hpp"
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
@@ -47,6 +48,14 @@ Sequence::Sequence(Context& ctx) : ctx_(ctx) {
         l, HostKvStore(c.n_kv_heads, c.head_dim, kv_dtype_to_dtype(c.kv_dtype), ctx.backend().pages(), rope),
         ctx.kind().make(c, l)));
   if (c.hamming_fraction > 0.0f) crush_.resize(static_cast<size_t>(c.n_layers));
+  importance_.resize(static_cast<size_t>(c.n_layers));
+  for (ImportanceInputs& in : importance_) in.sums = AttentionAccumulator(c.n_q_heads);
+}
+
+Sequence::Sequence(Context& ctx, ForkTag) : ctx_(ctx) {
+  const kvret_config& c = ctx.config();
+  importance_.resize(static_cast<size_t>(c.n_layers));
+  for (ImportanceInputs& in : importance_) in.sums = AttentionAccumulator(c.n_q_heads);
 }
 
 Sequence::~Sequence() {
@@ -221,6 +230,11 @@ void Sequence::drop_front(int64_t keep, int64_t count) {
     layer.swap(p.next);  // the old state goes with the plan
     // state about positions that moved: recomputed (KVCrush's signatures, at the next select) or dropped
     if (!crush_.empty()) crush_[p.layer] = KvCrushLayer{};
+    ImportanceInputs& in = importance_[p.layer];
+    in.window = {};  // the queries' positions moved: the keys' rule again
+    in.w = 0;
+    in.observed_at = 0;
+    in.sums.erase(keep, count);  // the other tokens keep their sums
     if (p.layer < reuse_.size()) {
       reuse_[p.layer].clear();
       stats_.cluster_reuse_bytes += reuse_[p.layer].bytes_change();
@@ -279,6 +293,15 @@ void Sequence::truncate(int64_t length) {
     ctx_.release_host_bytes(freed);
   }
   for (KvCrushLayer& k : crush_) k.truncate(length);
+  for (ImportanceInputs& in : importance_) {
+    in.sums.truncate(length);
+    if (length == 0) in.steps = 0;  // nothing left that a step attended
+    if (length < in.observed_at) {  // the window's tokens are gone
+      in.window = {};
+      in.w = 0;
+      in.observed_at = 0;
+    }
+  }
   for (size_t i = 0; i < reuse_.size(); ++i)  // a shortened layer's resident rows may not be its tokens any more
     if (std::any_of(plans.begin(), plans.end(), [&](const Plan& p) { return p.layer == layers_[i].get(); })) {
       reuse_[i].clear();
@@ -291,6 +314,7 @@ std::unique_ptr<Sequence> Sequence::fork() {
   auto child = std::make_unique<Sequence>(ctx_, ForkTag{});
   child->layers_.reserve(layers_.size());
   child->crush_ = crush_;
+  child->importance_ = importance_;
   int64_t host_bytes = 0;
   for (const auto& l : layers_) {
     child->layers_.push_back(l->fork());
@@ -379,9 +403,7 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
     const BudgetSplit split = split_budget(count, c.hamming_fraction, c.hamming_buckets);
     important = split.important;
     p.representatives = split.representatives;
-    if (p.representatives > 0)
-      crush_[static_cast<size_t>(layer)].update(l.store(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                                                ctx_.threads());
+    if (p.representatives > 0) refresh_crush(layer, crush_[static_cast<size_t>(layer)]);
   }
   job.retriever = &l.index();
   job.store = &l.store();
@@ -630,6 +652,8 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   if (c.quant_attention != 0) {  // SpeCache's output rule, over the whole low-bit copy
     attend_quantized(layer, qv, a.selected.data(), width, count, scale, ov);
+    if (c.hamming_importance == KVRET_IMPORTANCE_ACCUMULATED)
+      accumulate_attend(layer, qv, a.selected.data(), width, count, scale);
     return;
   }
   // fetch into the buffers, then attend over them
@@ -646,6 +670,147 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const int64_t rows = fetch(layer, &st, static_cast<int32_t>(count), &ws, stream);
   backend.attend(c, qv, ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}), rows, scale,
                  ov, ctx_.threads(), stream);
+  if (c.hamming_importance == KVRET_IMPORTANCE_ACCUMULATED)
+    accumulate_attend(layer, qv, a.selected.data(), width, count, scale);
+}
+
+void Sequence::accumulate_attend(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width,
+                                 int64_t count, float scale) {
+  const kvret_config& c = ctx_.config();
+  const HostKvStore& store = layer_at(layer).store();
+  const TokenGroups g = groups(layer);
+  std::vector<std::byte> q_copy;
+  const std::vector<float> qf = load_query(ctx_.backend().host_readable(q, q_copy), false);
+  const int d = c.head_dim, group = c.n_q_heads / c.n_kv_heads;
+  const float s = attend_scale(c, scale);
+  std::vector<float> probs(static_cast<size_t>(c.n_q_heads) * static_cast<size_t>(g.length), 0.0f);
+  std::vector<int32_t> rows;
+  std::vector<float> keys, logits;
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    // the working set's positions of head h: sink, selection, local (as fetch gathers them)
+    rows.clear();
+    for (int64_t p = 0; p < g.mid_begin; ++p) rows.push_back(static_cast<int32_t>(p));
+    rows.insert(rows.end(), selected + h * width, selected + h * width + count);
+    for (int64_t p = g.mid_end; p < g.length; ++p) rows.push_back(static_cast<int32_t>(p));
+    const auto n = static_cast<int64_t>(rows.size());
+    keys.resize(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n; ++i)
+      store.keys_f32(h, rows[static_cast<size_t>(i)], rows[static_cast<size_t>(i)] + 1, keys.data() + i * d);
+    logits.resize(static_cast<size_t>(group * n));
+    scaled_dots(qf.data() + static_cast<int64_t>(h) * group * d, d, group, keys.data(), d, n, d, s, logits.data(), n);
+    for (int j = 0; j < group; ++j) {
+      float* l = logits.data() + static_cast<int64_t>(j) * n;
+      const float mx = *std::max_element(l, l + n);
+      double z = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        l[i] = std::exp(l[i] - mx);
+        z += l[i];
+      }
+      const auto inv = static_cast<float>(1.0 / z);
+      float* out = probs.data() + (static_cast<int64_t>(h) * group + j) * g.length;
+      for (int64_t i = 0; i < n; ++i) out[rows[static_cast<size_t>(i)]] = l[i] * inv;
+    }
+  }
+  accumulate(layer, probs.data(), g.length);
+}
+
+void Sequence::accumulate(int32_t layer, const float* probs, int64_t n) {
+  ImportanceInputs& in = importance_[static_cast<size_t>(layer)];
+  in.sums.add(probs, n);  // strong: grows aside first
+  ++in.steps;
+}
+
+void Sequence::observe(int32_t layer, const kvret_tensor* q_window) {
+  const kvret_config& c = ctx_.config();
+  const TensorView qv = ctx_.view(q_window, "q_window", kFloatTypes, {3});
+  const HostKvStore& store = layer_at(layer).store();
+  require(store.size() > 0, KVRET_ERR_STATE,
+          "kvret_seq_observe on " + layer_name(layer) + ", which holds no tokens (call kvret_append_prefill first)");
+  const int64_t w = qv.dim(0);
+  require(w >= 1 && w <= store.size(), KVRET_ERR_SHAPE,
+          "q_window: " + std::to_string(w) + " rows (dimension 0), but the window must hold 1 to the " +
+              std::to_string(store.size()) + " tokens of " + layer_name(layer));
+  qv.expect_dim(1, c.n_q_heads, "n_q_heads");
+  qv.expect_dim(2, c.head_dim, "head_dim");
+  std::vector<std::byte> copy;
+  const TensorView host = ctx_.backend().host_readable(qv, copy);
+  const int64_t d = c.head_dim;
+  std::vector<float> rows(static_cast<size_t>(c.n_q_heads * w * d));
+  for (int64_t j = 0; j < w; ++j)
+    for (int64_t i = 0; i < c.n_q_heads; ++i)
+      host.load_f32(host.at({j, i}), static_cast<size_t>(d), rows.data() + (i * w + j) * d);
+  if (c.check_finite)
+    for (const float f : rows) KVRET_REQUIRE(std::isfinite(f), KVRET_ERR_NONFINITE, "q_window: contains NaN or Inf");
+  // commit (no throw below)
+  ImportanceInputs& in = importance_[static_cast<size_t>(layer)];
+  in.window.swap(rows);
+  in.w = static_cast<int>(w);
+  in.observed_at = store.size();
+  if (!crush_.empty()) crush_[static_cast<size_t>(layer)] = KvCrushLayer{};  // recomputed at the next select
+}
+
+void Sequence::observe_attention(int32_t layer, const kvret_tensor* probs) {
+  const kvret_config& c = ctx_.config();
+  require(c.hamming_importance == KVRET_IMPORTANCE_ACCUMULATED, KVRET_ERR_STATE,
+          "kvret_seq_observe_attention: config.hamming_importance is not KVRET_IMPORTANCE_ACCUMULATED (the context "
+          "keeps no accumulated attention)");
+  const TensorView pv = ctx_.view(probs, "probs", kFloatTypes, {2});
+  const HostKvStore& store = layer_at(layer).store();
+  require(store.size() > 0, KVRET_ERR_STATE,
+          "kvret_seq_observe_attention on " + layer_name(layer) +
+              ", which holds no tokens (call kvret_append_prefill first)");
+  pv.expect_dim(0, c.n_q_heads, "n_q_heads");
+  const int64_t n = pv.dim(1);
+  require(n >= 1 && n <= store.size(), KVRET_ERR_SHAPE,
+          "probs: " + std::to_string(n) + " tokens (dimension 1), but a step covers 1 to the " +
+              std::to_string(store.size()) + " tokens of " + layer_name(layer));
+  std::vector<std::byte> copy;
+  const TensorView host = ctx_.backend().host_readable(pv, copy);
+  std::vector<float> p(static_cast<size_t>(c.n_q_heads * n));
+  for (int64_t i = 0; i < c.n_q_heads; ++i) {
+    float* row = p.data() + i * n;
+    host.load_f32(host.at({i}), static_cast<size_t>(n), row);
+    for (int64_t t = 0; t < n; ++t)
+      KVRET_REQUIRE(std::isfinite(row[t]) && row[t] >= 0.0f, KVRET_ERR_INVALID_ARGUMENT,
+                    "probs: query head " + std::to_string(i) + ", position " + std::to_string(t) + " is " +
+                        std::to_string(row[t]) + ": a probability must be finite and >= 0");
+  }
+  accumulate(layer, p.data(), n);
+}
+
+void Sequence::refresh_crush(int32_t layer, KvCrushLayer& crush) const {
+  const kvret_config& c = ctx_.config();
+  const HostKvStore& store = layer_at(layer).store();
+  const ImportanceInputs& in = importance_[static_cast<size_t>(layer)];
+  if (c.hamming_importance == KVRET_IMPORTANCE_ACCUMULATED && in.steps > 0) {
+    if (!crush.from_sums() || crush.sums_steps() != in.steps || crush.tokens() != store.size())
+      crush.rebuild_from_sums(in.sums.importance().data(), c.n_q_heads, in.sums.tokens(), c.n_kv_heads, store.size(),
+                              in.steps);
+    return;
+  }
+  if (crush.from_sums()) crush = KvCrushLayer{};
+  crush.update(store, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), ctx_.threads(),
+               in.window.empty() ? nullptr : in.window.data(), c.n_q_heads, in.w);
+}
+
+const AttentionAccumulator& Sequence::accumulated(int32_t layer) const {
+  check_layer(layer);
+  return importance_[static_cast<size_t>(layer)].sums;
+}
+
+int64_t Sequence::accumulated_steps(int32_t layer) const {
+  check_layer(layer);
+  return importance_[static_cast<size_t>(layer)].steps;
+}
+
+bool Sequence::holds_importance_inputs() const noexcept {
+  return std::any_of(importance_.begin(), importance_.end(),
+                     [](const ImportanceInputs& in) { return !in.window.empty() || in.steps > 0; });
+}
+
+const KvCrushLayer* Sequence::crush(int32_t layer) const {
+  check_layer(layer);
+  return crush_.empty() ? nullptr : &crush_[static_cast<size_t>(layer)];
 }
 
 void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width,

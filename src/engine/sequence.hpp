@@ -15,6 +15,7 @@
 #include "engine/stats.hpp"
 #include "index/retriever.hpp"
 #include "kvret.h"
+#include "select/kvcrush.hpp"
 #include "store/host_kv_store.hpp"
 
 namespace kvret {
@@ -37,7 +38,7 @@ class Sequence {
   explicit Sequence(Context& ctx);
   /// A fork's sequence: its layers already filled.
   struct ForkTag {};
-  Sequence(Context& ctx, ForkTag) : ctx_(ctx) {}
+  Sequence(Context& ctx, ForkTag);
   ~Sequence();  ///< waits for this sequence's background builds
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -112,6 +113,23 @@ class Sequence {
                 kvret_stream stream = nullptr);
   void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
 
+  /// kvret_seq_observe: the prompt's last queries as the layer's observation window. Strong guarantee.
+  void observe(int32_t layer, const kvret_tensor* q_window);
+  /// kvret_seq_observe_attention: one step's probabilities added to the layer's accumulated attention. Strong
+  /// guarantee.
+  void observe_attention(int32_t layer, const kvret_tensor* probs);
+  /// Brings `crush` up to the layer's tokens from the importance the config and the layer's inputs give: the
+  /// accumulated sums (KVRET_IMPORTANCE_ACCUMULATED, once a step was observed), else the observed query window,
+  /// else the layer's last keys (KvCrushLayer::update).
+  void refresh_crush(int32_t layer, KvCrushLayer& crush) const;
+  /// The layer's accumulated attention ([n_q_heads, tokens] sums) and the steps added to it. For tests and tooling.
+  const AttentionAccumulator& accumulated(int32_t layer) const;
+  int64_t accumulated_steps(int32_t layer) const;
+  /// Whether any layer holds an observed query window or accumulated attention (sessions do not save them).
+  bool holds_importance_inputs() const noexcept;
+  /// The layer's KVCrush select state (null unless config.hamming_fraction > 0). For tests.
+  const KvCrushLayer* crush(int32_t layer) const;
+
   const StatCounters& stats() const noexcept { return stats_; }
   /// The index of a layer (waits for its build first). For tests and tooling.
   const Retriever& index(int32_t layer);
@@ -157,6 +175,21 @@ class Sequence {
   /// Per layer, ClusterKV's resident clusters (config.cluster_reuse_steps > 0 on a cluster index; sized at the
   /// first fetch that uses them; a fork starts without).
   std::vector<ClusterReuseLayer> reuse_;
+  /// Per layer, the inputs of KVCrush's importance besides the keys (docs/kvcrush.md).
+  struct ImportanceInputs {
+    std::vector<float> window;  ///< kvret_seq_observe's queries, [n_q_heads, w, head_dim] (empty: none)
+    int w = 0;
+    int64_t observed_at = 0;       ///< the layer's length at that call
+    AttentionAccumulator sums{0};  ///< H2O's accumulated attention, [n_q_heads, tokens]
+    int64_t steps = 0;             ///< steps added to sums
+  };
+  std::vector<ImportanceInputs> importance_;
+  /// Adds one step's probabilities ([n_q_heads, n], checked) to the layer's sums. Strong guarantee.
+  void accumulate(int32_t layer, const float* probs, int64_t n);
+  /// Under KVRET_IMPORTANCE_ACCUMULATED, the probabilities of attend's step over its working set (sink, the
+  /// selection rows[h][0..count), local) added to the layer's sums.
+  void accumulate_attend(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width, int64_t count,
+                         float scale);
   AttendScratch attend_scratch_;
   StatCounters stats_;
 };

@@ -79,6 +79,23 @@ void AttentionAccumulator::add(const float* probs, int64_t n) {
     for (int64_t t = 0; t < n; ++t) sum_[static_cast<size_t>(h * n_ + t)] += probs[h * n + t];
 }
 
+void AttentionAccumulator::truncate(int64_t n) noexcept {
+  if (n >= n_) return;
+  erase(n, n_ - n);
+}
+
+void AttentionAccumulator::erase(int64_t begin, int64_t count) noexcept {
+  if (begin >= n_ || count <= 0) return;
+  count = std::min(count, n_ - begin);
+  const int64_t n = n_ - count;
+  // every destination is at or before its source: one forward pass
+  for (int h = 0; h < heads_; ++h)
+    for (int64_t t = 0; t < n; ++t)
+      sum_[static_cast<size_t>(h * n + t)] = sum_[static_cast<size_t>(h * n_ + (t < begin ? t : t + count))];
+  sum_.resize(static_cast<size_t>(heads_ * n));
+  n_ = n;
+}
+
 void make_anchor(Anchor kind, int heads, uint64_t seed, const uint64_t* bits, const int32_t* positions, int64_t n,
                  uint64_t* anchor) {
   const int words = signature_words(heads);

@@ -49,6 +49,11 @@ class AttentionAccumulator {
   int64_t tokens() const noexcept { return n_; }
   /// Adds one step's probabilities, probs: [heads, n] over the first n tokens (grown to n when longer).
   void add(const float* probs, int64_t n);
+  /// Keeps the first n tokens' sums (no-op when it holds no more). In place; never throws.
+  void truncate(int64_t n) noexcept;
+  /// Removes the sums of tokens [begin, begin + count) (those it holds); later tokens move count earlier. In place;
+  /// never throws.
+  void erase(int64_t begin, int64_t count) noexcept;
   /// The sums, [heads, tokens()] (head h's row at h * tokens()).
   const std::vector<float>& importance() const noexcept { return sum_; }
 

@@ -457,6 +457,9 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   const kvret_config& c = ctx_.config();
   require(c.hamming_fraction == 0.0f, KVRET_ERR_UNSUPPORTED,
           "kvret_session_save: a sequence with KVCrush's signatures (config.hamming_fraction > 0) cannot be saved");
+  require(!seq.holds_importance_inputs(), KVRET_ERR_UNSUPPORTED,
+          "kvret_session_save: a sequence with KVCrush's importance inputs (a query window given to kvret_seq_observe "
+          "or attention accumulated under config.hamming_importance) cannot be saved");
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages

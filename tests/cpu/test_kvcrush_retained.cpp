@@ -324,8 +324,8 @@ struct Retained {
 /// Attention mass of decode queries over retained sets, on the synthetic workload: per query head, the share of
 /// its full softmax (over every prefill token) that the kept tokens (sink, retained middle, local) hold, and the
 /// share of its middle mass that the retained middle tokens hold, averaged over query heads and steps. Decode
-/// steps [0, 32) stand for the prompt's last 32 queries (the window SnapKV would use with real queries, which the
-/// library never sees); steps [32, 96) are the queries measured.
+/// steps [0, 32) stand for the prompt's last 32 queries (the window SnapKV uses: given to kvret_seq_observe, or
+/// their full softmax handed in as accumulated attention); steps [32, 96) are the queries measured.
 void report_eviction_mass(int n_q_heads, int n_kv_heads) {
   kvret::workload::Config wc;
   wc.n_layers = 1;
@@ -347,38 +347,72 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
 
   const int32_t budgets[] = {static_cast<int32_t>(n / 10), static_cast<int32_t>(n / 5)};
   const float shares[] = {0.0f, 0.1f, 0.25f, 0.5f};
+  // the window steps as a query window [kWindow, n_q_heads, d] (kvret_seq_observe), and as observed decode steps:
+  // each step's full softmax over the prefill, per query head (kvret_seq_observe_attention)
+  Buffer<float> q_window({kWindow, n_q_heads, d});
+  std::copy_n(qs.data(), q_window.data.size(), q_window.data.begin());
+  std::vector<Buffer<float>> steps;
+  for (int s = 0; s < kWindow; ++s) {
+    Buffer<float> p({n_q_heads, n});
+    for (int i = 0; i < n_q_heads; ++i) {
+      const float* q = qs.data() + (static_cast<int64_t>(s) * n_q_heads + i) * d;
+      std::vector<double> l(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) {
+        const float* kt = k.data.data() + (t * n_kv_heads + i / group) * d;
+        double dot = 0;
+        for (int64_t x = 0; x < d; ++x) dot += static_cast<double>(q[x]) * kt[x];
+        l[static_cast<size_t>(t)] = dot / std::sqrt(static_cast<double>(d));
+      }
+      const double mx = *std::max_element(l.begin(), l.end());
+      double z = 0;
+      for (double& x : l) z += (x = std::exp(x - mx));
+      for (int64_t t = 0; t < n; ++t)
+        p.data[static_cast<size_t>(i * n + t)] = static_cast<float>(l[static_cast<size_t>(t)] / z);
+    }
+    steps.push_back(std::move(p));
+  }
+  enum class Source { kKeys, kQueries, kAccumulated };
   std::vector<Retained> sets;
   for (const int32_t budget : budgets) {
-    // kvret_seq_retained_set: the window of the layer's last 32 keys
-    for (const float share : shares) {
-      kvret_config c;
-      init_config(&c);
-      c.n_layers = 1;
-      c.n_q_heads = n_q_heads;
-      c.n_kv_heads = n_kv_heads;
-      c.head_dim = static_cast<int32_t>(d);
-      c.kv_dtype = KVRET_KV_F32;
-      c.n_sink = static_cast<int32_t>(mb);
-      c.n_local = static_cast<int32_t>(n - me);
-      c.index_kind = KVRET_INDEX_STREAMING;
-      c.hamming_fraction = share;
-      auto ctx = make_context(c);
-      Seq seq(ctx.get());
-      expect_ok(kvret_append_prefill(seq.s, 0, &k, &v));
-      I32 out({n_kv_heads, budget});
-      int32_t count = 0;
-      expect_ok(kvret_seq_retained_set(seq.s, 0, budget, &out, &count));
-      EXPECT_EQ(count, budget);
-      Retained r;
-      r.label =
-          share == 0.0f ? "key window, snapkv" : "key window, + " + std::to_string(std::lround(share * 100)) + "% reps";
-      r.budget = budget;
-      r.member.assign(static_cast<size_t>(n_kv_heads), std::vector<char>(static_cast<size_t>(n), 0));
-      for (int h = 0; h < n_kv_heads; ++h)
-        for (int i = 0; i < count; ++i)
-          r.member[static_cast<size_t>(h)][static_cast<size_t>(out.data[static_cast<size_t>(h * count + i)])] = 1;
-      sets.push_back(std::move(r));
-    }
+    // kvret_seq_retained_set: the window of the layer's last 32 keys; the window steps given to kvret_seq_observe;
+    // the window steps' attention accumulated (H2O)
+    for (const Source source : {Source::kKeys, Source::kQueries, Source::kAccumulated})
+      for (const float share : shares) {
+        if (source != Source::kKeys && share != 0.0f && share != 0.25f) continue;
+        kvret_config c;
+        init_config(&c);
+        c.n_layers = 1;
+        c.n_q_heads = n_q_heads;
+        c.n_kv_heads = n_kv_heads;
+        c.head_dim = static_cast<int32_t>(d);
+        c.kv_dtype = KVRET_KV_F32;
+        c.n_sink = static_cast<int32_t>(mb);
+        c.n_local = static_cast<int32_t>(n - me);
+        c.index_kind = KVRET_INDEX_STREAMING;
+        c.hamming_fraction = share;
+        if (source == Source::kAccumulated) c.hamming_importance = KVRET_IMPORTANCE_ACCUMULATED;
+        auto ctx = make_context(c);
+        Seq seq(ctx.get());
+        expect_ok(kvret_append_prefill(seq.s, 0, &k, &v));
+        if (source == Source::kQueries) expect_ok(kvret_seq_observe(seq.s, 0, &q_window));
+        if (source == Source::kAccumulated)
+          for (const auto& p : steps) expect_ok(kvret_seq_observe_attention(seq.s, 0, &p));
+        I32 out({n_kv_heads, budget});
+        int32_t count = 0;
+        expect_ok(kvret_seq_retained_set(seq.s, 0, budget, &out, &count));
+        EXPECT_EQ(count, budget);
+        Retained r;
+        r.label = source == Source::kKeys      ? "key window"
+                  : source == Source::kQueries ? "query window (observe)"
+                                               : "accumulated (H2O)";
+        r.label += share == 0.0f ? ", base" : ", + " + std::to_string(std::lround(share * 100)) + "% reps";
+        r.budget = budget;
+        r.member.assign(static_cast<size_t>(n_kv_heads), std::vector<char>(static_cast<size_t>(n), 0));
+        for (int h = 0; h < n_kv_heads; ++h)
+          for (int i = 0; i < count; ++i)
+            r.member[static_cast<size_t>(h)][static_cast<size_t>(out.data[static_cast<size_t>(h * count + i)])] = 1;
+        sets.push_back(std::move(r));
+      }
     // the same composition from a window of real queries (each KV head's group over the 32 window steps), with
     // the library's own SnapKV importance, signatures and grouping (select/kvcrush.hpp)
     std::vector<float> importance(static_cast<size_t>(n_kv_heads * n));
@@ -398,7 +432,7 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
     kvret::make_anchor(kvret::Anchor::kAlternating, n_kv_heads, 0, nullptr, nullptr, 0, anchor.data());
     for (const float share : {0.0f, 0.25f}) {
       Retained r;
-      r.label = share == 0.0f ? "query window, snapkv" : "query window, + 25% reps";
+      r.label = share == 0.0f ? "query window (test), snapkv" : "query window (test), + 25% reps";
       r.budget = budget;
       r.member.assign(static_cast<size_t>(n_kv_heads), std::vector<char>(static_cast<size_t>(n), 0));
       std::vector<int32_t> out(static_cast<size_t>(budget));
@@ -418,6 +452,22 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
     for (auto& row : recent.member) std::fill(row.begin() + (me - budget), row.begin() + me, 1);
     sets.push_back(std::move(recent));
   }
+  // H2O over the window steps' full softmax sums the same probabilities as SnapKV over those queries: the same sets
+  // but for float round-off at the cut
+  for (const Retained& a : sets)
+    for (const Retained& b : sets) {
+      if (a.budget != b.budget || a.label.rfind("query window (observe)", 0) != 0 ||
+          b.label != "accumulated (H2O)" + a.label.substr(std::string("query window (observe)").size()))
+        continue;
+      int64_t same = 0, total = 0;
+      for (int h = 0; h < n_kv_heads; ++h)
+        for (int64_t t = 0; t < n; ++t) {
+          const char x = a.member[static_cast<size_t>(h)][static_cast<size_t>(t)];
+          total += x;
+          same += x && b.member[static_cast<size_t>(h)][static_cast<size_t>(t)];
+        }
+      EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(total)) << a.label << " vs " << b.label;
+    }
   // per step, the top of the exact folded scores: what a per-step select over an offloaded cache holds (no
   // retained set can: it is chosen once for every query)
   double oracle_kept[2] = {0, 0}, oracle_middle[2] = {0, 0}, random_kept[2] = {0, 0};
@@ -484,7 +534,7 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
         "[ kvcrush ] eviction-only, workload 8k, %d query / %d KV heads, budget %d (1/%d) + 16 sink + 64 local, "
         "%d decode queries\n",
         n_q_heads, n_kv_heads, budgets[b], b == 0 ? 10 : 5, kSteps);
-    std::printf("[ kvcrush ]   %-28s %10s %12s %8s\n", "retained middle", "kept mass", "middle mass", "needles");
+    std::printf("[ kvcrush ]   %-36s %10s %12s %8s\n", "retained middle", "kept mass", "middle mass", "needles");
     for (const Retained& r : sets) {
       if (r.budget != budgets[b]) continue;
       double held = 0;
@@ -492,17 +542,17 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
         for (const int64_t at : needles)
           for (int64_t t = at; t < at + wc.needle_tokens && t < n; ++t)
             held += r.member[static_cast<size_t>(h)][static_cast<size_t>(t)];
-      std::printf("[ kvcrush ]   %-28s %10.4f %12.4f %8.3f\n", r.label.c_str(), r.kept / norm, r.middle / norm,
+      std::printf("[ kvcrush ]   %-36s %10.4f %12.4f %8.3f\n", r.label.c_str(), r.kept / norm, r.middle / norm,
                   held / needle_tokens);
       EXPECT_GT(r.middle, 0.0);
       EXPECT_LE(r.kept / norm, 1.0 + 1e-6);
       // the per-step top of the exact scores is the most any set of this size holds for each query group
       EXPECT_LE(r.kept, oracle_kept[b] * (1 + 1e-9)) << r.label;
     }
-    std::printf("[ kvcrush ]   %-28s %10.4f %12.4f %8.3f\n", "uniform random (expected)", random_kept[b] / norm,
+    std::printf("[ kvcrush ]   %-36s %10.4f %12.4f %8.3f\n", "uniform random (expected)", random_kept[b] / norm,
                 static_cast<double>(budgets[b]) / static_cast<double>(m),
                 static_cast<double>(budgets[b]) / static_cast<double>(m));
-    std::printf("[ kvcrush ]   %-28s %10.4f %12.4f\n", "per-step exact top (offload)", oracle_kept[b] / norm,
+    std::printf("[ kvcrush ]   %-36s %10.4f %12.4f\n", "per-step exact top (offload)", oracle_kept[b] / norm,
                 oracle_middle[b] / norm);
   }
 }

@@ -2,7 +2,7 @@
 
 Every field of kvret_config is a keyword of the same name (n_layers=..., budget=...). Enumerated fields also take
 names: kv_dtype="f32", index_kind="exact", gqa_fold="max_logit", cache_policy="lfu", session_policy="lru",
-rope_layout="gptj", device_type="cuda". The extra keyword device="cuda:1" sets device_type and device_id together.
+rope_layout="gptj", hamming_importance="accumulated", device_type="cuda". The extra keyword device="cuda:1" sets device_type and device_id together.
 The strings disk_path (a str or path) and session_shared_url (a str, "redis://host:port/db") are None when unset.
 Values are checked as the calls' arguments are (see kvret._args): integers from integers only, within their C type
 (else KvretError, Status.INVALID_ARGUMENT).
@@ -43,6 +43,7 @@ _ENUM_NAMES = {
         "fifo": _c.KVRET_SESSION_FIFO,
     },
     "rope_layout": {"neox": _c.KVRET_ROPE_NEOX, "gptj": _c.KVRET_ROPE_GPTJ},
+    "hamming_importance": {"window": _c.KVRET_IMPORTANCE_WINDOW, "accumulated": _c.KVRET_IMPORTANCE_ACCUMULATED},
 }
 
 # Each value's name in a config dict: the first name listed for it above.

@@ -123,7 +123,8 @@ class Sequence(Resource):
         whole. The sequence stays open and unchanged: go on appending to it, or close it; a later turn reopens it
         with :meth:`Context.open_session`. Raises KvretError, and changes nothing, with Status.CAPACITY for a
         session that fits no tier, Status.IO when a disk write it needs fails (a full disk), Status.UNSUPPORTED for
-        a sequence of a context with hamming_fraction > 0 (KVCrush's state is not saved)."""
+        a sequence of a context with hamming_fraction > 0 or one holding an observed query window or accumulated
+        attention (KVCrush's state is not saved)."""
         session_id = _args.session_id(session_id)
         with self._lock:
             _c.kvret_session_save(self._live(), session_id)
@@ -177,7 +178,8 @@ class Sequence(Resource):
     def retained_set(self, layer, budget=None, out=None):
         """KVCrush's eviction-only mode: the middle positions to keep per KV head after the prefill, for an engine
         that drops KV instead of offloading it (kvret_seq_retained_set). No query: SnapKV's top tokens by importance
-        from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket representatives of
+        (from the queries given to observe, else a window of the layer's last 32 keys; under
+        hamming_importance="accumulated", from the accumulated attention once a step was observed), plus floor(hamming_fraction * count) bucket representatives of
         the others (the context's hamming_fraction; 0 gives SnapKV's set exactly). Sink and local tokens are kept
         besides and not counted in the budget. Changes nothing in the sequence.
 
@@ -193,6 +195,31 @@ class Sequence(Resource):
                 out = np.empty((ctx._n_kv_heads, _width(handle, layer, budget)), dtype=np.int32)
             count = _c.kvret_seq_retained_set(handle, layer, budget_arg, _t.as_output(out))
         return out[:, :count]
+
+    def observe(self, layer, q_window):
+        """Gives KVCrush the prompt's observation window of `layer` (kvret_seq_observe): the queries of its last w
+        prompt tokens, [w, n_q_heads, head_dim] (float16/bfloat16/float32, 1 <= w <= the layer's length), after the
+        layer's prefill. From then on the importance behind the layer's KVCrush signatures (one bit per query head),
+        representatives and retained_set comes from these queries instead of the layer's last 32 keys. A second
+        call replaces the window. Raises KvretError: Status.STATE when the layer holds no tokens, Status.SHAPE for
+        a wrong shape, Status.OUT_OF_RANGE for a bad layer; nothing changes then."""
+        ctx = self._context
+        layer = _args.layer(layer)
+        with self._lock:
+            _c.kvret_seq_observe(self._live(), layer, _t.as_input(q_window, device_id=ctx._device_id))
+
+    def observe_attention(self, layer, probs):
+        """Adds one decode step's attention probabilities of `layer` to its accumulated attention (H2O;
+        kvret_seq_observe_attention), for engines that attend themselves, on a context with
+        hamming_importance="accumulated". probs: [n_q_heads, n] (float16/bfloat16/float32), 1 <= n <= the layer's
+        length, probs[i, t] what query head i gave token t; finite and >= 0. Once a layer has a step, its KVCrush
+        signatures, representatives and retained_set come from the sums. Raises KvretError: Status.STATE on a
+        context without accumulated importance or a layer holding no tokens, Status.SHAPE for a wrong shape,
+        Status.INVALID_ARGUMENT for a negative or non-finite value; nothing changes then."""
+        ctx = self._context
+        layer = _args.layer(layer)
+        with self._lock:
+            _c.kvret_seq_observe_attention(self._live(), layer, _t.as_input(probs, device_id=ctx._device_id))
 
     def select_scored(self, layer, q, budget=None, out=None):
         """:meth:`select`, with the score each position was ranked by (see kvret_select_scored).

@@ -90,6 +90,8 @@ def test_invalid_pq_exact_fraction(fraction):
         ({"index_kind": "cluster", "cluster_exact_fraction": float("nan")}, "cluster_exact_fraction"),
         ({"index_kind": "quant", "quant_rerank": 0}, "quant_rerank"),
         ({"index_kind": "quant", "quant_rerank": 65}, "quant_rerank"),
+        ({"hamming_importance": 2}, "hamming_importance"),
+        ({"hamming_importance": -1}, "hamming_importance"),
     ],
 )
 def test_invalid_quant_and_cluster_fields(overrides, field):

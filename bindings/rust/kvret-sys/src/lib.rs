@@ -112,6 +112,9 @@ pub const KVRET_SESSION_FIFO: kvret_session_policy = 2;
 pub type kvret_rope_layout = c_int;
 pub const KVRET_ROPE_NEOX: kvret_rope_layout = 0;
 pub const KVRET_ROPE_GPTJ: kvret_rope_layout = 1;
+pub type kvret_importance = i32;
+pub const KVRET_IMPORTANCE_WINDOW: kvret_importance = 0;
+pub const KVRET_IMPORTANCE_ACCUMULATED: kvret_importance = 1;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +177,7 @@ pub struct kvret_config {
     pub session_shared_url: *const c_char,
     pub cluster_exact_fraction: f32,
     pub quant_rerank: i32,
+    pub hamming_importance: i32,
 }
 
 // ---- context and sequences: opaque handles ----
@@ -375,6 +379,8 @@ extern "C" {
         out_positions: *const kvret_tensor,
         out_count: *mut i32,
     ) -> kvret_status;
+    pub fn kvret_seq_observe(seq: *mut kvret_seq, layer: i32, q_window: *const kvret_tensor) -> kvret_status;
+    pub fn kvret_seq_observe_attention(seq: *mut kvret_seq, layer: i32, probs: *const kvret_tensor) -> kvret_status;
 
     pub fn kvret_stats_init(stats: *mut kvret_stats) -> kvret_status;
     pub fn kvret_seq_stats(seq: *const kvret_seq, out: *mut kvret_stats) -> kvret_status;

@@ -47,6 +47,15 @@ pub enum SessionPolicy {
     Fifo = sys::KVRET_SESSION_FIFO as isize,
 }
 
+/// Where KVCrush's token importance comes from (`kvret_config.hamming_importance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Importance {
+    /// SnapKV's observation window: the queries given to `Sequence::observe`, else the layer's last 32 keys.
+    Window = sys::KVRET_IMPORTANCE_WINDOW as isize,
+    /// H2O's accumulated attention of decode steps (`Sequence::attend`, `Sequence::observe_attention`).
+    Accumulated = sys::KVRET_IMPORTANCE_ACCUMULATED as isize,
+}
+
 /// How the rotary embedding pairs the dimensions of a head (pre-RoPE keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeLayout {
@@ -566,6 +575,13 @@ impl Config {
     /// (the rows whose low-bit errors weigh most in that attention)
     pub fn quant_rerank(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_rerank = self.int_field("quant_rerank", value);
+        self
+    }
+
+    /// `kvret_config.hamming_importance`: a kvret_importance: where the importance behind KVCrush's signatures, its representatives and
+    /// kvret_seq_retained_set comes from; default KVRET_IMPORTANCE_WINDOW
+    pub fn hamming_importance(mut self, value: Importance) -> Self {
+        self.raw.hamming_importance = value as i32;
         self
     }
     // </generated setters>

@@ -45,7 +45,9 @@ mod session;
 mod tensor;
 mod working_set;
 
-pub use config::{CachePolicy, Config, ConfigInt, Device, GqaFold, IndexKind, KvDtype, RopeLayout, SessionPolicy};
+pub use config::{
+    CachePolicy, Config, ConfigInt, Device, GqaFold, Importance, IndexKind, KvDtype, RopeLayout, SessionPolicy,
+};
 pub use context::Context;
 pub use error::{KvretError, Result, Status};
 pub use half::{Bf16, F16};

@@ -348,7 +348,9 @@ impl<H: ContextHandle> SequenceOf<H> {
 
     /// KVCrush's eviction-only mode (`kvret_seq_retained_set`): the middle positions to keep per KV head of `layer`
     /// after its prefill, for an engine that drops KV instead of offloading it. No query: SnapKV's top tokens by
-    /// importance from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket
+    /// importance from the queries given to [`Sequence::observe`] (else a window of the layer's last 32 keys; under
+    /// `Importance::Accumulated`, the accumulated attention once a step was observed), plus floor(hamming_fraction *
+    /// count) bucket
     /// representatives of the other middle tokens (the context's `hamming_fraction`; 0 gives SnapKV's set exactly).
     /// Sink and local tokens are kept besides and not counted in `budget` (`None`: the default budget). The
     /// selection holds min(budget, middle tokens) ascending positions per head. Changes nothing in the sequence.
@@ -373,6 +375,36 @@ impl<H: ContextHandle> SequenceOf<H> {
         let mut count = 0i32;
         check(unsafe { sys::kvret_seq_retained_set(self.raw(), layer, budget, out.ptr(), &mut count) })?;
         count_of(count.into(), "kvret_seq_retained_set")
+    }
+
+    /// Gives KVCrush the prompt's observation window of `layer` (`kvret_seq_observe`): the queries of its last w
+    /// prompt tokens, `[w, n_q_heads, head_dim]` (w from the slice's length; 1 <= w <= the layer's length), after the
+    /// layer's prefill. From then on the importance behind the layer's KVCrush signatures (one bit per query head),
+    /// representatives and [`Sequence::retained_set`] comes from these queries instead of the layer's last 32 keys.
+    /// A second call replaces the window. Errors: status `State` when the layer holds no tokens, `Shape` for a
+    /// wrong shape, `OutOfRange` for a bad layer; nothing changes then.
+    pub fn observe<Q: Element>(&mut self, layer: usize, q_window: &[Q]) -> Result<()> {
+        let (n_q, _, d) = self.context.geometry();
+        let w = rows_of(q_window.len(), product("a query row", &[n_q, d])?, "q_window", "n_q_heads * head_dim")?;
+        let q = TensorRef::named("q_window", q_window, &[w, n_q, d])?;
+        let layer = layer_arg(layer)?;
+        let q = q.raw();
+        check(unsafe { sys::kvret_seq_observe(self.raw(), layer, q.ptr()) })
+    }
+
+    /// Adds one decode step's attention probabilities of `layer`, `[n_q_heads, n]` (n from the slice's length;
+    /// 1 <= n <= the layer's length; finite and >= 0), to its accumulated attention (H2O;
+    /// `kvret_seq_observe_attention`), on a context with [`Importance::Accumulated`](crate::Importance). Once a
+    /// layer has a step, its KVCrush signatures, representatives and [`Sequence::retained_set`] come from the sums.
+    /// Errors: status `State` on a context without accumulated importance or a layer holding no tokens, `Shape` for
+    /// a wrong shape, `InvalidArgument` for a negative or non-finite value; nothing changes then.
+    pub fn observe_attention<P: Element>(&mut self, layer: usize, probs: &[P]) -> Result<()> {
+        let (n_q, _, _) = self.context.geometry();
+        let n = rows_of(probs.len(), n_q, "probs", "n_q_heads")?;
+        let p = TensorRef::named("probs", probs, &[n_q, n])?;
+        let layer = layer_arg(layer)?;
+        let p = p.raw();
+        check(unsafe { sys::kvret_seq_observe_attention(self.raw(), layer, p.ptr()) })
     }
 
     /// Fetches the working set of a selection into new buffers of element type `T` (the KV dtype or f32).

@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use kvret::{Context, IndexKind, KvretError, Selection, Sequence, Status, TensorMut, TensorRef, WorkingSet, F16};
+use kvret::{
+    Context, Importance, IndexKind, KvretError, Selection, Sequence, Status, TensorMut, TensorRef, WorkingSet, F16,
+};
 
 /// A context with one sequence holding TOKENS tokens in layer 0, a query, and a selection of layer 0.
 fn prefilled(ctx: &Context) -> (Sequence<'_>, Vec<f32>, Selection) {
@@ -329,4 +331,32 @@ fn select_scored_refuses_what_select_refuses() {
     expect_status(seq.select_scored(0, &q, Some(usize::MAX)), Status::Budget);
     expect_status(seq.select_scored(LAYERS, &q, None), Status::OutOfRange);
     assert_eq!(snapshot(&seq), before);
+}
+
+#[test]
+fn kvcrush_importance_inputs_are_refused_by_name() {
+    let mut rng = Rng(41);
+    let (k, v) = kv(&mut rng);
+    let ctx = Context::new(&config()).unwrap();
+    let mut seq = ctx.open_sequence().unwrap();
+    seq.append_prefill(0, &k, &v).unwrap();
+    let good = vec![0.0f32; 4 * Q_LEN];
+    expect_status(seq.observe(1, &good), Status::State); // layer 1 holds no tokens
+    expect_status(seq.observe(LAYERS, &good), Status::OutOfRange);
+    expect_status(seq.observe(0, &good[..Q_LEN - 1]), Status::Shape);
+    expect_status(seq.observe(0, &[] as &[f32]), Status::Shape);
+    expect_status(seq.observe(0, &vec![0.0f32; (TOKENS + 1) * Q_LEN]), Status::Shape);
+    let error = expect_status(seq.observe_attention(0, &vec![0.0f32; Q_HEADS * TOKENS]), Status::State);
+    assert!(error.message().contains("hamming_importance"), "{error}");
+    let ctx = Context::new(&config().hamming_importance(Importance::Accumulated)).unwrap();
+    let mut seq = ctx.open_sequence().unwrap();
+    seq.append_prefill(0, &k, &v).unwrap();
+    let mut probs = vec![0.01f32; Q_HEADS * TOKENS];
+    probs[2 * TOKENS + 7] = -1.0;
+    let error = expect_status(seq.observe_attention(0, &probs), Status::InvalidArgument);
+    assert!(error.message().contains("query head 2, position 7"), "{error}");
+    probs[2 * TOKENS + 7] = f32::NAN;
+    expect_status(seq.observe_attention(0, &probs), Status::InvalidArgument);
+    expect_status(seq.observe_attention(0, &vec![0.0f32; Q_HEADS * (TOKENS + 1)]), Status::Shape);
+    expect_status(seq.observe_attention(0, &vec![0.0f32; Q_HEADS * TOKENS - 1]), Status::Shape);
 }

@@ -456,6 +456,15 @@ public final class Config {
   public int quantRerank() {
     return fields.getQuant_rerank();
   }
+
+  /**
+   * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
+   * signatures, its representatives and kvret_seq_retained_set comes from; default
+   * KVRET_IMPORTANCE_WINDOW
+   */
+  public Importance hammingImportance() {
+    return Importance.fromCode(fields.getHamming_importance());
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -936,6 +945,16 @@ public final class Config {
      */
     public Builder quantRerank(int value) {
       fields.setQuant_rerank(value);
+      return this;
+    }
+
+    /**
+     * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
+     * signatures, its representatives and kvret_seq_retained_set comes from; default
+     * KVRET_IMPORTANCE_WINDOW
+     */
+    public Builder hammingImportance(Importance value) {
+      fields.setHamming_importance(value.code);
       return this;
     }
     // </generated setters>

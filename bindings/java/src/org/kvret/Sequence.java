@@ -266,7 +266,8 @@ public final class Sequence implements AutoCloseable {
   /**
    * KVCrush's eviction-only mode (kvret_seq_retained_set): the middle positions to keep per KV head of {@code
    * layer} after its prefill, for an engine that drops KV instead of offloading it. No query: SnapKV's top tokens by
-   * importance from a window of the layer's last 32 keys, plus floor(hamming_fraction * count) bucket
+   * importance from the queries given to {@link #observe} (else a window of the layer's last 32 keys; under {@link
+   * Importance#ACCUMULATED}, the accumulated attention once a step was observed), plus floor(hamming_fraction * count) bucket
    * representatives of the other middle tokens (the context's {@code hammingFraction}; 0 gives SnapKV's set
    * exactly). Sink and local tokens are kept besides and not counted in {@code budget} ({@link
    * Kvret#BUDGET_DEFAULT} for the default). The selection holds min(budget, middle tokens) ascending positions per
@@ -290,6 +291,37 @@ public final class Sequence implements AutoCloseable {
       int[] count = new int[1];
       KvretNative.kvret_seq_retained_set(state.handle, layer, budget, positions, count);
       return count[0];
+    }
+  }
+
+  /**
+   * Gives KVCrush the prompt's observation window of {@code layer} (kvret_seq_observe): the queries of its last w
+   * prompt tokens, [w, n_q_heads, head_dim] (F16, BF16 or F32; 1 &lt;= w &lt;= the layer's length), after the layer's
+   * prefill. From then on the importance behind the layer's KVCrush signatures (one bit per query head),
+   * representatives and {@link #retainedSet} comes from these queries instead of the layer's last 32 keys. A second
+   * call replaces the window.
+   *
+   * @throws KvretException status STATE when the layer holds no tokens, SHAPE for a wrong shape, OUT_OF_RANGE for
+   *     a bad layer; nothing changes then
+   */
+  public void observe(int layer, Tensor qWindow) {
+    synchronized (state) {
+      KvretNative.kvret_seq_observe(state.handle, layer, qWindow);
+    }
+  }
+
+  /**
+   * Adds one decode step's attention probabilities of {@code layer} ([n_q_heads, n], F16, BF16 or F32; 1 &lt;= n
+   * &lt;= the layer's length; finite and &gt;= 0) to its accumulated attention (H2O;
+   * kvret_seq_observe_attention), on a context with {@link Importance#ACCUMULATED}. Once a layer has a step, its
+   * KVCrush signatures, representatives and {@link #retainedSet} come from the sums.
+   *
+   * @throws KvretException status STATE on a context without accumulated importance or a layer holding no tokens,
+   *     SHAPE for a wrong shape, INVALID_ARGUMENT for a negative or non-finite value; nothing changes then
+   */
+  public void observeAttention(int layer, Tensor probs) {
+    synchronized (state) {
+      KvretNative.kvret_seq_observe_attention(state.handle, layer, probs);
     }
   }
 

@@ -187,4 +187,32 @@ public class ErrorsTest {
       assertEquals(Fixtures.TOKENS, seq.length(0));
     }
   }
+
+  @Test
+  public void kvCrushImportanceInputsAreRefusedByName() {
+    try (Context ctx = Context.create(Fixtures.config().build()); Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      Tensor good = Tensor.allocate(DType.F32, 4, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      expect(Status.STATE, () -> seq.observe(1, good)); // layer 1 holds no tokens
+      expect(Status.OUT_OF_RANGE, () -> seq.observe(Fixtures.LAYERS, good));
+      expect(Status.SHAPE, () -> seq.observe(0, Tensor.allocate(DType.F32, Fixtures.TOKENS + 1, Fixtures.Q_HEADS,
+          Fixtures.HEAD_DIM)));
+      expect(Status.SHAPE, () -> seq.observe(0, Tensor.allocate(DType.F32, 4, Fixtures.KV_HEADS, Fixtures.HEAD_DIM)));
+      expect(Status.DTYPE, () -> seq.observe(0, Tensor.allocate(DType.I32, 4, Fixtures.Q_HEADS, Fixtures.HEAD_DIM)));
+      Tensor probs = Tensor.allocate(DType.F32, Fixtures.Q_HEADS, Fixtures.TOKENS);
+      KvretException e = expect(Status.STATE, () -> seq.observeAttention(0, probs)); // window importance
+      assertTrue(e.getMessage(), e.getMessage().contains("hamming_importance"));
+    }
+    try (Context ctx = Context.create(Fixtures.config().hammingImportance(Importance.ACCUMULATED).build());
+        Sequence seq = ctx.openSequence()) {
+      seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+      float[] values = new float[Fixtures.Q_HEADS * Fixtures.TOKENS];
+      values[2 * Fixtures.TOKENS + 7] = -1.0f;
+      KvretException e = expect(Status.INVALID_ARGUMENT,
+          () -> seq.observeAttention(0, Tensor.ofFloats(values, Fixtures.Q_HEADS, Fixtures.TOKENS)));
+      assertTrue(e.getMessage(), e.getMessage().contains("query head 2, position 7"));
+      expect(Status.SHAPE,
+          () -> seq.observeAttention(0, Tensor.allocate(DType.F32, Fixtures.Q_HEADS, Fixtures.TOKENS + 1)));
+    }
+  }
 }
