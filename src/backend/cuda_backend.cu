@@ -87,7 +87,7 @@ void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
 
 /// f(policy) with the execution policy of `stream` (sorts and scans); a failed launch is KVRET_ERR_CUDA.
 template <class F>
-void with_policy(kvret_stream stream, int, const F& f) {
+void with_policy(kvret_stream stream, int, int64_t, const F& f) {
   try {
     f(thrust::cuda::par_nosync.on(cuda_stream(stream)));
   } catch (const thrust::system_error& e) {
@@ -107,20 +107,24 @@ struct DeviceScope {
   explicit DeviceScope(int) noexcept {}
 };
 
+/// Passes over fewer elements run on the calling thread: an OpenMP team costs more than they do.
+constexpr int64_t kSerialBelow = int64_t{1} << 14;
+
 /// f(i) for i in [0, n): on OpenMP's threads, or on the calling thread alone for a one-thread context.
 template <class F>
 void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
-  if (n_threads == 1) {
+  if (n_threads == 1 || n < kSerialBelow) {
     thrust::for_each_n(thrust::cpp::par, thrust::counting_iterator<int64_t>(0), n, f);
   } else {
     thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
   }
 }
 
-/// f(policy): OpenMP's threads, or the calling thread alone for a one-thread context.
+/// f(policy) for an algorithm over n elements: OpenMP's threads, or the calling thread alone for a one-thread
+/// context.
 template <class F>
-void with_policy(kvret_stream, int n_threads, const F& f) {
-  if (n_threads == 1) {
+void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
+  if (n_threads == 1 || n < kSerialBelow) {
     f(thrust::cpp::par);
   } else {
     f(thrust::device);
@@ -619,7 +623,7 @@ class CudaBackend final : public Backend {
                    dm::CandidateKeys{c.table, counts.get(), c.max_blocks, c.block_tokens, store.size(),
                                      block_keys.get(), sorted_blocks.get()});
     for_each_index(stream, n_threads, n_blocks, dm::ZeroI32{marks.get()});
-    with_policy(stream, n_threads, [&](const auto& policy) {
+    with_policy(stream, n_threads, std::max(n_blocks, n_slot_entries), [&](const auto& policy) {
       thrust::stable_sort_by_key(policy, slot_keys.get(), slot_keys.get() + n_slot_entries, victims.get());
       thrust::stable_sort_by_key(policy, block_keys.get(), block_keys.get() + n_blocks, sorted_blocks.get());
     });
@@ -627,7 +631,7 @@ class CudaBackend final : public Backend {
                    dm::AdmitCounts{block_keys.get(), slot_keys.get(), c.max_blocks, c.n_slots, max_admit, admit.get()});
     for_each_index(stream, n_threads, n_blocks,
                    dm::MarkAdmitted{sorted_blocks.get(), admit.get(), c.max_blocks, marks.get()});
-    with_policy(stream, n_threads, [&](const auto& policy) {
+    with_policy(stream, n_threads, n_blocks, [&](const auto& policy) {
       const auto head_of =
           thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{int64_t{c.max_blocks}});
       thrust::exclusive_scan_by_key(policy, head_of, head_of + n_blocks, marks.get(), ranks.get());
@@ -693,7 +697,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<uint8_t> hit(copies.size());
     for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
     int64_t hits = 0;
-    with_policy(stream, n_threads, [&](const auto& policy) {
+    with_policy(stream, n_threads, static_cast<int64_t>(copies.size()), [&](const auto& policy) {
       hits = static_cast<int64_t>(thrust::count(policy, hit.get(), hit.get() + copies.size(), uint8_t{1}));
     });
     return hits;
