@@ -481,9 +481,9 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  and the gather is ordered on `stream`: *out is valid after that stream's work (kvret_synchronize). There the
  *  rows of blocks in the layer's block cache (config.cache_capacity_tokens) are read from device memory, the others
  *  from host memory, and after the gather, on the same stream, the cache admits the complete blocks holding the
- *  most selected rows (the rows are the same either way); without row sources only (Context row sources, ClusterKV
- *  reuse: no cache). The call waits for the device once to count the rows the cache served. On the CPU backend the
- *  copy is complete, and *out valid, when the call returns. */
+ *  most selected rows (the rows are the same either way; with row sources, e.g. ClusterKV's reuse, the cache is not
+ *  used). The call waits for the device to count the rows the cache served and the blocks it admitted. On the CPU
+ *  backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 
