@@ -241,10 +241,20 @@ typedef struct kvret_config {
                                  NULL or "" = no disk tier. kvret_create copies
                                  the string; kvret_get_config returns a pointer valid until kvret_destroy */
 
-  /* GPU block cache (CUDA backend) */
-  int32_t block_tokens;          /**< tokens per cache block; default 128 */
-  int32_t cache_policy;          /**< a kvret_cache_policy; default KVRET_CACHE_LRU */
-  int64_t cache_capacity_tokens; /**< block cache capacity per (sequence, layer, KV head); default 4096 */
+  /* GPU block cache (CUDA backend; docs/cuda_backend.md) */
+  int32_t block_tokens;          /**< tokens per cache block (positions [b * block_tokens, (b+1) * block_tokens));
+                                      default 128; >= 1 */
+  int32_t cache_policy;          /**< a kvret_cache_policy: which cached block a newly admitted one replaces;
+                                      default KVRET_CACHE_LRU */
+  int64_t cache_capacity_tokens; /**< block cache capacity per (sequence, layer, KV head) on the CUDA backend:
+                                      cache_capacity_tokens / block_tokens slots (at most 2048; 0 slots = no
+                                      cache) of keys and values in device memory, made at the layer's first fetch
+                                      or prefetch, counted in stats.device_bytes and under device_bytes_limit (a
+                                      layer whose cache does not fit runs without one). Fetches serve rows of
+                                      cached blocks from it (stats.cache_hits) and admit the complete blocks
+                                      holding the most selected rows; the still-growing last block is never
+                                      cached. Results are the same with and without it. Ignored by the CPU
+                                      backend, whose KV is already in host memory; default 4096; >= 0 */
 
   /* runtime */
   int32_t n_threads;        /**< CPU threads for scoring and builds; 0 = all cores; default 0 */
@@ -295,11 +305,14 @@ typedef struct kvret_config {
 
   /* The CUDA backend's device memory (appended: older, smaller structs get the default) */
   int64_t device_bytes_limit; /**< most bytes of device memory the context's sequences keep between calls (the
-                                   working sets of kvret_seq_attend; stats.device_bytes); an allocation that would
-                                   pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes
-                                   anything. The temporaries of a call (gather lists, attention weights), freed
-                                   before it returns, are not counted. 0 = unlimited (default); >= 0. Ignored by
-                                   the CPU backend, which uses no device memory */
+                                   working sets of kvret_seq_attend and the block caches; stats.device_bytes). A
+                                   working set that would pass it is KVRET_ERR_CAPACITY, naming this field, before
+                                   the call changes anything; a block cache that would pass it is not made (that
+                                   layer's fetches read every row from host memory and succeed; a later fetch
+                                   tries again), and a cache's block table that cannot grow stops admitting blocks
+                                   past it. The temporaries of a call (gather lists, attention weights, the
+                                   cache's bookkeeping), freed before it returns, are not counted. 0 = unlimited
+                                   (default); >= 0. Ignored by the CPU backend, which uses no device memory */
 
   /* The session store (AttentionStore; docs/sessions.md; appended: older, smaller structs get the defaults). Its
      disk tier is the directory config.disk_path. */
@@ -400,21 +413,22 @@ KVRET_API kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int
  *  dropped tokens had never been appended: lengths, stats (whole KV pages past the end are freed), index and
  *  selections equal those of a sequence given the same appends up to `length`. One exception: where `length` falls
  *  inside the tokens a PQ index was trained on (its prefill), that index is rebuilt from the remaining tokens, as a
- *  prefill of exactly those tokens would build it. Waits for the sequence's background builds. Strong guarantee:
- *  on failure (KVRET_ERR_OUT_OF_MEMORY while rebuilding) nothing changes. KVCrush's inputs (docs/kvcrush.md): the
- *  accumulated attention keeps the remaining tokens' sums (a layer cut to 0 tokens forgets its steps too); a query
- *  window given to kvret_seq_observe is dropped when `length` is below the layer's length at that call.
- *  length < 0: KVRET_ERR_INVALID_ARGUMENT; a length at or above every layer's is a no-op. */
+ *  prefill of exactly those tokens would build it. Cached blocks (CUDA backend) holding a position >= length are
+ *  dropped. Waits for the sequence's background builds. Strong guarantee: on failure (KVRET_ERR_OUT_OF_MEMORY while
+ *  rebuilding) nothing changes. KVCrush's inputs (docs/kvcrush.md): the accumulated attention keeps the remaining
+ *  tokens' sums (a layer cut to 0 tokens forgets its steps too); a query window given to kvret_seq_observe is
+ *  dropped when `length` is below the layer's length at that call. length < 0: KVRET_ERR_INVALID_ARGUMENT; a length
+ *  at or above every layer's is a no-op. */
 KVRET_API kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length);
 /** Opens a new sequence of the same context that holds what `seq` holds (every layer's tokens and index): for
  *  beam search, parallel sampling, or several continuations of one prompt. The two share their KV pages copy on
  *  write (a page is copied when either appends into it), so a fork costs the index copy, not the KV. From then on
  *  they are independent: appends, truncations, selections and closing one never change the other, and each may
  *  be used from its own thread. Its stats start with the state (tokens_stored, host_bytes, index_bytes) and no
- *  activity; a page the two share counts in the host_bytes of each, so host_bytes_limit is never exceeded when
- *  one of them later copies it. KVCrush's state and inputs (signatures, an observed query window, accumulated
- *  attention) are copied. Waits for `seq`'s background builds. Strong guarantee: on failure (CAPACITY,
- *  OUT_OF_MEMORY) *out is NULL and nothing was created. */
+ *  activity, and an empty block cache (CUDA backend); a page the two share counts in the host_bytes of each, so
+ *  host_bytes_limit is never exceeded when one of them later copies it. KVCrush's state and inputs (signatures, an
+ *  observed query window, accumulated attention) are copied. Waits for `seq`'s background builds. Strong guarantee:
+ *  on failure (CAPACITY, OUT_OF_MEMORY) *out is NULL and nothing was created. */
 KVRET_API kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -492,7 +506,11 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  earlier length stays valid, since the middle only grows, and fetches exactly the tokens it names: it does not
  *  see the tokens that entered the middle since (select again at each decode step for those). On the CUDA backend
  *  the positions are checked on the host (read from device memory after the work on the legacy default stream)
- *  and the gather is ordered on `stream`: *out is valid after that stream's work (kvret_synchronize). On the CPU
+ *  and the gather is ordered on `stream`: *out is valid after that stream's work (kvret_synchronize). There the
+ *  rows of blocks in the layer's block cache (config.cache_capacity_tokens) are read from device memory, the others
+ *  from host memory, and after the gather, on the same stream, the cache admits the complete blocks holding the
+ *  most selected rows (the rows are the same either way; with row sources, e.g. ClusterKV's reuse, the cache is not
+ *  used). The call waits for the device to count the rows the cache served and the blocks it admitted. On the CPU
  *  backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
@@ -590,7 +608,8 @@ KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
  *  selection and ClusterKV's resident clusters of a shortened layer are dropped. A layer holding at most `keep`
  *  tokens is unchanged; one holding fewer than keep + count keeps its first `keep`. Waits for the sequence's
  *  background builds. While it runs it holds a second copy of the pages it rewrites (not counted against
- *  config.host_bytes_limit; the pages freed are). Strong guarantee. keep < 0 or count < 0:
+ *  config.host_bytes_limit; the pages freed are). Cached blocks (CUDA backend) holding a position >= keep are
+ *  dropped. Strong guarantee. keep < 0 or count < 0:
  *  KVRET_ERR_INVALID_ARGUMENT; count 0 is a no-op. */
 KVRET_API kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_t count);
 
@@ -694,7 +713,7 @@ typedef struct kvret_stats {
   int64_t sequences;     /**< open sequences (context stats) or 1 */
   int64_t tokens_stored; /**< tokens over all layers */
   int64_t host_bytes;    /**< KV bytes in host memory */
-  int64_t device_bytes;  /**< bytes in GPU memory (index, windows, cache) */
+  int64_t device_bytes;  /**< bytes in GPU memory now (kvret_seq_attend's working set, the block caches) */
   int64_t disk_bytes;    /**< bytes of the session store's files in the disk tier (context stats) */
   int64_t index_bytes;   /**< bytes of the index (wherever it lives) */
   int64_t index_builds;  /**< completed layer builds */
@@ -702,10 +721,11 @@ typedef struct kvret_stats {
   int64_t selections;    /**< select calls (per sequence and layer) */
   int64_t fetches;       /**< fetch calls */
   int64_t fetched_rows;  /**< working-set rows written */
-  int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache) */
-  int64_t cache_misses;  /**< rows read from host memory */
+  int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache, row sources) */
+  int64_t cache_misses;  /**< rows read from host memory (cache_hits + cache_misses = fetched_rows) */
   int64_t prefetch_hits; /**< fetched middle rows that the layer's last kvret_prefetch_async had selected */
-  int64_t bytes_h2d;     /**< bytes moved host to device */
+  int64_t bytes_h2d;     /**< bytes moved host to device: rows fetched from host memory, keys and values, and
+                              blocks copied into the block cache (CUDA backend; 0 on the CPU backend) */
   int64_t disk_reads;    /**< files the session store read from the disk tier (context stats) */
   int64_t disk_writes;   /**< files the session store wrote to the disk tier (context stats) */
   /* ClusterKV's reuse between steps (appended; config.cluster_reuse_steps, docs/cluster.md) */
@@ -742,8 +762,11 @@ KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats
 /** Selects with a guessed next query (SpeCache's speculative token, or simply the current query; budget as in
  *  kvret_select) and keeps that selection as the layer's prefetched rows: the layer's next fetch counts the rows it
  *  takes from them in stats.prefetch_hits, so prefetch_hits / (rows fetched from the middle) is the speculative hit
- *  rate. Nothing of the guess is stored. Counts as a selection in the stats. No backend loads rows ahead yet (a GPU
- *  block cache would). A refused call keeps the last prefetch. */
+ *  rate. Nothing of the guess is stored. Counts as a selection in the stats. On the CUDA backend the complete
+ *  blocks the selection touches are also loaded into the layer's block cache (config.cache_capacity_tokens; up to
+ *  every slot, by the same admission rule as after a fetch), ordered on `stream`, so that the next fetch of those
+ *  rows reads them from device memory (stats.cache_hits; the bytes copied count in bytes_h2d); the CPU backend
+ *  loads nothing. A refused call keeps the last prefetch. */
 KVRET_API kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
                                             kvret_stream stream);
 /** Copies the stored keys and values of positions [begin, end) of `layer` into k and v

@@ -67,6 +67,40 @@ class Backend {
                          int64_t count, const WorkingSetViews& out, int n_threads,
                          const std::vector<std::shared_ptr<const RowSource>>& sources, const void* sequence,
                          int32_t layer, int64_t* served_by_sources, kvret_stream stream) = 0;
+  /// The block cache of a backend that keeps one (the CUDA backend; the CPU backend reads host memory and keeps
+  /// none, so these do nothing there). Caches are per (sequence, layer), keyed by the `sequence` pointer gather
+  /// receives; gather serves cached rows (counted in *served_by_sources) and then admits blocks.
+  ///
+  /// prefetch: admits the blocks that the `count` ascending selected middle positions per head touch (the update's
+  /// rule), ordered on `stream`. Never throws for want of device memory (the layer then has no cache).
+  virtual void prefetch(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
+                        int32_t layer, kvret_stream stream) {
+    (void)store;
+    (void)selected;
+    (void)count;
+    (void)sequence;
+    (void)layer;
+    (void)stream;
+  }
+  /// Forgets the cached blocks of `sequence`'s `layer` (-1: every layer) that hold a position >= `from` (0: all),
+  /// after its stored rows changed there (truncate) or moved (drop_front). Never throws.
+  virtual void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept {
+    (void)sequence;
+    (void)layer;
+    (void)from;
+  }
+  /// Frees every cache of `sequence` (it is closing). Never throws.
+  virtual void release_caches(const void* sequence) noexcept { (void)sequence; }
+  /// What the caches of `sequence` did: bytes copied into them since the last call (reset by it), and the device
+  /// bytes they hold now.
+  struct CacheUse {
+    int64_t loaded_bytes = 0;
+    int64_t held_bytes = 0;
+  };
+  virtual CacheUse take_cache_use(const void* sequence) noexcept {
+    (void)sequence;
+    return {};
+  }
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

@@ -2,20 +2,29 @@
 // KVRET_THRUST_OMP builds it with the host compiler on Thrust's OpenMP system, where the same algorithms run on the
 // CPU and "device" memory is host memory.
 #include <thrust/copy.h>
+#include <thrust/count.h>
 #include <thrust/device_free.h>
 #include <thrust/device_malloc.h>
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/scan.h>
+#include <thrust/sort.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system_error.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/block_cache_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
 #include "core/attention.hpp"
@@ -76,6 +85,17 @@ void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
   }
 }
 
+/// f(policy) with the execution policy of `stream` (sorts and scans); a failed launch is KVRET_ERR_CUDA.
+template <class F>
+void with_policy(kvret_stream stream, int, int64_t, const F& f) {
+  try {
+    f(thrust::cuda::par_nosync.on(cuda_stream(stream)));
+  } catch (const thrust::system_error& e) {
+    (void)cudaGetLastError();
+    throw Error(KVRET_ERR_CUDA, std::string("thrust: ") + e.what());
+  }
+}
+
 /// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
 /// waits for it (and for everything enqueued before it on `stream`).
 void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
@@ -87,13 +107,27 @@ struct DeviceScope {
   explicit DeviceScope(int) noexcept {}
 };
 
+/// Passes over fewer elements run on the calling thread: an OpenMP team costs more than they do.
+constexpr int64_t kSerialBelow = int64_t{1} << 14;
+
 /// f(i) for i in [0, n): on OpenMP's threads, or on the calling thread alone for a one-thread context.
 template <class F>
 void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
-  if (n_threads == 1) {
+  if (n_threads == 1 || n < kSerialBelow) {
     thrust::for_each_n(thrust::cpp::par, thrust::counting_iterator<int64_t>(0), n, f);
   } else {
     thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
+  }
+}
+
+/// f(policy) for an algorithm over n elements: OpenMP's threads, or the calling thread alone for a one-thread
+/// context.
+template <class F>
+void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
+  if (n_threads == 1 || n < kSerialBelow) {
+    f(thrust::cpp::par);
+  } else {
+    f(thrust::device);
   }
 }
 
@@ -206,6 +240,105 @@ class ThrustBuffer final : public DeviceBuffer {
   kvret_device device_;
 };
 
+/// `bytes` of a context's budget, taken while it lives (KVRET_ERR_CAPACITY, nothing taken, when they do not fit).
+class BudgetShare {
+ public:
+  BudgetShare(size_t bytes, DeviceBudget& budget) : bytes_(bytes), owner_(budget) { owner_.take(bytes_); }
+  ~BudgetShare() { owner_.give(bytes_); }
+  BudgetShare(const BudgetShare&) = delete;
+  BudgetShare& operator=(const BudgetShare&) = delete;
+  size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  size_t bytes_;
+  DeviceBudget& owner_;
+};
+
+/// The block cache of one (sequence, layer): per KV head n_slots slots of block_tokens rows, keys and values, and
+/// the table from blocks to slots (grown with the layer). Its device memory counts in the context's budget.
+class LayerCache {
+ public:
+  /// Throws KVRET_ERR_CAPACITY (over config.device_bytes_limit) or std::bad_alloc (the device is full).
+  LayerCache(int heads, int32_t n_slots, int32_t block_tokens, size_t row_bytes, DeviceBudget& budget,
+             kvret_stream stream, int n_threads)
+      : heads_(heads),
+        n_slots_(n_slots),
+        block_tokens_(block_tokens),
+        row_bytes_(static_cast<int64_t>(row_bytes)),
+        share_(slot_bytes(heads, n_slots, block_tokens, row_bytes), budget),
+        k_(static_cast<size_t>(heads) * n_slots * block_tokens * row_bytes),
+        v_(k_.size()),
+        slot_block_(static_cast<size_t>(heads) * n_slots),
+        stamp_(slot_block_.size()),
+        prefetched_(slot_block_.size()),
+        budget_(budget) {
+    for_each_index(stream, n_threads, static_cast<int64_t>(slot_block_.size()),
+                   dm::ClearSlots{slot_block_.get(), stamp_.get(), prefetched_.get()});
+  }
+  /// The device bytes of the slots (rows and their bookkeeping).
+  static size_t slot_bytes(int heads, int32_t n_slots, int32_t block_tokens, size_t row_bytes) {
+    const size_t slots = static_cast<size_t>(heads) * static_cast<size_t>(n_slots);
+    return 2 * slots * static_cast<size_t>(block_tokens) * row_bytes +
+           slots * (sizeof(int32_t) + sizeof(uint32_t) + sizeof(uint8_t));
+  }
+  int64_t bytes() const noexcept {
+    return static_cast<int64_t>(share_.bytes() + (table_share_ ? table_share_->bytes() : 0));
+  }
+  /// Grows the table to cover `blocks` blocks (at least doubling). When the budget or the device refuses, the
+  /// table stays as it was: blocks past it are neither looked up nor admitted.
+  void cover(int64_t blocks, kvret_stream stream, int n_threads) {
+    if (blocks <= max_blocks_) return;
+    const int64_t grown = std::min<int64_t>(std::max<int64_t>({blocks, 2 * int64_t{max_blocks_}, 64}), INT32_MAX);
+    const size_t entries = static_cast<size_t>(heads_) * static_cast<size_t>(grown);
+    try {
+      auto share = std::make_unique<BudgetShare>(entries * sizeof(int32_t), budget_);
+      auto table = std::make_unique<DeviceArray<int32_t>>(entries);
+      for_each_index(
+          stream, n_threads, static_cast<int64_t>(entries),
+          dm::GrowTable{table_ ? table_->get() : nullptr, max_blocks_, static_cast<int32_t>(grown), table->get()});
+      table_ = std::move(table);  // the old table is freed after the copy (cudaFree waits for the device)
+      table_share_ = std::move(share);
+      max_blocks_ = static_cast<int32_t>(grown);
+    } catch (const std::bad_alloc&) {
+    } catch (const Error& e) {
+      if (e.status() != KVRET_ERR_CAPACITY) throw;
+    }
+  }
+  dm::CacheView view() const noexcept {
+    dm::CacheView c;
+    c.table = table_ ? table_->get() : nullptr;
+    c.slot_block = slot_block_.get();
+    c.stamp = stamp_.get();
+    c.prefetched = prefetched_.get();
+    c.k = k_.get();
+    c.v = v_.get();
+    c.max_blocks = table_ ? max_blocks_ : 0;
+    c.n_slots = n_slots_;
+    c.block_tokens = block_tokens_;
+    c.row_bytes = row_bytes_;
+    return c;
+  }
+  int heads() const noexcept { return heads_; }
+  /// The clock of updates and prefetches (the LRU stamp of the blocks they use), from 1.
+  uint32_t tick() noexcept { return ++step_; }
+
+ private:
+  int heads_;
+  int32_t n_slots_;
+  int32_t block_tokens_;
+  int64_t row_bytes_;
+  BudgetShare share_;  // before the arrays: counted before they are allocated, given back after they are freed
+  DeviceArray<std::byte> k_, v_;
+  DeviceArray<int32_t> slot_block_;
+  DeviceArray<uint32_t> stamp_;
+  DeviceArray<uint8_t> prefetched_;
+  DeviceBudget& budget_;
+  std::unique_ptr<BudgetShare> table_share_;
+  std::unique_ptr<DeviceArray<int32_t>> table_;
+  int32_t max_blocks_ = 0;
+  uint32_t step_ = 0;
+};
+
 dm::DeviceTensor device_tensor(const TensorView& t) {
   dm::DeviceTensor d;
   d.base = t.data();
@@ -216,7 +349,13 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const kvret_config& config) : device_id_(config.device_id), budget_(config.device_bytes_limit) {
+  explicit CudaBackend(const kvret_config& config)
+      : device_id_(config.device_id),
+        budget_(config.device_bytes_limit),
+        block_tokens_(config.block_tokens),
+        n_slots_(static_cast<int32_t>(
+            std::min<int64_t>(config.cache_capacity_tokens / config.block_tokens, cuda::math::kBlockCacheSlots))),
+        policy_(config.cache_policy) {
 #if KVRET_ON_GPU
     int pageable = 0;
     if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_id_) != cudaSuccess) {
@@ -338,10 +477,198 @@ class CudaBackend final : public Backend {
     check_kernel_access(out.v);
     check_kernel_access(out.positions);
     if (served_by_sources != nullptr) *served_by_sources = 0;
-    const int heads = store.n_kv_heads();
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
+    LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
+    const int64_t hits = gather_rows(store, mid_begin, mid_end, selected, count, rows, out, n_threads, cache, stream);
+    if (served_by_sources != nullptr) *served_by_sources = hits;
+    if (cache != nullptr && count > 0)
+      update(store, selected, count, sequence, layer, *cache, false, stream, n_threads);
+    return rows;
+  }
+
+  void prefetch(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
+                int32_t layer, kvret_stream stream) override {
+    DeviceScope scope(device_id_);
+    LayerCache* cache = cache_of(store, sequence, layer, stream, 0);
+    if (cache != nullptr && count > 0) update(store, selected, count, sequence, layer, *cache, true, stream, 0);
+  }
+
+  void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    for (auto it = caches_.lower_bound({sequence, INT32_MIN}); it != caches_.end() && it->first.first == sequence;) {
+      if (layer != -1 && it->first.second != layer) {
+        ++it;
+        continue;
+      }
+      bool kept = from > 0;
+      if (kept) {
+        try {
+          DeviceScope scope(device_id_);
+          // after the work that may read the cache, on any stream, and before what follows
+          synchronize_device();
+          const dm::CacheView c = it->second->view();
+          for_each_index(nullptr, 0, static_cast<int64_t>(it->second->heads()) * c.n_slots, dm::DropFrom{c, from});
+          synchronize_device();
+        } catch (...) {
+          kept = false;  // the cache may be half changed: it goes
+        }
+      }
+      it = kept ? std::next(it) : caches_.erase(it);
+    }
+  }
+
+  void release_caches(const void* sequence) noexcept override {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    caches_.erase(caches_.lower_bound({sequence, INT32_MIN}), caches_.upper_bound({sequence, INT32_MAX}));
+    loaded_.erase(sequence);
+  }
+
+  CacheUse take_cache_use(const void* sequence) noexcept override {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    CacheUse use;
+    const auto loaded = loaded_.find(sequence);
+    if (loaded != loaded_.end()) {
+      use.loaded_bytes = loaded->second;
+      loaded_.erase(loaded);
+    }
+    for (auto it = caches_.lower_bound({sequence, INT32_MIN}); it != caches_.end() && it->first.first == sequence; ++it)
+      use.held_bytes += it->second->bytes();
+    return use;
+  }
+
+ private:
+  void synchronize_device() {
 #if KVRET_ON_GPU
-    if (tuned_gather(store, mid_begin, mid_end, selected, count, rows, out, stream)) return rows;
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#endif
+  }
+
+  /// The cache of (sequence, layer), made at its first use, its table covering the layer's complete blocks; null
+  /// without one (no slots, no sequence, or no room for it under config.device_bytes_limit or on the device: that
+  /// fetch reads every row from the host store, and a later one tries again).
+  LayerCache* cache_of(const HostKvStore& store, const void* sequence, int32_t layer, kvret_stream stream,
+                       int n_threads) {
+    if (n_slots_ <= 0 || sequence == nullptr) return nullptr;
+    LayerCache* cache = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      const auto it = caches_.find({sequence, layer});
+      if (it != caches_.end()) cache = it->second.get();
+    }
+    if (cache == nullptr) {
+      std::unique_ptr<LayerCache> made;
+      try {
+        made = std::make_unique<LayerCache>(store.n_kv_heads(), n_slots_, block_tokens_, store.row_bytes(), budget_,
+                                            stream, n_threads);
+      } catch (const std::bad_alloc&) {
+        return nullptr;
+      } catch (const Error& e) {
+        if (e.status() != KVRET_ERR_CAPACITY) throw;
+        return nullptr;
+      }
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      cache = (caches_[{sequence, layer}] = std::move(made)).get();
+    }
+    cache->cover(store.size() / block_tokens_, stream, n_threads);
+    return cache;
+  }
+
+  /// Forgets the cache of (sequence, layer) (after a failed update, which may have left it half changed).
+  void forget(const void* sequence, int32_t layer) noexcept {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    caches_.erase({sequence, layer});
+  }
+
+  /// The update after a fetch (or a prefetch): the rule of kernels/block_cache.h in the Thrust passes of
+  /// block_cache_ops.hpp, ordered on `stream`; the bytes it copies in are added to the sequence's loaded bytes. A
+  /// fetch admits up to a quarter of the slots (at least 1) per head, a prefetch up to every slot. Out of device
+  /// memory for its temporaries, the layer's cache goes and the call succeeds; another failure takes it too.
+  void update(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
+              int32_t layer, LayerCache& cache, bool prefetch, kvret_stream stream, int n_threads) {
+    try {
+      const int64_t bytes = update_passes(store, selected, count, cache, prefetch, stream, n_threads);
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      loaded_[sequence] += bytes;
+    } catch (const std::bad_alloc&) {
+      forget(sequence, layer);
+    } catch (...) {
+      forget(sequence, layer);
+      throw;
+    }
+  }
+
+  int64_t update_passes(const HostKvStore& store, const int32_t* const* selected, int64_t count, LayerCache& cache,
+                        bool prefetch, kvret_stream stream, int n_threads) {
+    const dm::CacheView c = cache.view();
+    if (c.max_blocks == 0) return 0;  // no complete block yet
+    const int64_t heads = store.n_kv_heads();
+    const int64_t n_blocks = heads * c.max_blocks;
+    const int64_t n_slot_entries = heads * c.n_slots;
+    const uint32_t step = cache.tick();
+    const int32_t max_admit = prefetch ? c.n_slots : std::max(1, c.n_slots / 4);
+    std::vector<int32_t> items(static_cast<size_t>(heads * count));
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
+    const DeviceArray<int32_t> device_items(items.size());
+    copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
+    const DeviceArray<int32_t> counts(static_cast<size_t>(n_blocks)), sorted_blocks(counts.size()),
+        marks(counts.size()), ranks(counts.size()), victims(static_cast<size_t>(n_slot_entries)), admit(heads);
+    const DeviceArray<uint64_t> slot_keys(victims.size()), block_keys(counts.size());
+    const DeviceArray<dm::BlockLoad> loads(victims.size());
+    for_each_index(stream, n_threads, n_blocks,
+                   dm::CountSelected{device_items.get(), count, c.max_blocks, c.block_tokens, prefetch, counts.get()});
+    for_each_index(stream, n_threads, n_slot_entries,
+                   dm::UseSlots{c, counts.get(), policy_, step, prefetch, slot_keys.get(), victims.get()});
+    for_each_index(stream, n_threads, n_blocks,
+                   dm::CandidateKeys{c.table, counts.get(), c.max_blocks, c.block_tokens, store.size(),
+                                     block_keys.get(), sorted_blocks.get()});
+    for_each_index(stream, n_threads, n_blocks, dm::ZeroI32{marks.get()});
+    with_policy(stream, n_threads, std::max(n_blocks, n_slot_entries), [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, slot_keys.get(), slot_keys.get() + n_slot_entries, victims.get());
+      thrust::stable_sort_by_key(policy, block_keys.get(), block_keys.get() + n_blocks, sorted_blocks.get());
+    });
+    for_each_index(stream, n_threads, heads,
+                   dm::AdmitCounts{block_keys.get(), slot_keys.get(), c.max_blocks, c.n_slots, max_admit, admit.get()});
+    for_each_index(stream, n_threads, n_blocks,
+                   dm::MarkAdmitted{sorted_blocks.get(), admit.get(), c.max_blocks, marks.get()});
+    with_policy(stream, n_threads, n_blocks, [&](const auto& policy) {
+      const auto head_of =
+          thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{int64_t{c.max_blocks}});
+      thrust::exclusive_scan_by_key(policy, head_of, head_of + n_blocks, marks.get(), ranks.get());
+    });
+    for_each_index(stream, n_threads, n_blocks,
+                   dm::Install{c, marks.get(), ranks.get(), victims.get(), policy_, step, prefetch, loads.get()});
+    std::vector<int32_t> admitted(static_cast<size_t>(heads));
+    copy_bytes(admitted.data(), admit.get(), admitted.size() * sizeof(int32_t), stream, true);
+    const int32_t most = *std::max_element(admitted.begin(), admitted.end());
+    int64_t blocks = 0;
+    for (const int32_t a : admitted) blocks += a;
+    if (most == 0) return 0;
+    // the admitted blocks' rows, from the store's pages into their slots
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+    std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
+    for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
+    const DeviceArray<const std::byte*> device_pages(pages.size());
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
+    const auto units = static_cast<int32_t>(c.row_bytes / unit_bytes);
+    for_each_index(
+        stream, n_threads, heads * most * c.block_tokens * units,
+        dm::FillSlots{c, loads.get(), admit.get(), device_pages.get(), heads, page_tokens, most, units, unit_bytes});
+    return 2 * blocks * c.block_tokens * c.row_bytes;  // the temporaries are freed after the passes (cudaFree waits)
+  }
+
+  /// The working set's rows: cached rows from the cache, the others from the host store; returns the rows served
+  /// from the cache.
+  int64_t gather_rows(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
+                      int64_t count, int64_t rows, const WorkingSetViews& out, int n_threads, LayerCache* cache,
+                      kvret_stream stream) {
+    const int heads = store.n_kv_heads();
+#if KVRET_ON_GPU
+    int64_t tuned_hits = 0;
+    if (tuned_gather(store, mid_begin, mid_end, selected, count, rows, out, cache, &tuned_hits, stream))
+      return tuned_hits;
 #endif
     std::vector<dm::RowCopy> copies;
     copies.reserve(static_cast<size_t>(heads * rows));
@@ -353,7 +680,7 @@ class CudaBackend final : public Backend {
         copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r, p});
       }
     }
-    if (copies.empty()) return rows;
+    if (copies.empty()) return 0;
     const DeviceArray<dm::RowCopy> device_copies(copies.size());
     copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
     const dm::GatherRows gather{device_copies.get(),
@@ -362,8 +689,18 @@ class CudaBackend final : public Backend {
                                 device_tensor(out.positions),
                                 static_cast<int32_t>(store.dtype()),
                                 store.head_dim()};
-    for_each_index(stream, n_threads, static_cast<int64_t>(copies.size()) * store.head_dim(), gather);
-    return rows;  // device_copies is freed after the gather (cudaFree waits for the device)
+    const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
+    if (cache == nullptr || cache->view().max_blocks == 0) {
+      for_each_index(stream, n_threads, n, gather);
+      return 0;  // device_copies is freed after the gather (cudaFree waits for the device)
+    }
+    const DeviceArray<uint8_t> hit(copies.size());
+    for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
+    int64_t hits = 0;
+    with_policy(stream, n_threads, static_cast<int64_t>(copies.size()), [&](const auto& policy) {
+      hits = static_cast<int64_t>(thrust::count(policy, hit.get(), hit.get() + copies.size(), uint8_t{1}));
+    });
+    return hits;
   }
 
 #if KVRET_ON_GPU
@@ -372,7 +709,8 @@ class CudaBackend final : public Backend {
   /// [H, capacity, D] and [H, capacity] outputs. Returns false (nothing enqueued) otherwise: the Thrust gather
   /// does the rest (f32 outputs of an f16 or bf16 store, strided outputs).
   bool tuned_gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
-                    int64_t count, int64_t rows, const WorkingSetViews& out, kvret_stream stream) {
+                    int64_t count, int64_t rows, const WorkingSetViews& out, LayerCache* cache, int64_t* hits,
+                    kvret_stream stream) {
     const int heads = store.n_kv_heads();
     const int d = store.head_dim();
     const int64_t capacity = out.k.dim(1);
@@ -387,6 +725,7 @@ class CudaBackend final : public Backend {
     cuda::KvGeometry geo;
     geo.n_kv_heads = heads;
     geo.head_dim = d;
+    geo.block_tokens = block_tokens_;
     geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
                     : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
                                                    : cuda::ElemType::kF32;
@@ -424,6 +763,21 @@ class CudaBackend final : public Backend {
     seq.out_v = out.v.data();
     seq.out_positions = reinterpret_cast<int32_t*>(out.positions.data());
     seq.out_capacity = capacity;
+    const DeviceArray<unsigned long long> counters(3);
+    if (cache != nullptr && cache->view().max_blocks > 0) {
+      const dm::CacheView c = cache->view();
+      seq.cache.block_table = c.table;
+      seq.cache.slot_block = c.slot_block;
+      seq.cache.slot_stamp = c.stamp;
+      seq.cache.slot_prefetched = c.prefetched;
+      seq.cache.k = c.k;
+      seq.cache.v = c.v;
+      seq.cache.max_blocks = c.max_blocks;
+      seq.cache.n_slots = c.n_slots;
+      seq.counters = counters.get();
+      check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * sizeof(unsigned long long), cuda_stream(stream)),
+                 "cudaMemsetAsync");
+    }
     copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
     copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
     copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);
@@ -431,10 +785,17 @@ class CudaBackend final : public Backend {
     check_cuda(
         cuda::launch_working_set_gather(device_seq.get(), 1, static_cast<int32_t>(rows), geo, cuda_stream(stream)),
         "launch_working_set_gather");
+    *hits = 0;
+    if (seq.counters != nullptr) {  // rows from the cache (the first counter), after the gather
+      unsigned long long from_cache = 0;
+      copy_bytes(&from_cache, counters.get(), sizeof from_cache, stream, true);
+      *hits = static_cast<int64_t>(from_cache);
+    }
     return true;  // the device arrays are freed after the gather (cudaFree waits for the device)
   }
 #endif
 
+ public:
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
               float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
     check_attend(config, q, k, v, rows, scale, out);
@@ -457,6 +818,12 @@ class CudaBackend final : public Backend {
  private:
   int device_id_;
   DeviceBudget budget_;
+  int32_t block_tokens_;
+  int32_t n_slots_;  // per (sequence, layer, KV head): cache_capacity_tokens / block_tokens, at most 2048
+  int32_t policy_;
+  std::mutex caches_mutex_;
+  std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
+  std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
 };

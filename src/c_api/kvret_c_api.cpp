@@ -572,7 +572,7 @@ kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_ten
   return guarded([&] {
     kvret::Sequence& s = sequence_of(seq);
     s.context().backend().check_stream(stream);
-    s.prefetch(layer, q_guess, budget);
+    s.prefetch(layer, q_guess, budget, stream);
   });
 }
 

@@ -60,6 +60,7 @@ Sequence::Sequence(Context& ctx, ForkTag) : ctx_(ctx) {
 
 Sequence::~Sequence() {
   drain();
+  ctx_.backend().release_caches(this);
   ctx_.release_host_bytes(stats_.host_bytes.load());
 }
 
@@ -241,6 +242,7 @@ void Sequence::drop_front(int64_t keep, int64_t count) {
     }
     if (p.layer < prefetched_.size()) prefetched_[p.layer].clear();
   }
+  if (!plans.empty()) ctx_.backend().drop_cached(this, -1, keep);  // blocks past `keep` moved
   stats_.index_bytes += built.index_bytes.load();
   stats_.index_builds += built.index_builds.load();
   stats_.index_build_ns += built.index_build_ns.load();
@@ -302,6 +304,7 @@ void Sequence::truncate(int64_t length) {
       in.observed_at = 0;
     }
   }
+  if (!plans.empty()) ctx_.backend().drop_cached(this, -1, length);  // blocks past `length` change at the next append
   for (size_t i = 0; i < reuse_.size(); ++i)  // a shortened layer's resident rows may not be its tokens any more
     if (std::any_of(plans.begin(), plans.end(), [&](const Plan& p) { return p.layer == layers_[i].get(); })) {
       reuse_[i].clear();
@@ -575,6 +578,7 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   stats_.cache_hits += from_sources;  // rows a source before the host store served
   stats_.cache_misses += rows * c.n_kv_heads - from_sources;
   stats_.bytes_h2d += ctx_.backend().bytes_to_device(rows * c.n_kv_heads - from_sources, store.row_bytes());
+  note_cache_use();
   return rows;
 }
 
@@ -602,7 +606,16 @@ void reserve(Backend& backend, std::unique_ptr<DeviceBuffer>& buffer, size_t byt
 
 }  // namespace
 
-void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget) {
+void Sequence::note_cache_use() {
+  const Backend::CacheUse use = ctx_.backend().take_cache_use(this);
+  stats_.bytes_h2d += use.loaded_bytes;  // blocks copied into the block cache
+  int64_t held = use.held_bytes;
+  for (const auto* b : {&attend_scratch_.k, &attend_scratch_.v, &attend_scratch_.positions})
+    if (*b && (*b)->device().device_type == KVRET_DEVICE_CUDA) held += static_cast<int64_t>((*b)->bytes());
+  stats_.device_bytes = held;
+}
+
+void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget, kvret_stream stream) {
   const kvret_config& c = ctx_.config();
   const TensorView qv = ctx_.view(q_guess, "q_guess", kFloatTypes, {2});
   check_layer(layer);
@@ -612,8 +625,16 @@ void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budg
   const kvret_tensor st = own_tensor(rows.data(), ctx_.backend().host_memory(), shape);
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   std::vector<std::vector<int32_t>> kept(static_cast<size_t>(c.n_kv_heads));
-  for (int h = 0; h < c.n_kv_heads; ++h)
-    kept[static_cast<size_t>(h)].assign(rows.begin() + h * width, rows.begin() + h * width + count);
+  std::vector<const int32_t*> kept_rows(static_cast<size_t>(c.n_kv_heads));
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    auto& k = kept[static_cast<size_t>(h)];
+    k.assign(rows.begin() + h * width, rows.begin() + h * width + count);
+    std::sort(k.begin(), k.end());
+    kept_rows[static_cast<size_t>(h)] = k.data();
+  }
+  // a backend with a block cache loads the blocks of the guessed selection now (the CPU backend: nothing)
+  ctx_.backend().prefetch(layer_at(layer).store(), kept_rows.data(), count, this, layer, stream);
+  note_cache_use();
   if (prefetched_.empty()) prefetched_.resize(static_cast<size_t>(c.n_layers));
   prefetched_[static_cast<size_t>(layer)] = std::move(kept);  // no throw from here
 }

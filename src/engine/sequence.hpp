@@ -103,7 +103,9 @@ class Sequence {
 
   /// kvret_prefetch_async: selects with the guessed query and keeps the selection (per KV head) as the layer's
   /// prefetched rows; the layer's next fetch counts the rows it takes from them as prefetch hits and drops them.
-  void prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget);
+  /// On a backend with a block cache (CUDA), the blocks the selection touches are loaded into the layer's cache,
+  /// ordered on `stream`.
+  void prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget, kvret_stream stream = nullptr);
 
   int64_t working_set_capacity(int32_t layer, int32_t budget) const;
   /// select + fetch + attention in one call (kvret_seq_attend).
@@ -150,6 +152,9 @@ class Sequence {
   /// Throws KVRET_ERR_STATE / KVRET_ERR_CAPACITY / KVRET_ERR_OUT_OF_MEMORY unless `tokens` more fit the layer.
   void check_capacity(int32_t layer, int64_t length, int64_t tokens, bool prefill) const;
   LayerState& layer_at(int32_t layer) const;
+  /// After a fetch or prefetch: the bytes the backend copied into this sequence's block caches (stats.bytes_h2d)
+  /// and the device memory it holds (stats.device_bytes: the caches and attend's working set).
+  void note_cache_use();
   void check_layer(int32_t layer) const;
   void append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill);
   /// kvret_seq_attend under config.quant_attention: after the select into `selected` ([n_kv_heads, width], count

@@ -244,6 +244,7 @@ TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
     SCOPED_TRACE(kind);
     kvret_config cuda_config = test::small_config(kind), cpu_config = cuda_config;
     cpu_config.device_type = KVRET_DEVICE_CPU;
+    cuda_config.cache_capacity_tokens = 0;  // no block cache: every row over the bus (test_block_cache_backend.cpp)
     auto cuda = test::make_context(cuda_config), cpu = test::make_context(cpu_config);
     kvret_seq *a = nullptr, *b = nullptr;
     test::expect_ok(kvret_seq_open(cuda.get(), &a));

@@ -1,0 +1,319 @@
+#pragma once
+// The CUDA backend's block cache (docs/cuda_backend.md), as per-element functors for Thrust passes: compiled for
+// the device by nvcc and for the host on Thrust's OpenMP system, so that CI runs the very code a GPU runs. The
+// decisions (eviction keys, the use of a cached block, candidates, their saturated counts) are the functions of
+// kernels/math/block_cache_math.h, the ones the tuned kernels of kernels/block_cache use; the rule is written in
+// kernels/block_cache.h. One cache holds, per KV head, n_slots slots of block_tokens rows (keys and values, the
+// store's element type); a block is block_tokens consecutive positions.
+//
+// One update (after a fetch) or prefetch is these passes, each over every (head, block) or (head, slot):
+//   CountSelected   selected positions per block (a prefetch: 1 per touched block)
+//   UseSlots        cached blocks with a count are used (stamped), and every slot gets its eviction key
+//   (stable sort of the slots by (head, key): the victims first, equal keys in slot order)
+//   CandidateKeys   uncached complete selected blocks, by (head, descending saturated count)
+//   (stable sort of the blocks by that key: equal counts keep ascending block order)
+//   AdmitCounts     per head A = min(max_admit, candidates, evictable slots)
+//   MarkAdmitted    the first A candidates of each head
+//   (exclusive scan of the marks per head: the rank of each admitted block in ascending block order)
+//   Install         the r-th admitted block into the r-th victim slot (table, slot, stamp, prefetched flag)
+//   FillSlots       the admitted blocks' rows copied from the host store into their slots
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/device_math.hpp"
+#include "math/block_cache_math.h"
+
+namespace kvret::device_math {
+
+namespace bc = kvret::cuda::math;
+
+/// One (sequence, layer) cache as the passes see it (device memory).
+struct CacheView {
+  int32_t* table = nullptr;       ///< [heads, max_blocks]: block -> slot, or -1
+  int32_t* slot_block = nullptr;  ///< [heads, n_slots]: slot -> block, or -1 (empty)
+  uint32_t* stamp = nullptr;      ///< [heads, n_slots]: LRU: step of the last use; LFU: use count
+  uint8_t* prefetched = nullptr;  ///< [heads, n_slots]: 1 while a block a prefetch loaded is unused
+  std::byte* k = nullptr;         ///< [heads, n_slots, block_tokens, row_bytes]
+  std::byte* v = nullptr;         ///< same layout
+  int32_t max_blocks = 0;         ///< entries of the table per head
+  int32_t n_slots = 0;
+  int32_t block_tokens = 0;
+  int64_t row_bytes = 0;
+
+  /// The cached key (kv 0) or value (kv 1) row of (head, position), or null when its block is not cached.
+  KVRET_BACKEND_HD const std::byte* row(int kv, int64_t head, int64_t position) const {
+    if (table == nullptr || position < 0) return nullptr;
+    const int64_t block = position / block_tokens;
+    if (block >= max_blocks) return nullptr;
+    const int32_t slot = table[head * max_blocks + block];
+    if (slot < 0) return nullptr;
+    const int64_t offset = ((head * n_slots + slot) * block_tokens + position % block_tokens) * row_bytes;
+    return (kv == 0 ? k : v) + offset;
+  }
+};
+
+/// The gather of GatherRows reading cached rows from the cache: hit[r] = 1 where row r came from it.
+struct GatherCachedRows {
+  GatherRows gather;
+  CacheView cache;
+  uint8_t* hit;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const RowCopy& c = gather.rows[i / gather.head_dim];
+    const int64_t e = i % gather.head_dim;
+    const std::byte* k_src = cache.row(0, c.head, c.position);
+    const std::byte* v_src = cache.row(1, c.head, c.position);
+    const bool cached = k_src != nullptr;
+    copy_element(cached ? k_src : c.k_src, gather.src_type, gather.k_out.at(c.head, c.row), gather.k_out.type, e);
+    copy_element(cached ? v_src : c.v_src, gather.src_type, gather.v_out.at(c.head, c.row), gather.v_out.type, e);
+    if (e == 0) {
+      *reinterpret_cast<int32_t*>(gather.positions.at(c.head, c.row)) = c.position;
+      hit[i / gather.head_dim] = cached ? 1 : 0;
+    }
+  }
+};
+
+/// The first index of the ascending items[0, n) that is >= x.
+KVRET_BACKEND_HD inline int64_t lower_bound_i32(const int32_t* items, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (items[mid] < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/// The first index of the ascending keys[0, n) that is >= x.
+KVRET_BACKEND_HD inline int64_t lower_bound_u64(const uint64_t* keys, int64_t n, uint64_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/// (head, value) as one sort key: heads stay apart, values ascend within a head.
+KVRET_BACKEND_HD inline uint64_t head_key(int64_t head, uint64_t value) {
+  return (static_cast<uint64_t>(head) << 32) | value;
+}
+
+/// Element i = head * max_blocks + block: the selected positions of the head in the block (items: [heads, n],
+/// ascending per head); a prefetch counts 1 for a touched block.
+struct CountSelected {
+  const int32_t* items;
+  int64_t n;
+  int32_t max_blocks, block_tokens;
+  bool prefetch;
+  int32_t* counts;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / max_blocks, b = i % max_blocks;
+    const int32_t* head_items = items + h * n;
+    const int64_t first = lower_bound_i32(head_items, n, b * block_tokens);
+    const int64_t count = lower_bound_i32(head_items, n, (b + 1) * block_tokens) - first;
+    counts[i] = static_cast<int32_t>(prefetch && count > 0 ? 1 : count);
+  }
+};
+
+/// Element i = head * n_slots + slot: a cached block the call selected is used (an update stamps it with
+/// block_cache_used_stamp and clears its prefetched flag; a prefetch only protects it); the slot's eviction key
+/// (block_cache_evict_key) as (head, key) with the slot as the sort's value.
+struct UseSlots {
+  CacheView cache;
+  const int32_t* counts;  ///< [heads, max_blocks]
+  int32_t policy;
+  uint32_t step;
+  bool prefetch;
+  uint64_t* keys;
+  int32_t* slots;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / cache.n_slots;
+    const int32_t block = cache.slot_block[i];
+    const bool used = block >= 0 && block < cache.max_blocks && counts[h * cache.max_blocks + block] > 0;
+    const uint32_t key = bc::block_cache_evict_key(block, used, block < 0 ? 0u : cache.stamp[i]);
+    if (used && !prefetch) {
+      cache.stamp[i] = bc::block_cache_used_stamp(static_cast<cuda::CachePolicy>(policy), cache.stamp[i], step);
+      cache.prefetched[i] = 0;
+    }
+    keys[i] = head_key(h, key);
+    slots[i] = static_cast<int32_t>(i % cache.n_slots);
+  }
+};
+
+/// The key past every candidate of a head's segment.
+inline constexpr uint64_t kNotCandidate = bc::kBlockCacheCountBins;
+
+/// Element i = head * max_blocks + block: (head, 255 - saturated count) for a candidate (block_cache_candidate),
+/// (head, 256) otherwise; the block as the sort's value.
+struct CandidateKeys {
+  const int32_t* table;
+  const int32_t* counts;
+  int32_t max_blocks, block_tokens;
+  int64_t n_tokens;
+  uint64_t* keys;
+  int32_t* blocks;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / max_blocks, b = i % max_blocks;
+    const int count = counts[i];
+    const bool candidate = bc::block_cache_candidate(count, table[i], b, block_tokens, n_tokens);
+    keys[i] =
+        head_key(h, candidate ? static_cast<uint64_t>(bc::kBlockCacheCountBins - 1 - bc::block_cache_count_bin(count))
+                              : kNotCandidate);
+    blocks[i] = static_cast<int32_t>(b);
+  }
+};
+
+/// Element h: A = min(max_admit, the head's candidates, its evictable slots) from the sorted keys.
+struct AdmitCounts {
+  const uint64_t* block_keys;  ///< sorted [heads, max_blocks]
+  const uint64_t* slot_keys;   ///< sorted [heads, n_slots]
+  int32_t max_blocks, n_slots, max_admit;
+  int32_t* admit;
+  KVRET_BACKEND_HD void operator()(int64_t h) const {
+    const int64_t candidates = lower_bound_u64(block_keys + h * max_blocks, max_blocks, head_key(h, kNotCandidate));
+    const int64_t evictable = lower_bound_u64(slot_keys + h * n_slots, n_slots, head_key(h, bc::kBlockCachePinned));
+    int64_t a = max_admit < candidates ? max_admit : candidates;
+    a = a < evictable ? a : evictable;
+    admit[h] = static_cast<int32_t>(a);
+  }
+};
+
+/// Element i = head * max_blocks + r: marks the r-th best candidate of the head when r < A (marks: zeroed before).
+struct MarkAdmitted {
+  const int32_t* sorted_blocks;
+  const int32_t* admit;
+  int32_t max_blocks;
+  int32_t* marks;  ///< [heads, max_blocks] by block
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / max_blocks, r = i % max_blocks;
+    if (r < admit[h]) marks[h * max_blocks + sorted_blocks[i]] = 1;
+  }
+};
+
+/// The head of element i of a [heads, width] array (the scan's segment key).
+struct HeadOf {
+  int64_t width;
+  KVRET_BACKEND_HD int64_t operator()(int64_t i) const { return i / width; }
+};
+
+/// A block loaded into a slot.
+struct BlockLoad {
+  int32_t slot;
+  int32_t block;
+};
+
+/// Element i = head * max_blocks + block: a marked block, the rank-th admitted of its head in ascending block
+/// order, goes to the rank-th victim (the sorted slots), evicting the block there; loads[head, rank] records it.
+struct Install {
+  CacheView cache;
+  const int32_t* marks;
+  const int32_t* ranks;
+  const int32_t* victims;  ///< sorted slots [heads, n_slots]
+  int32_t policy;
+  uint32_t step;
+  bool prefetch;
+  BlockLoad* loads;  ///< [heads, n_slots]
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    if (marks[i] == 0) return;
+    const int64_t h = i / cache.max_blocks;
+    const int32_t block = static_cast<int32_t>(i % cache.max_blocks);
+    const int32_t rank = ranks[i];
+    const int32_t slot = victims[h * cache.n_slots + rank];
+    const int64_t s = h * cache.n_slots + slot;
+    const int32_t old = cache.slot_block[s];  // cached, so no admitted block: no other element writes its entry
+    if (old >= 0 && old < cache.max_blocks) cache.table[h * cache.max_blocks + old] = -1;
+    cache.slot_block[s] = block;
+    cache.table[i] = slot;
+    cache.stamp[s] = bc::block_cache_admit_stamp(static_cast<cuda::CachePolicy>(policy), step);
+    cache.prefetched[s] = prefetch ? 1 : 0;
+    loads[h * cache.n_slots + rank] = BlockLoad{slot, block};
+  }
+};
+
+/// Element i of [heads, most, block_tokens, units]: unit u of row t of the head's r-th load (r < A), keys and
+/// values, from the host store's pages (page p: keys of every head then values, page_tokens rows per head) into
+/// the slot. Units are the store's elements (2 or 4 bytes).
+struct FillSlots {
+  CacheView cache;
+  const BlockLoad* loads;
+  const int32_t* admit;
+  const std::byte* const* pages;  ///< [n_pages] the pages' bases
+  int64_t heads, page_tokens;
+  int32_t most;  ///< the largest A over the heads
+  int32_t units;
+  int32_t unit_bytes;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t u = i % units;
+    const int64_t t = (i / units) % cache.block_tokens;
+    const int64_t r = (i / units / cache.block_tokens) % most;
+    const int64_t h = i / units / cache.block_tokens / most;
+    if (r >= admit[h]) return;
+    const BlockLoad load = loads[h * cache.n_slots + r];
+    const int64_t position = static_cast<int64_t>(load.block) * cache.block_tokens + t;
+    const std::byte* page = pages[position / page_tokens];
+    const int64_t key_offset = (h * page_tokens + position % page_tokens) * cache.row_bytes + u * unit_bytes;
+    const int64_t value_offset = key_offset + heads * page_tokens * cache.row_bytes;
+    const int64_t dst = ((h * cache.n_slots + load.slot) * cache.block_tokens + t) * cache.row_bytes + u * unit_bytes;
+    if (unit_bytes == 4) {
+      *reinterpret_cast<uint32_t*>(cache.k + dst) = *reinterpret_cast<const uint32_t*>(page + key_offset);
+      *reinterpret_cast<uint32_t*>(cache.v + dst) = *reinterpret_cast<const uint32_t*>(page + value_offset);
+    } else {
+      *reinterpret_cast<uint16_t*>(cache.k + dst) = *reinterpret_cast<const uint16_t*>(page + key_offset);
+      *reinterpret_cast<uint16_t*>(cache.v + dst) = *reinterpret_cast<const uint16_t*>(page + value_offset);
+    }
+  }
+};
+
+/// Element i = head * n_slots + slot: empties the slot when its block holds a position >= from (a cache whose
+/// stored rows changed or moved there).
+struct DropFrom {
+  CacheView cache;
+  int64_t from;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int32_t block = cache.slot_block[i];
+    if (block < 0 || (static_cast<int64_t>(block) + 1) * cache.block_tokens <= from) return;
+    const int64_t h = i / cache.n_slots;
+    if (block < cache.max_blocks) cache.table[h * cache.max_blocks + block] = -1;
+    cache.slot_block[i] = -1;
+    cache.stamp[i] = 0;
+    cache.prefetched[i] = 0;
+  }
+};
+
+/// Element i of the new table [heads, new_blocks]: the old entry, or -1 past the old table.
+struct GrowTable {
+  const int32_t* old_table;
+  int32_t old_blocks, new_blocks;
+  int32_t* table;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / new_blocks, b = i % new_blocks;
+    table[i] = b < old_blocks ? old_table[h * old_blocks + b] : -1;
+  }
+};
+
+/// Element i: 0.
+struct ZeroI32 {
+  int32_t* out;
+  KVRET_BACKEND_HD void operator()(int64_t i) const { out[i] = 0; }
+};
+
+/// Element i: the empty state of a new cache's slots.
+struct ClearSlots {
+  int32_t* slot_block;
+  uint32_t* stamp;
+  uint8_t* prefetched;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    slot_block[i] = -1;
+    stamp[i] = 0;
+    prefetched[i] = 0;
+  }
+};
+
+}  // namespace kvret::device_math
