@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "kvret.h"
 
@@ -44,6 +45,8 @@ class TensorView {
   kvret_device device() const noexcept { return device_; }
   size_t elem_size() const noexcept { return dtype_size(dtype_); }
   const std::string& name() const noexcept { return name_; }
+  /// Gives the view another name in messages (a slice of a batch: "positions[2]").
+  void rename(std::string name) { name_ = std::move(name); }
 
   /// Throws KVRET_ERR_SHAPE unless dim(i) == extent.
   void expect_dim(int i, int64_t extent, const char* what) const;
