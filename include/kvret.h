@@ -482,11 +482,12 @@ KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kv
  *    working set is written: on an error nothing is written, no sequence changes, and the message names the
  *    entry and the argument ("seqs[2] ...", "counts[1] ...", "positions[3]: ...", "outs[0].k: ..."). Errors:
  *    KVRET_ERR_INVALID_HANDLE for a NULL, closed or foreign ctx or seqs[i], or one of another context;
- *    KVRET_ERR_INVALID_ARGUMENT for n < 0, NULL seqs, counts, outs or out_row_counts, a sequence twice in the batch, a
- *    negative count or a repeated position; KVRET_ERR_OUT_OF_RANGE for the layer or a position that is not a
- *    middle position of seqs[i]; KVRET_ERR_BUDGET for a count above seqs[i]'s middle tokens; KVRET_ERR_SHAPE /
- *    KVRET_ERR_DTYPE / KVRET_ERR_STRIDE / KVRET_ERR_DEVICE for positions (its leading dimension must be n) or
- *    outs[i]'s tensors, as kvret_fetch_async. A failure while gathering (a row source's error,
+ *    KVRET_ERR_INVALID_ARGUMENT for n < 0, NULL seqs, counts, outs or out_row_counts, NULL positions while a
+ *    count is above 0, a sequence twice in the batch, a negative count or a repeated position;
+ *    KVRET_ERR_OUT_OF_RANGE for the layer or a position that is not a middle position of seqs[i];
+ *    KVRET_ERR_BUDGET for a count above seqs[i]'s middle tokens; KVRET_ERR_SHAPE / KVRET_ERR_DTYPE /
+ *    KVRET_ERR_STRIDE / KVRET_ERR_DEVICE for positions (its leading dimension must be n) or outs[i]'s tensors, as
+ *    kvret_fetch_async. A failure while gathering (a row source's error,
  *    KVRET_ERR_OUT_OF_MEMORY, KVRET_ERR_CUDA) may leave some working sets written; the sequences' stats stay as
  *    they were (a cluster index's resident copies are dropped, as a failed kvret_fetch_async drops its own).
  *  - Devices and streams as kvret_fetch_async: on the CUDA backend positions is copied to the host once for the

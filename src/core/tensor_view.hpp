@@ -63,8 +63,9 @@ class TensorView {
     return base_ + offset * static_cast<int64_t>(elem_size());
   }
 
-  /// The sub-tensor at index i of the leading dimension (rank drops by one).
-  TensorView slice(int64_t i) const noexcept {
+  /// The sub-tensor at index i of the leading dimension (rank drops by one). Copies the name (may throw
+  /// std::bad_alloc for a long one).
+  TensorView slice(int64_t i) const {
     TensorView v = *this;
     v.base_ = at({i});
     for (int d = 1; d < ndim_; ++d) {
@@ -80,8 +81,9 @@ class TensorView {
   /// Bytes from the first element to the end of the last one: the span a copy of the tensor must cover (0 when
   /// a dimension is 0).
   size_t extent_bytes() const noexcept;
-  /// The same layout at another address in another memory (a copy of the extent_bytes() from data()).
-  TensorView rebased(std::byte* base, kvret_device device) const noexcept {
+  /// The same layout at another address in another memory (a copy of the extent_bytes() from data()). Copies the
+  /// name (may throw std::bad_alloc for a long one).
+  TensorView rebased(std::byte* base, kvret_device device) const {
     TensorView v = *this;
     v.base_ = base;
     v.device_ = device;
