@@ -447,7 +447,8 @@ KVRET_JAVA_BYTES_OUT(kvret_swig_config_session_shared_url)
   }
   jsize count = (*jenv)->GetArrayLength(jenv, $input);
   if (count != (jsize)arg2) {
-    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException", "kvret: outs needs one working set per sequence");
+    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException",
+                           "kvret: outs needs one working set per sequence");
     return $null;
   }
   jsets = (kvret_java_working_set*)calloc(count > 0 ? (size_t)count : 1, sizeof(kvret_java_working_set));
