@@ -6,6 +6,8 @@
 //  - EXACT select at the same size (the cost PQ saves);
 //  - PQ index build (k-means + encode) of one layer;
 //  - working-set fetch against plain memcpy of the same bytes;
+//  - the batched fetch of 8 sequences (kvret_fetch_batch_async) against 8 kvret_fetch_async calls
+//    (BM_FetchBatch, BM_FetchBatchSingles: the same selections, working sets and bytes);
 //  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend);
 //  - CLUSTER, PQ and PAGE index build and select from 8k to 128k tokens in one run (BM_BuildKind, BM_SelectKind).
 // Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
@@ -305,6 +307,125 @@ void BM_FetchMemcpyPeer(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(2 * bytes));
 }
 
+/// `n_seqs` sequences of one single-layer EXACT context, each prefilled with the same `tokens` workload tokens
+/// (their own KV pages), selected once by kvret_select_batch with the queries of the workload, and f16 working
+/// sets sized for the selection.
+struct BatchFixture {
+  kvret_context* ctx = nullptr;
+  std::vector<kvret_seq*> seqs;
+  std::vector<int32_t> positions, counts;
+  int32_t budget = 0;
+  int64_t capacity = 0;
+  std::vector<std::vector<uint16_t>> wk, wv;
+  std::vector<std::vector<int32_t>> wp;
+  std::vector<std::unique_ptr<Tensor>> views;
+  std::vector<kvret_working_set> outs;
+  std::vector<int64_t> rows;
+
+  BatchFixture(int n_seqs, int64_t tokens) {
+    kvret::workload::Config wc;
+    wc.n_layers = 1;
+    wc.n_prefill = tokens;
+    wc.n_decode = 8;
+    kvret::workload::Workload w(wc);
+    std::vector<float> k(static_cast<size_t>(tokens * kKvHeads * kDim)), v(k.size());
+    w.keys_values(0, 0, tokens, k.data(), v.data());
+    std::vector<uint16_t> kh(k.size()), vh(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kh[i] = kvret::f32_to_f16(k[i]);
+      vh[i] = kvret::f32_to_f16(v[i]);
+    }
+    std::vector<float> queries(static_cast<size_t>(8 * kQHeads * kDim));
+    w.queries(0, 8, queries.data());
+    kvret_config c;
+    kvret_config_init(&c);
+    c.n_layers = 1;
+    c.index_kind = KVRET_INDEX_EXACT;
+    kvret_create(&c, &ctx);
+    Tensor kt(kh.data(), {tokens, kKvHeads, kDim}, kF16), vt(vh.data(), {tokens, kKvHeads, kDim}, kF16);
+    seqs.resize(static_cast<size_t>(n_seqs));
+    for (auto& s : seqs) {
+      kvret_seq_open(ctx, &s);
+      kvret_append_prefill(s, 0, &kt.t, &vt.t);
+    }
+    kvret_seq_budget(seqs[0], 0, &budget);
+    std::vector<float> q(static_cast<size_t>(n_seqs * kQHeads * kDim));
+    for (int i = 0; i < n_seqs; ++i)
+      std::memcpy(q.data() + i * kQHeads * kDim, queries.data() + (i % 8) * kQHeads * kDim,
+                  sizeof(float) * kQHeads * kDim);
+    Tensor qt(q.data(), {n_seqs, kQHeads, kDim}, kF32);
+    positions.resize(static_cast<size_t>(n_seqs) * kKvHeads * budget);
+    counts.resize(static_cast<size_t>(n_seqs));
+    Tensor pt(positions.data(), {n_seqs, kKvHeads, budget}, kI32);
+    kvret_select_batch(ctx, n_seqs, seqs.data(), 0, &qt.t, budget, &pt.t, counts.data());
+    kvret_working_set_capacity(seqs[0], 0, budget, &capacity);
+    for (int i = 0; i < n_seqs; ++i) {
+      wk.emplace_back(static_cast<size_t>(kKvHeads * capacity * kDim));
+      wv.emplace_back(static_cast<size_t>(kKvHeads * capacity * kDim));
+      wp.emplace_back(static_cast<size_t>(kKvHeads * capacity));
+    }
+    for (int i = 0; i < n_seqs; ++i) {
+      const auto at = static_cast<size_t>(i);
+      views.push_back(std::make_unique<Tensor>(wk[at].data(), std::vector<int64_t>{kKvHeads, capacity, kDim}, kF16));
+      views.push_back(std::make_unique<Tensor>(wv[at].data(), std::vector<int64_t>{kKvHeads, capacity, kDim}, kF16));
+      views.push_back(std::make_unique<Tensor>(wp[at].data(), std::vector<int64_t>{kKvHeads, capacity}, kI32));
+      outs.push_back({views[3 * at]->t, views[3 * at + 1]->t, views[3 * at + 2]->t});
+    }
+    rows.resize(static_cast<size_t>(n_seqs));
+  }
+  ~BatchFixture() { kvret_destroy(ctx); }
+  BatchFixture(const BatchFixture&) = delete;
+  BatchFixture& operator=(const BatchFixture&) = delete;
+
+  static BatchFixture& get(int n_seqs, int64_t tokens) {
+    static std::map<std::pair<int, int64_t>, std::unique_ptr<BatchFixture>> cache;
+    auto& f = cache[{n_seqs, tokens}];
+    if (!f) f = std::make_unique<BatchFixture>(n_seqs, tokens);
+    return *f;
+  }
+  void count_bytes(benchmark::State& state) const {
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(seqs.size()) * 2 * kKvHeads * capacity * kDim *
+                            2);
+    state.counters["sequences"] = static_cast<double>(seqs.size());
+    state.counters["tokens"] = static_cast<double>(state.range(1));
+    state.counters["budget"] = budget;
+  }
+};
+
+/// One kvret_fetch_batch_async for the batch (args: sequences, tokens).
+void BM_FetchBatch(benchmark::State& state) {
+  BatchFixture& f = BatchFixture::get(static_cast<int>(state.range(0)), state.range(1));
+  const int n = static_cast<int>(f.seqs.size());
+  Tensor pt(f.positions.data(), {n, kKvHeads, f.budget}, kI32);
+  for (auto _ : state) {
+    if (kvret_fetch_batch_async(f.ctx, n, f.seqs.data(), 0, &pt.t, f.counts.data(), f.outs.data(), f.rows.data(),
+                                nullptr) != KVRET_OK)
+      state.SkipWithError(kvret_last_error());
+    benchmark::DoNotOptimize(f.wk.data());
+  }
+  f.count_bytes(state);
+}
+
+/// The same fetches as BM_FetchBatch, one kvret_fetch_async per sequence.
+void BM_FetchBatchSingles(benchmark::State& state) {
+  BatchFixture& f = BatchFixture::get(static_cast<int>(state.range(0)), state.range(1));
+  const int n = static_cast<int>(f.seqs.size());
+  std::vector<std::unique_ptr<Tensor>> rows_of;
+  for (int i = 0; i < n; ++i)
+    rows_of.push_back(std::make_unique<Tensor>(f.positions.data() + static_cast<size_t>(i) * kKvHeads * f.budget,
+                                               std::vector<int64_t>{kKvHeads, f.budget}, kI32));
+  for (auto _ : state) {
+    for (int i = 0; i < n; ++i) {
+      const auto at = static_cast<size_t>(i);
+      if (kvret_fetch_async(f.seqs[at], 0, &rows_of[at]->t, f.counts[at], &f.outs[at], &f.rows[at], nullptr) !=
+          KVRET_OK)
+        state.SkipWithError(kvret_last_error());
+    }
+    benchmark::DoNotOptimize(f.wk.data());
+  }
+  f.count_bytes(state);
+}
+
 }  // namespace
 
 BENCHMARK(BM_SelectPq)->Arg(200)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -357,5 +478,7 @@ BENCHMARK_CAPTURE(BM_SelectKind, page, KVRET_INDEX_PAGE)
 BENCHMARK(BM_DecodeAppend)->Arg(1000)->Arg(10000)->Arg(100000)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FetchBatch)->Args({8, 32768})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FetchBatchSingles)->Args({8, 32768})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

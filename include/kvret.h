@@ -483,7 +483,9 @@ KVRET_API kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const 
 
 /** kvret_select for n sequences at once (q is [n, n_q_heads, head_dim]; out_positions [n, n_kv_heads, >= budget];
  *  out_counts has n entries). The sequences must belong to ctx and be distinct. All are validated before any is
- *  touched. */
+ *  touched. Threads: the call uses every sequence of the batch, so none of them may be in another call at the
+ *  same time; other sequences may be used from other threads meanwhile. kvret_fetch_batch_async fetches the
+ *  working sets of such a selection in one call. */
 KVRET_API kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
                                           const kvret_tensor* q, int32_t budget, const kvret_tensor* out_positions,
                                           int32_t* out_counts);
@@ -514,6 +516,35 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
+
+/** kvret_fetch_async for n sequences at once, taking what kvret_select_batch wrote: for every i, the working set
+ *  of seqs[i] for its selection positions[i] (count counts[i]) into outs[i] and its row count into out_row_counts[i],
+ *  the same bytes, row counts and stats as kvret_fetch_async(seqs[i], layer, positions[i], counts[i], &outs[i],
+ *  &out_row_counts[i], stream).
+ *  - positions: int32 [n, n_kv_heads, >= max(counts)] (kvret_select_batch's out_positions); it is not read, and
+ *    may be NULL, when every count is 0. counts, outs, out_row_counts: n entries each; outs[i] as kvret_fetch_async's
+ *    out, sized for seqs[i] (kvret_working_set_capacity). n = 0 does nothing.
+ *  - The sequences must belong to ctx and be distinct. Every argument of every sequence is checked before any
+ *    working set is written: on an error nothing is written, no sequence changes, and the message names the
+ *    entry and the argument ("seqs[2] ...", "counts[1] ...", "positions[3]: ...", "outs[0].k: ..."). Errors:
+ *    KVRET_ERR_INVALID_HANDLE for a NULL, closed or foreign ctx or seqs[i], or one of another context;
+ *    KVRET_ERR_INVALID_ARGUMENT for n < 0, NULL seqs, counts, outs or out_row_counts, NULL positions while a
+ *    count is above 0, a sequence twice in the batch, a negative count or a repeated position;
+ *    KVRET_ERR_OUT_OF_RANGE for the layer or a position that is not a middle position of seqs[i];
+ *    KVRET_ERR_BUDGET for a count above seqs[i]'s middle tokens; KVRET_ERR_SHAPE / KVRET_ERR_DTYPE /
+ *    KVRET_ERR_STRIDE / KVRET_ERR_DEVICE for positions (its leading dimension must be n) or outs[i]'s tensors, as
+ *    kvret_fetch_async. A failure while gathering (a row source's error,
+ *    KVRET_ERR_OUT_OF_MEMORY, KVRET_ERR_CUDA) may leave some working sets written; the sequences' stats stay as
+ *    they were (a cluster index's resident copies are dropped, as a failed kvret_fetch_async drops its own).
+ *  - Devices and streams as kvret_fetch_async: on the CUDA backend positions is copied to the host once for the
+ *    batch and the gathers are ordered on `stream` (one gather per sequence today); on the CPU backend every
+ *    working set is written when the call returns.
+ *  - Threads: as for kvret_select_batch, the call uses every sequence of the batch: none of them may be in
+ *    another call at the same time; other sequences of the context may be used from other threads meanwhile. */
+KVRET_API kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
+                                               const kvret_tensor* positions, const int32_t* counts,
+                                               const kvret_working_set* outs, int64_t* out_row_counts,
+                                               kvret_stream stream);
 
 /** Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
  *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim];

@@ -395,4 +395,90 @@ KVRET_JAVA_BYTES_OUT(kvret_swig_config_session_shared_url)
   (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint*)$1, 0);
 }
 
+/* ---- fetch_batch: int[] of counts, WorkingSet[] of outputs, long[] of row counts; each of n entries (n is the
+ * call's second argument, the length of seqs) ---- */
+%typemap(jni) const int32_t* counts "jintArray"
+%typemap(jtype) const int32_t* counts "int[]"
+%typemap(jstype) const int32_t* counts "int[]"
+%typemap(javain) const int32_t* counts "$javainput"
+%typemap(in) const int32_t* counts {
+  if ($input == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/NullPointerException", "kvret: counts is null");
+    return $null;
+  }
+  if ((*jenv)->GetArrayLength(jenv, $input) != (jsize)arg2) {
+    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException", "kvret: counts needs one entry per sequence");
+    return $null;
+  }
+  $1 = (int32_t*)(*jenv)->GetIntArrayElements(jenv, $input, NULL);
+  if ($1 == NULL) return $null;
+}
+%typemap(freearg) const int32_t* counts {
+  if ($1 != NULL) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint*)$1, JNI_ABORT);
+}
+%typemap(jni) int64_t* out_row_counts "jlongArray"
+%typemap(jtype) int64_t* out_row_counts "long[]"
+%typemap(jstype) int64_t* out_row_counts "long[]"
+%typemap(javain) int64_t* out_row_counts "$javainput"
+%typemap(in) int64_t* out_row_counts {
+  if ($input == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/NullPointerException", "kvret: out_row_counts is null");
+    return $null;
+  }
+  if ((*jenv)->GetArrayLength(jenv, $input) != (jsize)arg2) {
+    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException",
+                           "kvret: out_row_counts needs one entry per sequence");
+    return $null;
+  }
+  $1 = (int64_t*)(*jenv)->GetLongArrayElements(jenv, $input, NULL);
+  if ($1 == NULL) return $null;
+}
+%typemap(argout) int64_t* out_row_counts {
+  (*jenv)->ReleaseLongArrayElements(jenv, $input, (jlong*)$1, 0);
+}
+%typemap(jni) const kvret_working_set* outs "jobjectArray"
+%typemap(jtype) const kvret_working_set* outs "WorkingSet[]"
+%typemap(jstype) const kvret_working_set* outs "WorkingSet[]"
+%typemap(javain) const kvret_working_set* outs "$javainput"
+%typemap(in) const kvret_working_set* outs (kvret_java_working_set* jsets = NULL, kvret_working_set* sets = NULL) {
+  if ($input == NULL) {
+    kvret_java_throw_class(jenv, "java/lang/NullPointerException", "kvret: outs is null");
+    return $null;
+  }
+  jsize count = (*jenv)->GetArrayLength(jenv, $input);
+  if (count != (jsize)arg2) {
+    kvret_java_throw_class(jenv, "java/lang/IllegalArgumentException",
+                           "kvret: outs needs one working set per sequence");
+    return $null;
+  }
+  jsets = (kvret_java_working_set*)calloc(count > 0 ? (size_t)count : 1, sizeof(kvret_java_working_set));
+  sets = (kvret_working_set*)calloc(count > 0 ? (size_t)count : 1, sizeof(kvret_working_set));
+  if (jsets == NULL || sets == NULL) {
+    free(jsets);
+    free(sets);
+    kvret_java_throw_class(jenv, "java/lang/OutOfMemoryError", "kvret: outs");
+    return $null;
+  }
+  for (jsize i = 0; i < count; ++i) {
+    /* each working set's local references (its class, its tensors and their buffers) freed before the next */
+    int failed = (*jenv)->PushLocalFrame(jenv, 32) != 0;
+    if (!failed) {
+      jobject item = (*jenv)->GetObjectArrayElement(jenv, $input, i);
+      failed = kvret_java_working_set_from(jenv, item, &jsets[i]) != 0; /* a null item throws there */
+      (*jenv)->PopLocalFrame(jenv, NULL);
+    }
+    if (failed) {
+      free(jsets);
+      free(sets);
+      return $null;
+    }
+    sets[i] = jsets[i].set;
+  }
+  $1 = sets;
+}
+%typemap(freearg) const kvret_working_set* outs {
+  free(jsets$argnum);
+  free(sets$argnum);
+}
+
 %include "kvret_common.i"

@@ -581,4 +581,77 @@ KVRET_PY_SCALAR_OUT(int64_t, out_rows)
   kvret_py_tensor_release(&pyt$argnum);
 }
 
+/* ---- fetch_batch: int32 counts and int64 row counts (1-D NumPy arrays of n entries), and a sequence of n working
+ * sets (k, v, positions). n is the call's second argument (the length of seqs). ---- */
+%define KVRET_PY_VECTOR(CTYPE, NAME, WRITABLE, CODE, BITS, WHAT)
+%typemap(in) CTYPE* NAME (kvret_py_tensor pyt = {0}) {
+  if (kvret_py_tensor_from($input, WRITABLE, "NAME", &pyt) != 0) SWIG_fail;
+  if (pyt.tensor.device.device_type != KVRET_DEVICE_CPU || pyt.tensor.dtype.code != CODE ||
+      pyt.tensor.dtype.bits != BITS || pyt.tensor.ndim != 1 ||
+      (pyt.tensor.strides != NULL && pyt.tensor.shape[0] > 1 && pyt.tensor.strides[0] != 1)) {
+    PyErr_SetString(PyExc_TypeError, "kvret: " #NAME " must be a contiguous 1-D " WHAT " NumPy array");
+    SWIG_fail;
+  }
+  $1 = ($1_ltype)pyt.tensor.data;
+}
+%typemap(check) CTYPE* NAME {
+  if (pyt$argnum.tensor.shape[0] != (int64_t)arg2) {
+    PyErr_SetString(PyExc_ValueError, "kvret: " #NAME " must have one entry per sequence");
+    SWIG_fail;
+  }
+}
+%typemap(freearg) CTYPE* NAME {
+  kvret_py_tensor_release(&pyt$argnum);
+}
+%enddef
+KVRET_PY_VECTOR(const int32_t, counts, 0, KVRET_DTYPE_INT, 32, "int32")
+KVRET_PY_VECTOR(int64_t, out_row_counts, 1, KVRET_DTYPE_INT, 64, "int64")
+
+%typemap(in) const kvret_working_set* outs (kvret_py_working_set* py_sets = NULL, kvret_working_set* sets = NULL,
+                                            Py_ssize_t n_sets = 0) {
+  n_sets = PySequence_Check($input) ? PySequence_Size($input) : -1;
+  if (n_sets < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kvret: outs must be a sequence of (k, v, positions)");
+    SWIG_fail;
+  }
+  py_sets = (kvret_py_working_set*)PyMem_Calloc(n_sets > 0 ? (size_t)n_sets : 1, sizeof(kvret_py_working_set));
+  sets = (kvret_working_set*)PyMem_Calloc(n_sets > 0 ? (size_t)n_sets : 1, sizeof(kvret_working_set));
+  if (py_sets == NULL || sets == NULL) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  for (Py_ssize_t i = 0; i < n_sets; ++i) {
+    PyObject* item = PySequence_GetItem($input, i);
+    int ok = item != NULL && PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3;
+    if (ok) {
+      ok = kvret_py_tensor_from(PyTuple_GET_ITEM(item, 0), 1, "k", &py_sets[i].k) == 0 &&
+           kvret_py_tensor_from(PyTuple_GET_ITEM(item, 1), 1, "v", &py_sets[i].v) == 0 &&
+           kvret_py_tensor_from(PyTuple_GET_ITEM(item, 2), 1, "positions", &py_sets[i].positions) == 0;
+    } else if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "kvret: each of outs is a tuple (k, v, positions)");
+    }
+    Py_XDECREF(item);
+    if (!ok) SWIG_fail;
+    sets[i].k = py_sets[i].k.tensor;
+    sets[i].v = py_sets[i].v.tensor;
+    sets[i].positions = py_sets[i].positions.tensor;
+  }
+  $1 = sets;
+}
+%typemap(check) const kvret_working_set* outs {
+  if (n_sets$argnum != (Py_ssize_t)arg2) {
+    PyErr_SetString(PyExc_ValueError, "kvret: outs must have one working set per sequence");
+    SWIG_fail;
+  }
+}
+%typemap(freearg) const kvret_working_set* outs {
+  for (Py_ssize_t i = 0; py_sets$argnum != NULL && i < n_sets$argnum; ++i) {
+    kvret_py_tensor_release(&py_sets$argnum[i].k);
+    kvret_py_tensor_release(&py_sets$argnum[i].v);
+    kvret_py_tensor_release(&py_sets$argnum[i].positions);
+  }
+  PyMem_Free(py_sets$argnum);
+  PyMem_Free(sets$argnum);
+}
+
 %include "kvret_common.i"

@@ -32,6 +32,14 @@ void Backend::write_back(const TensorView&, const TensorView&) {}
 
 std::unique_ptr<DeviceBuffer> Backend::allocate(size_t bytes) { return std::make_unique<HostBuffer>(bytes); }
 
+void Backend::gather_batch(GatherJob* jobs, size_t n, int n_threads, kvret_stream stream) {
+  for (size_t i = 0; i < n; ++i) {
+    GatherJob& j = jobs[i];
+    j.rows = gather(*j.store, j.mid_begin, j.mid_end, j.selected, j.count, *j.out, n_threads, *j.sources, j.sequence,
+                    j.layer, &j.served_by_sources, stream);
+  }
+}
+
 void CpuBackend::check_access(const TensorView& t) const {
   const int32_t type = t.device().device_type;
   require(type == KVRET_DEVICE_CPU || type == KVRET_DEVICE_CUDA_HOST, KVRET_ERR_DEVICE,

@@ -25,6 +25,21 @@ class DeviceBuffer {
   virtual kvret_device device() const noexcept = 0;
 };
 
+/// One sequence's share of a batched gather (Backend::gather_batch): gather's arguments, and what gather returns.
+struct GatherJob {
+  const HostKvStore* store = nullptr;
+  int64_t mid_begin = 0;
+  int64_t mid_end = 0;
+  const int32_t* const* selected = nullptr;  ///< [n_kv_heads] ascending middle positions (unused when count is 0)
+  int64_t count = 0;
+  const WorkingSetViews* out = nullptr;
+  const std::vector<std::shared_ptr<const RowSource>>* sources = nullptr;  ///< the sequence's chain, asked first
+  const void* sequence = nullptr;
+  int32_t layer = 0;
+  int64_t rows = 0;               ///< out: the rows written per head
+  int64_t served_by_sources = 0;  ///< out: rows the sources wrote, over all heads
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -101,6 +116,10 @@ class Backend {
     (void)sequence;
     return {};
   }
+  /// gather for each of the `n` jobs (sequences): the same rows, bytes and counts as one gather per job, ordered on
+  /// `stream`. The default runs one gather per job, in order; a backend may fuse them (one launch for the batch).
+  /// On a throw, what the jobs' working sets hold is unspecified (every job may have been written, or none).
+  virtual void gather_batch(GatherJob* jobs, size_t n, int n_threads, kvret_stream stream);
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

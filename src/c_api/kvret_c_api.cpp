@@ -483,6 +483,34 @@ kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor
   });
 }
 
+kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
+                                     const kvret_tensor* positions, const int32_t* counts,
+                                     const kvret_working_set* outs, int64_t* out_row_counts, kvret_stream stream) {
+  return guarded([&] {
+    kvret::Context& c = context_of(ctx);
+    require(n >= 0, KVRET_ERR_INVALID_ARGUMENT, "n must be >= 0");
+    if (n == 0) return;
+    require_out(seqs, "seqs");
+    require_out(counts, "counts");
+    require_out(outs, "outs");
+    require_out(out_row_counts, "out_row_counts");
+    c.backend().check_stream(stream);
+    std::vector<kvret::Sequence*> batch;
+    batch.reserve(static_cast<size_t>(n));
+    std::unordered_set<const void*> seen;
+    for (int32_t i = 0; i < n; ++i) {
+      const std::string name = "seqs[" + std::to_string(i) + "]";
+      require(seqs[i] != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is NULL");
+      kvret::Sequence* s = sequences().find(seqs[i]);
+      require(s != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is not a live kvret sequence (closed or foreign)");
+      require(c.owns(s), KVRET_ERR_INVALID_HANDLE, name + " belongs to another context");
+      require(seen.insert(s).second, KVRET_ERR_INVALID_ARGUMENT, name + " appears twice in the batch");
+      batch.push_back(s);
+    }
+    kvret::Sequence::fetch_batch(c, batch.data(), n, layer, positions, counts, outs, out_row_counts, stream);
+  });
+}
+
 kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret_tensor* k, const kvret_tensor* v,
                           int64_t rows, float scale, const kvret_tensor* out, kvret_stream stream) {
   return guarded([&] {

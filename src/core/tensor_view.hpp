@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "kvret.h"
 
@@ -44,6 +45,8 @@ class TensorView {
   kvret_device device() const noexcept { return device_; }
   size_t elem_size() const noexcept { return dtype_size(dtype_); }
   const std::string& name() const noexcept { return name_; }
+  /// Gives the view another name in messages (a slice of a batch: "positions[2]").
+  void rename(std::string name) { name_ = std::move(name); }
 
   /// Throws KVRET_ERR_SHAPE unless dim(i) == extent.
   void expect_dim(int i, int64_t extent, const char* what) const;
@@ -60,8 +63,9 @@ class TensorView {
     return base_ + offset * static_cast<int64_t>(elem_size());
   }
 
-  /// The sub-tensor at index i of the leading dimension (rank drops by one).
-  TensorView slice(int64_t i) const noexcept {
+  /// The sub-tensor at index i of the leading dimension (rank drops by one). Copies the name (may throw
+  /// std::bad_alloc for a long one).
+  TensorView slice(int64_t i) const {
     TensorView v = *this;
     v.base_ = at({i});
     for (int d = 1; d < ndim_; ++d) {
@@ -77,8 +81,9 @@ class TensorView {
   /// Bytes from the first element to the end of the last one: the span a copy of the tensor must cover (0 when
   /// a dimension is 0).
   size_t extent_bytes() const noexcept;
-  /// The same layout at another address in another memory (a copy of the extent_bytes() from data()).
-  TensorView rebased(std::byte* base, kvret_device device) const noexcept {
+  /// The same layout at another address in another memory (a copy of the extent_bytes() from data()). Copies the
+  /// name (may throw std::bad_alloc for a long one).
+  TensorView rebased(std::byte* base, kvret_device device) const {
     TensorView v = *this;
     v.base_ = base;
     v.device_ = device;

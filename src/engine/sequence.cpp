@@ -467,20 +467,21 @@ int64_t Sequence::working_set_capacity(int32_t layer, int32_t budget) const {
   return g.mid_begin + count + (g.length - g.mid_end);
 }
 
-int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out,
-                        kvret_stream stream) {
+void Sequence::check_fetch(int32_t layer, int32_t count, const kvret_working_set* out, const FetchNames& names,
+                           PreparedFetch& p) const {
   const kvret_config& c = ctx_.config();
   const HostKvStore& store = layer_at(layer).store();
   require(out != nullptr, KVRET_ERR_INVALID_ARGUMENT, "working set (out) is NULL");
-  require(count >= 0, KVRET_ERR_INVALID_ARGUMENT, "count must be >= 0, got " + std::to_string(count));
+  require(count >= 0, KVRET_ERR_INVALID_ARGUMENT, names.count + " must be >= 0, got " + std::to_string(count));
   const TokenGroups g = groups(layer);
   require(count <= g.middle(), KVRET_ERR_BUDGET,
-          "count " + std::to_string(count) + " exceeds the " + std::to_string(g.middle()) + " middle tokens of " +
-              layer_name(layer));
+          names.count + " " + std::to_string(count) + " exceeds the " + std::to_string(g.middle()) +
+              " middle tokens of " + layer_name(layer));
   const DType store_type = store.dtype();
   const DTypeSet out_types{store_type, DType::F32};
-  WorkingSetViews ws{ctx_.view(&out->k, "out.k", out_types, {3}), ctx_.view(&out->v, "out.v", out_types, {3}),
-                     ctx_.view(&out->positions, "out.positions", {DType::I32}, {2})};
+  WorkingSetViews ws{ctx_.view(&out->k, names.k.c_str(), out_types, {3}),
+                     ctx_.view(&out->v, names.v.c_str(), out_types, {3}),
+                     ctx_.view(&out->positions, names.out_positions.c_str(), {DType::I32}, {2})};
   const int64_t rows = g.mid_begin + count + (g.length - g.mid_end);
   for (const TensorView* t : {&ws.k, &ws.v}) {
     t->expect_dim(0, c.n_kv_heads, "n_kv_heads");
@@ -489,75 +490,99 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   }
   ws.positions.expect_dim(0, c.n_kv_heads, "n_kv_heads");
   ws.positions.expect_dim_at_least(1, rows, "working-set rows");
+  p.layer = layer;
+  p.count = count;
+  p.g = g;
+  p.rows = rows;
+  p.ws = std::move(ws);
+  p.selected.assign(static_cast<size_t>(c.n_kv_heads), {});
+  p.rows_ptr.assign(static_cast<size_t>(c.n_kv_heads), nullptr);
+}
 
-  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(c.n_kv_heads));
-  std::vector<const int32_t*> rows_ptr(static_cast<size_t>(c.n_kv_heads));
-  if (count > 0) {
-    TensorView pv = ctx_.view(positions, "positions", {DType::I32}, {2});
-    pv.expect_dim(0, c.n_kv_heads, "n_kv_heads");
-    pv.expect_dim_at_least(1, count, "selected positions per head");
-    std::vector<std::byte> positions_copy;
-    pv = ctx_.backend().host_readable(pv, positions_copy);
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      const auto* p = reinterpret_cast<const int32_t*>(pv.at({h}));
-      auto& s = selected[static_cast<size_t>(h)];
-      s.assign(p, p + count);
-      std::sort(s.begin(), s.end());
-      for (int64_t i = 0; i < count; ++i) {
-        KVRET_REQUIRE(s[static_cast<size_t>(i)] >= g.mid_begin && s[static_cast<size_t>(i)] < g.mid_end,
-                      KVRET_ERR_OUT_OF_RANGE,
-                      "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " (head " + std::to_string(h) +
-                          ") is not a middle position of " + layer_name(layer) + " [" + std::to_string(g.mid_begin) +
-                          ", " + std::to_string(g.mid_end) + ")");
-        KVRET_REQUIRE(
-            i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
-            "positions: " + std::to_string(s[static_cast<size_t>(i)]) + " appears twice for head " + std::to_string(h));
-      }
-      rows_ptr[static_cast<size_t>(h)] = s.data();
+void Sequence::check_fetch_positions(const TensorView& pv, const FetchNames& names, PreparedFetch& p) const {
+  const kvret_config& c = ctx_.config();
+  const TokenGroups& g = p.g;
+  const int64_t count = p.count;
+  pv.expect_dim(0, c.n_kv_heads, "n_kv_heads");
+  pv.expect_dim_at_least(1, count, "selected positions per head");
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    const auto* row = reinterpret_cast<const int32_t*>(pv.at({h}));
+    auto& s = p.selected[static_cast<size_t>(h)];
+    s.assign(row, row + count);
+    std::sort(s.begin(), s.end());
+    for (int64_t i = 0; i < count; ++i) {
+      KVRET_REQUIRE(s[static_cast<size_t>(i)] >= g.mid_begin && s[static_cast<size_t>(i)] < g.mid_end,
+                    KVRET_ERR_OUT_OF_RANGE,
+                    names.positions + ": " + std::to_string(s[static_cast<size_t>(i)]) + " (head " + std::to_string(h) +
+                        ") is not a middle position of " + layer_name(p.layer) + " [" + std::to_string(g.mid_begin) +
+                        ", " + std::to_string(g.mid_end) + ")");
+      KVRET_REQUIRE(i == 0 || s[static_cast<size_t>(i)] != s[static_cast<size_t>(i - 1)], KVRET_ERR_INVALID_ARGUMENT,
+                    names.positions + ": " + std::to_string(s[static_cast<size_t>(i)]) + " appears twice for head " +
+                        std::to_string(h));
     }
+    p.rows_ptr[static_cast<size_t>(h)] = s.data();
   }
+}
+
+void Sequence::begin_fetch(PreparedFetch& p) {
+  const kvret_config& c = ctx_.config();
   const auto sources = ctx_.row_sources();
-  int64_t from_sources = 0;
   // ClusterKV's reuse between steps: the layer's resident clusters serve first (docs/cluster.md)
-  const ClusterRetriever* clusters = nullptr;
-  ClusterReuseLayer* reuse = nullptr;
   if (c.index_kind == KVRET_INDEX_CLUSTER) {
-    LayerState& l = layer_at(layer);
-    if (c.cluster_reuse_steps > 0 && count > 0) l.drain();  // the index must not change while it is read
-    clusters = dynamic_cast<const ClusterRetriever*>(&l.index());
-    if (clusters != nullptr && c.cluster_reuse_steps > 0 && count > 0) {
+    LayerState& l = layer_at(p.layer);
+    if (c.cluster_reuse_steps > 0 && p.count > 0) l.drain();  // the index must not change while it is read
+    p.clusters = dynamic_cast<const ClusterRetriever*>(&l.index());
+    if (p.clusters != nullptr && c.cluster_reuse_steps > 0 && p.count > 0) {
       if (reuse_.empty()) reuse_.resize(static_cast<size_t>(c.n_layers));
-      reuse = &reuse_[static_cast<size_t>(layer)];
+      p.reuse = &reuse_[static_cast<size_t>(p.layer)];
     }
   }
-  if (reuse == nullptr) {
-    ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(),
-                          sources ? *sources : std::vector<std::shared_ptr<const RowSource>>{}, this, layer,
-                          &from_sources, stream);
-  } else {
-    try {
-      reuse->sync(*clusters, c.n_kv_heads);
-      std::vector<std::shared_ptr<const RowSource>> chain{
-          reuse->begin_fetch(g.mid_begin, count, c.cluster_reuse_steps)};
-      if (sources) chain.insert(chain.end(), sources->begin(), sources->end());
-      ctx_.backend().gather(store, g.mid_begin, g.mid_end, rows_ptr.data(), count, ws, ctx_.threads(), chain, this,
-                            layer, &from_sources, stream);
-    } catch (...) {
-      reuse->clear();  // a copy that may have been updated for some heads only: start again without one
-      stats_.cluster_reuse_bytes += reuse->bytes_change();
-      throw;
+  try {
+    if (p.reuse != nullptr) {
+      p.reuse->sync(*p.clusters, c.n_kv_heads);
+      p.chain.push_back(p.reuse->begin_fetch(p.g.mid_begin, p.count, c.cluster_reuse_steps));
     }
-    stats_.cluster_reuse_hits += reuse->last_hits();
-    stats_.cluster_reuse_bytes += reuse->bytes_change();
+    if (sources) p.chain.insert(p.chain.end(), sources->begin(), sources->end());
+  } catch (...) {
+    abort_fetch(p);
+    throw;
   }
-  if (clusters != nullptr) stats_.cluster_reuse_rows += count * c.n_kv_heads;
-  if (!prefetched_.empty() && !prefetched_[static_cast<size_t>(layer)].empty()) {
+  p.job = GatherJob{&layer_at(p.layer).store(),
+                    p.g.mid_begin,
+                    p.g.mid_end,
+                    p.rows_ptr.data(),
+                    p.count,
+                    &p.ws,
+                    &p.chain,
+                    this,
+                    p.layer,
+                    0,
+                    0};
+}
+
+void Sequence::abort_fetch(PreparedFetch& p) noexcept {
+  if (p.reuse == nullptr) return;
+  p.reuse->clear();  // a copy that may have been updated for some heads only: start again without one
+  stats_.cluster_reuse_bytes += p.reuse->bytes_change();
+}
+
+void Sequence::finish_fetch(PreparedFetch& p) noexcept {
+  const kvret_config& c = ctx_.config();
+  const int64_t count = p.count;
+  const int64_t rows = p.rows;
+  const int64_t from_sources = p.job.served_by_sources;
+  if (p.reuse != nullptr) {
+    stats_.cluster_reuse_hits += p.reuse->last_hits();
+    stats_.cluster_reuse_bytes += p.reuse->bytes_change();
+  }
+  if (p.clusters != nullptr) stats_.cluster_reuse_rows += count * c.n_kv_heads;
+  if (!prefetched_.empty() && !prefetched_[static_cast<size_t>(p.layer)].empty()) {
     // the rows of this fetch that the layer's last prefetch had selected (both ascending)
-    auto& guessed = prefetched_[static_cast<size_t>(layer)];
+    auto& guessed = prefetched_[static_cast<size_t>(p.layer)];
     int64_t hits = 0;
     for (int h = 0; h < c.n_kv_heads && count > 0; ++h) {
       const auto& guess = guessed[static_cast<size_t>(h)];
-      const int32_t* s = rows_ptr[static_cast<size_t>(h)];
+      const int32_t* s = p.rows_ptr[static_cast<size_t>(h)];
       for (size_t i = 0, j = 0; i < static_cast<size_t>(count) && j < guess.size();) {
         if (s[i] == guess[j]) {
           ++hits;
@@ -577,9 +602,89 @@ int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t co
   stats_.fetched_rows += rows * c.n_kv_heads;
   stats_.cache_hits += from_sources;  // rows a source before the host store served
   stats_.cache_misses += rows * c.n_kv_heads - from_sources;
-  stats_.bytes_h2d += ctx_.backend().bytes_to_device(rows * c.n_kv_heads - from_sources, store.row_bytes());
+  stats_.bytes_h2d += ctx_.backend().bytes_to_device(rows * c.n_kv_heads - from_sources, p.job.store->row_bytes());
   note_cache_use();
-  return rows;
+}
+
+int64_t Sequence::fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out,
+                        kvret_stream stream) {
+  static const FetchNames names{"positions", "out.k", "out.v", "out.positions", "count"};
+  PreparedFetch p;
+  check_fetch(layer, count, out, names, p);
+  if (count > 0) {
+    TensorView pv = ctx_.view(positions, "positions", {DType::I32}, {2});
+    pv.expect_dim(0, ctx_.config().n_kv_heads, "n_kv_heads");
+    pv.expect_dim_at_least(1, count, "selected positions per head");
+    std::vector<std::byte> positions_copy;
+    pv = ctx_.backend().host_readable(pv, positions_copy);
+    check_fetch_positions(pv, names, p);
+  }
+  begin_fetch(p);
+  try {
+    GatherJob& j = p.job;
+    j.rows = ctx_.backend().gather(*j.store, j.mid_begin, j.mid_end, j.selected, j.count, *j.out, ctx_.threads(),
+                                   *j.sources, j.sequence, j.layer, &j.served_by_sources, stream);
+  } catch (...) {
+    abort_fetch(p);
+    throw;
+  }
+  finish_fetch(p);
+  return p.rows;
+}
+
+void Sequence::fetch_batch(Context& ctx, Sequence* const* seqs, int32_t n, int32_t layer, const kvret_tensor* positions,
+                           const int32_t* counts, const kvret_working_set* outs, int64_t* out_rows,
+                           kvret_stream stream) {
+  const kvret_config& c = ctx.config();
+  const auto entry = [](const char* what, int32_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; };
+  // every argument of every sequence is checked before anything is written
+  require(layer >= 0 && layer < c.n_layers, KVRET_ERR_OUT_OF_RANGE,
+          layer_name(layer) + " is out of range: the model has " + std::to_string(c.n_layers) + " layers");
+  bool any_selected = false;
+  for (int32_t i = 0; i < n; ++i) any_selected = any_selected || counts[i] > 0;
+  TensorView pv;
+  std::vector<std::byte> positions_copy;
+  if (any_selected) {  // as kvret_fetch_async, positions is read only when something was selected
+    pv = ctx.view(positions, "positions", {DType::I32}, {3});
+    pv.expect_dim(0, n, "batch");
+    pv = ctx.backend().host_readable(pv, positions_copy);  // one copy for the batch
+  }
+  // A gather without row sources runs on the device, and the backend checks there that its code reaches each
+  // working set (the CUDA backend's pageable-memory check): that check is made here, for every entry, before any
+  // entry is gathered. (With row sources the backend gathers through host copies, which reach any memory.)
+  const auto sources = ctx.row_sources();
+  const bool any_sources = sources && !sources->empty();
+  const bool reuse = c.index_kind == KVRET_INDEX_CLUSTER && c.cluster_reuse_steps > 0;
+  std::vector<PreparedFetch> prepared(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const FetchNames names{entry("positions", i), entry("outs", i) + ".k", entry("outs", i) + ".v",
+                           entry("outs", i) + ".positions", entry("counts", i)};
+    PreparedFetch& p = prepared[static_cast<size_t>(i)];
+    seqs[i]->check_fetch(layer, counts[i], &outs[i], names, p);
+    if (counts[i] > 0) {
+      TensorView row = pv.slice(i);
+      row.rename(names.positions);
+      seqs[i]->check_fetch_positions(row, names, p);
+    }
+    if (!any_sources && !(reuse && counts[i] > 0))
+      for (const TensorView* t : {&p.ws.k, &p.ws.v, &p.ws.positions}) ctx.backend().check_kernel_access(*t);
+  }
+  // the row-source chains, one gather for the batch, then the stats
+  int32_t begun = 0;
+  try {
+    for (; begun < n; ++begun) seqs[begun]->begin_fetch(prepared[static_cast<size_t>(begun)]);
+    std::vector<GatherJob> jobs(static_cast<size_t>(n));
+    for (size_t i = 0; i < jobs.size(); ++i) jobs[i] = prepared[i].job;
+    ctx.backend().gather_batch(jobs.data(), jobs.size(), ctx.threads(), stream);
+    for (size_t i = 0; i < jobs.size(); ++i) prepared[i].job = jobs[i];
+  } catch (...) {
+    for (int32_t i = 0; i < begun; ++i) seqs[i]->abort_fetch(prepared[static_cast<size_t>(i)]);
+    throw;
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    seqs[i]->finish_fetch(prepared[static_cast<size_t>(i)]);
+    out_rows[i] = prepared[static_cast<size_t>(i)].rows;
+  }
 }
 
 namespace {

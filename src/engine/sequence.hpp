@@ -113,6 +113,13 @@ class Sequence {
               kvret_stream stream = nullptr);
   int64_t fetch(int32_t layer, const kvret_tensor* positions, int32_t count, const kvret_working_set* out,
                 kvret_stream stream = nullptr);
+  /// kvret_fetch_batch_async over `seqs` (distinct sequences of one context; the caller checked the handles): every
+  /// argument of every sequence is validated before any working set is written, then one Backend::gather_batch for
+  /// the batch. positions: int32 [n, n_kv_heads, >= max count] (unused, and may be NULL, when every count is 0).
+  /// Each sequence ends as kvret_fetch_async would leave it, stats included. A throw while gathering leaves every
+  /// sequence's stats as they were (a cluster layer's resident copy is dropped, as a failed single fetch drops it).
+  static void fetch_batch(Context& ctx, Sequence* const* seqs, int32_t n, int32_t layer, const kvret_tensor* positions,
+                          const int32_t* counts, const kvret_working_set* outs, int64_t* out_rows, kvret_stream stream);
   void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
 
   /// kvret_seq_observe: the prompt's last queries as the layer's observation window. Strong guarantee.
@@ -151,6 +158,39 @@ class Sequence {
   AppendRows check_append(int32_t layer, const kvret_tensor* k, const kvret_tensor* v, bool prefill) const;
   /// Throws KVRET_ERR_STATE / KVRET_ERR_CAPACITY / KVRET_ERR_OUT_OF_MEMORY unless `tokens` more fit the layer.
   void check_capacity(int32_t layer, int64_t length, int64_t tokens, bool prefill) const;
+  /// How a fetch's messages name its arguments: "positions", "out.k", "count" for kvret_fetch_async, and
+  /// "positions[i]", "outs[i].k", "counts[i]" for entry i of kvret_fetch_batch_async.
+  struct FetchNames {
+    std::string positions, k, v, out_positions, count;
+  };
+  /// A fetch validated and ready to gather: the working-set views, the sorted selection of every head, and, once
+  /// begin_fetch ran, the row-source chain and the gather job.
+  struct PreparedFetch {
+    int32_t layer = 0;
+    int64_t count = 0;
+    TokenGroups g;
+    int64_t rows = 0;
+    WorkingSetViews ws;
+    std::vector<std::vector<int32_t>> selected;
+    std::vector<const int32_t*> rows_ptr;
+    std::vector<std::shared_ptr<const RowSource>> chain;
+    const ClusterRetriever* clusters = nullptr;
+    ClusterReuseLayer* reuse = nullptr;
+    GatherJob job;
+  };
+  /// Checks the layer, count and working set of a fetch (changes nothing) and fills p up to its selection.
+  void check_fetch(int32_t layer, int32_t count, const kvret_working_set* out, const FetchNames& names,
+                   PreparedFetch& p) const;
+  /// Checks a fetch's selection (a host-readable [n_kv_heads, >= count] view: distinct middle positions per head)
+  /// and keeps it, sorted, in p.
+  void check_fetch_positions(const TensorView& positions, const FetchNames& names, PreparedFetch& p) const;
+  /// Sets up p's row-source chain (ClusterKV's resident clusters first, then the context's sources) and p.job.
+  /// Changes a cluster layer's resident copy: on a later failure call abort_fetch.
+  void begin_fetch(PreparedFetch& p);
+  /// After a failed gather: drops a cluster layer's resident copy, which may hold some heads' updates only.
+  void abort_fetch(PreparedFetch& p) noexcept;
+  /// After the gather: the stats (rows, hits, bytes, prefetch hits, cluster reuse). Never throws.
+  void finish_fetch(PreparedFetch& p) noexcept;
   LayerState& layer_at(int32_t layer) const;
   /// After a fetch or prefetch: the bytes the backend copied into this sequence's block caches (stats.bytes_h2d)
   /// and the device memory it holds (stats.device_bytes: the caches and attend's working set).

@@ -180,6 +180,31 @@ int main(void) {
           CHECK_OK(kvret_attend(ctx, &qa, &ws.k, &ws.v, rows, 0.0f, &oa, NULL));
           for (h = 0; h < HQ * D; ++h) CHECK(isfinite(out[h]) && fabsf(out[h]) < 1.0f);
         }
+        if (layer == 0) { /* the batched fetch of a batch of one: the same bytes; a bad count writes nothing */
+          const int64_t batch_shape[3] = {1, HKV, budget};
+          const size_t n_kd = (size_t)(HKV * cap * D);
+          float* bk = tensor_alloc(sizeof(float) * n_kd);
+          float* bv = tensor_alloc(sizeof(float) * n_kd);
+          int32_t* bp = tensor_alloc(sizeof(int32_t) * (size_t)(HKV * cap));
+          kvret_tensor bt = i32_tensor(sel, 3, batch_shape);
+          kvret_working_set bws;
+          int64_t brows = -1;
+          int32_t bad_count = count + 100000;
+          memset(bk, 0, sizeof(float) * n_kd);
+          bws.k = f32_tensor(bk, 3, ws_shape);
+          bws.v = f32_tensor(bv, 3, ws_shape);
+          bws.positions = i32_tensor(bp, 2, pos_shape);
+          CHECK(kvret_fetch_batch_async(ctx, 1, &seq, layer, &bt, &bad_count, &bws, &brows, NULL) == KVRET_ERR_BUDGET);
+          CHECK(strstr(kvret_last_error(), "counts[0]") != NULL);
+          CHECK(brows == -1 && bk[0] == 0.0f);
+          CHECK_OK(kvret_fetch_batch_async(ctx, 1, &seq, layer, &bt, &count, &bws, &brows, NULL));
+          CHECK(brows == rows);
+          CHECK(memcmp(bk, wk, sizeof(float) * n_kd) == 0 && memcmp(bv, wv, sizeof(float) * n_kd) == 0);
+          CHECK(memcmp(bp, wp, sizeof(int32_t) * (size_t)(HKV * cap)) == 0);
+          tensor_free(bk);
+          tensor_free(bv);
+          tensor_free(bp);
+        }
         tensor_free(wk);
         tensor_free(wv);
         tensor_free(wp);
@@ -206,7 +231,7 @@ int main(void) {
     CHECK(stats.tokens_stored == LAYERS * (T + 1));
     CHECK(stats.index_builds == LAYERS);
     CHECK(stats.selections == LAYERS);
-    CHECK(stats.fetches == LAYERS);
+    CHECK(stats.fetches == LAYERS + 1); /* one per layer, and layer 0's batched fetch */
     CHECK(stats.host_bytes > 0 && stats.index_bytes > 0);
     /* the CUDA backend's block cache holds the fetched layers' blocks in device memory */
     CHECK(test_device == KVRET_DEVICE_CPU ? stats.device_bytes == 0 : stats.device_bytes > 0);

@@ -1,12 +1,13 @@
 // libFuzzer target over the C API. The input is a program: a small context configuration (most of them valid), then
-// up to 64 calls -- open, close, prefill, decode, select (and select_scored), select_batch, fetch, attend,
-// seq_attend, truncate, fork, wait, stats -- on up to four sequences, with shapes, dtypes, budgets and values drawn
-// from the input, biased so that the deep calls usually succeed. Every call must return a status (no crash, no abort:
-// the sanitizers watch); and these oracles hold:
+// up to 64 calls -- open, close, prefill, decode, select (and select_scored), select_batch (and fetch_batch), fetch,
+// attend, seq_attend, truncate, fork, wait, stats -- on up to four sequences, with shapes, dtypes, budgets and values
+// drawn from the input, biased so that the deep calls usually succeed. Every call must return a status (no crash, no
+// abort: the sanitizers watch); and these oracles hold:
 //   - a selection that succeeds is well formed: per head, count ascending, distinct middle positions; the same select
 //     with scores returns the same positions, each with a score that is not NaN when the stored keys are finite;
 //   - a fetch that succeeds returns, for every row, the stored key and value of the position it names (the input
 //     rounded to the KV dtype), and the sink and local rows in order;
+//   - a batched fetch that is refused (always when a count is broken) writes no working set and no row count;
 //   - a truncate leaves every layer at the length asked for, a fork holds its source's lengths, and an attention
 //     over values of 1 (or over a sequence's stored values) is a convex combination of them.
 // A violated oracle calls __builtin_trap, which libFuzzer reports with the input.
@@ -93,10 +94,11 @@ enum Call {
   kFork,
   kSeqAttend,
   kSelectScored,
+  kFetchBatch,
   kCalls
 };
-const char* const kCallNames[kCalls] = {"create", "prefill",  "decode", "select",     "fetch",        "select_batch",
-                                        "attend", "truncate", "fork",   "seq_attend", "select_scored"};
+const char* const kCallNames[kCalls] = {"create", "prefill",  "decode", "select",     "fetch",         "select_batch",
+                                        "attend", "truncate", "fork",   "seq_attend", "select_scored", "fetch_batch"};
 uint64_t g_made[kCalls], g_ok[kCalls];
 
 kvret_status tally(Call call, kvret_status status) {
@@ -312,7 +314,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<float> q(static_cast<size_t>(n * c.n_q_heads * D), 0.25f);
         std::vector<int32_t> out(static_cast<size_t>(n * H * budget)), counts(static_cast<size_t>(n));
         Tensor qt(q.data(), {n, c.n_q_heads, D}, kF32), ot(out.data(), {n, H, budget}, kI32);
-        tally(kBatch, kvret_select_batch(ctx, n, open.data(), layer, &qt.t, budget, &ot.t, counts.data()));
+        if (tally(kBatch, kvret_select_batch(ctx, n, open.data(), layer, &qt.t, budget, &ot.t, counts.data())) !=
+                KVRET_OK ||
+            r.below(4) == 3)
+          break;
+        // the batched fetch of that selection, now and then with one count broken: a refused batch writes nothing
+        const int32_t broken = r.below(4) == 3 ? static_cast<int32_t>(r.below(static_cast<uint32_t>(n))) : -1;
+        if (broken >= 0) counts[static_cast<size_t>(broken)] = r.below(2) ? -1 : 1 << 20;
+        std::vector<std::vector<float>> wk(open.size()), wv(open.size());
+        std::vector<std::vector<int32_t>> wp(open.size());
+        std::vector<Tensor> views;
+        views.reserve(3 * open.size());
+        std::vector<kvret_working_set> outs;
+        for (size_t i = 0; i < open.size(); ++i) {
+          int64_t capacity = 0;
+          if (kvret_working_set_capacity(open[i], layer, budget, &capacity) != KVRET_OK) capacity = 1;
+          wk[i].assign(static_cast<size_t>(H * capacity * D), -3.0f);
+          wv[i].assign(wk[i].size(), -3.0f);
+          wp[i].assign(static_cast<size_t>(H * capacity), -3);
+          views.emplace_back(wk[i].data(), std::vector<int64_t>{H, capacity, D}, kF32);
+          views.emplace_back(wv[i].data(), std::vector<int64_t>{H, capacity, D}, kF32);
+          views.emplace_back(wp[i].data(), std::vector<int64_t>{H, capacity}, kI32);
+          outs.push_back({views[3 * i].t, views[3 * i + 1].t, views[3 * i + 2].t});
+        }
+        std::vector<int64_t> rows(open.size(), -3);
+        const kvret_status st =
+            tally(kFetchBatch, kvret_fetch_batch_async(ctx, n, open.data(), layer, &ot.t, counts.data(), outs.data(),
+                                                       rows.data(), nullptr));
+        if (broken >= 0) FUZZ_CHECK(st != KVRET_OK);
+        if (st != KVRET_OK) {
+          for (size_t i = 0; i < open.size(); ++i) {
+            FUZZ_CHECK(rows[i] == -3);
+            for (int32_t p : wp[i]) FUZZ_CHECK(p == -3);
+            for (float x : wk[i]) FUZZ_CHECK(x == -3.0f);
+          }
+        } else {
+          for (size_t i = 0; i < open.size(); ++i) FUZZ_CHECK(rows[i] >= counts[i] && wp[i][0] != -3);
+        }
         break;
       }
       case 8: {  // attend over random rows

@@ -12,7 +12,7 @@ from . import kvret_swig as _c
 from . import tensors as _t
 from ._resource import Resource
 from .errors import KvretError, Status
-from .sequence import Sequence, _width
+from .sequence import Sequence, WorkingSet, _width
 
 _KV_NUMPY_DTYPES = {_c.KVRET_KV_F16: np.float16, _c.KVRET_KV_BF16: np.float32, _c.KVRET_KV_F32: np.float32}
 
@@ -206,6 +206,61 @@ class Context(Resource):
                 handle, handles, layer, _t.as_input(q, device_id=self._device_id), budget_arg, out, counts
             )
         return [out[i, :, : counts[i]] for i in range(len(sequences))]
+
+    def fetch_batch(self, sequences, layer, selections, outs=None, stream=None, dtype=None):
+        """kvret_fetch_batch_async: Sequence.fetch for several distinct sequences of this context in one call.
+        selections holds one selection per sequence (int32 [n_kv_heads, count], as select_batch returns them);
+        outs, when given, one (k, v, positions) tuple per sequence to write into (else new arrays, as
+        Sequence.fetch makes them). Returns one :class:`WorkingSet` per sequence, the same as Sequence.fetch of
+        each. Every argument of every sequence is checked before anything is written: a bad one raises KvretError
+        naming its index, and no working set is written."""
+        handle = self._live()
+        sequences = list(sequences)
+        for i, sequence in enumerate(sequences):
+            if not isinstance(sequence, Sequence):
+                raise TypeError(f"kvret: sequences[{i}] is a {type(sequence).__name__}, not a kvret.Sequence")
+        selections = list(selections)
+        if len(selections) != len(sequences):
+            raise ValueError(f"kvret: {len(selections)} selections for {len(sequences)} sequences")
+        if outs is not None:
+            outs = list(outs)
+            if len(outs) != len(sequences):
+                raise ValueError(f"kvret: {len(outs)} working sets (outs) for {len(sequences)} sequences")
+            for i, out in enumerate(outs):
+                if not (isinstance(out, tuple) and len(out) == 3):
+                    raise TypeError(f"kvret: outs[{i}] must be a tuple (k, v, positions)")
+        layer = _args.layer(layer)
+        stream = _t.stream_handle(stream)
+        # one int32 [n, n_kv_heads, width] array and the counts, as kvret_select_batch writes them
+        rows_of = [np.asarray(_t.as_input(s, "int32")) for s in selections]
+        for i, rows in enumerate(rows_of):
+            if rows.ndim != 2 or rows.shape[0] != self._n_kv_heads:
+                raise KvretError(
+                    Status.SHAPE,
+                    f"selections[{i}]: shape {rows.shape}, expected [n_kv_heads = {self._n_kv_heads}, count]",
+                )
+        counts = np.array([rows.shape[1] for rows in rows_of], dtype=np.int32)
+        positions = np.zeros((len(sequences), self._n_kv_heads, max([1] + list(counts))), dtype=np.int32)
+        for i, rows in enumerate(rows_of):
+            positions[i, :, : rows.shape[1]] = rows
+        row_counts = np.zeros(len(sequences), dtype=np.int64)
+        with contextlib.ExitStack() as locks:
+            for sequence in sorted(set(sequences), key=id):
+                locks.enter_context(sequence._lock)
+            handles = [s._live(f"sequences[{i}]") for i, s in enumerate(sequences)]
+            if outs is None:
+                outs = []
+                for h, count in zip(handles, counts):
+                    length = _c.kvret_seq_length(h, layer)
+                    count = int(count)
+                    # count is the library's to judge, with its message naming the entry
+                    capacity = _c.kvret_working_set_capacity(h, layer, min(count, length)) if count > 0 else length
+                    outs.append(self._empty_working_set(capacity, dtype))
+            working_sets = [tuple(_t.as_output(x, stream, self._device_id) for x in out) for out in outs]
+            _c.kvret_fetch_batch_async(handle, handles, layer, positions, counts, working_sets, row_counts, stream)
+        return [
+            WorkingSet(k[:, :rows], v[:, :rows], p[:, :rows]) for (k, v, p), rows in zip(outs, row_counts.tolist())
+        ]
 
     def synchronize(self, stream=None):
         """Waits for the work kvret enqueued on `stream` (a no-op on the CPU backend)."""

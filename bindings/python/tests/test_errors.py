@@ -176,4 +176,26 @@ def test_a_call_refused_by_the_extension_releases_only_what_it_converted(sequenc
             c.kvret_select_batch(
                 sequence.context._handle, [sequence._handle], "layer", q[None], 8, positions[None], np.zeros(1, np.int32)
             )
+        # the raw batched fetch: arrays of another length than the batch are refused before the call
+        ctx_handle, handles, one_row = sequence.context._handle, [sequence._handle], np.zeros(1, np.int64)
+        with pytest.raises(ValueError):
+            c.kvret_fetch_batch_async(
+                ctx_handle, handles, 0, positions[None], np.zeros(2, np.int32), [working_set], one_row, None
+            )
+        with pytest.raises(ValueError):
+            c.kvret_fetch_batch_async(
+                ctx_handle, handles, 0, positions[None], np.zeros(1, np.int32), [], one_row, None
+            )
+        with pytest.raises(ValueError):
+            c.kvret_fetch_batch_async(
+                ctx_handle, handles, 0, positions[None], np.zeros(1, np.int32), [working_set], np.zeros(3, np.int64), 0
+            )
+        with pytest.raises(TypeError):
+            c.kvret_fetch_batch_async(
+                ctx_handle, handles, 0, positions[None], np.zeros(1, np.int64), [working_set], one_row, None
+            )
+        with pytest.raises(TypeError):
+            c.kvret_fetch_batch_async(
+                ctx_handle, handles, 0, positions[None], np.zeros(1, np.int32), [rows], one_row, None
+            )
     assert sequence.length(0) == TOKENS

@@ -167,6 +167,83 @@ def test_select_batch_of_no_sequences(context, rng):
     assert context.select_batch((), 1, np.zeros((0, N_Q, D), np.float32), budget=8) == []
 
 
+FETCH_STATS = ("fetches", "fetched_rows", "cache_hits", "cache_misses", "prefetch_hits", "bytes_h2d")
+
+
+def test_fetch_batch_equals_one_fetch_per_sequence(context, rng):
+    # two copies of three sequences of different lengths: one fetched in a batch, the other one by one
+    data = [random_kv(rng, tokens=t) for t in (200, 400, 650)]
+    batched, single = [], []
+    for k, v in data:
+        for group in (batched, single):
+            group.append(context.open_sequence())
+            group[-1].append_prefill(1, k, v)
+    q = rng.standard_normal((3, N_Q, D), dtype=np.float32)
+    selections = context.select_batch(batched, 1, q)
+    working_sets = context.fetch_batch(batched, 1, selections)
+    for i, (a, b) in enumerate(zip(batched, single)):
+        expected = b.fetch(1, selections[i])
+        assert isinstance(working_sets[i], kvret.WorkingSet)
+        assert working_sets[i].k.shape == (N_KV, N_SINK + BUDGET + N_LOCAL, D)
+        for got, want in zip(working_sets[i], expected):
+            np.testing.assert_array_equal(got, want)
+        assert {f: a.stats()[f] for f in FETCH_STATS} == {f: b.stats()[f] for f in FETCH_STATS}
+        assert a.stats()["fetches"] == 1
+    # into buffers of the caller's: views of them
+    outs = [context._empty_working_set(N_SINK + BUDGET + N_LOCAL, None) for _ in batched]
+    again = context.fetch_batch(batched, 1, selections, outs=outs)
+    for i in range(3):
+        assert np.shares_memory(again[i].k, outs[i][0])
+        np.testing.assert_array_equal(again[i].positions, working_sets[i].positions)
+    assert context.fetch_batch([], 1, []) == []
+    for seq in batched + single:
+        seq.close()
+
+
+def test_fetch_batch_refuses_a_bad_entry_and_writes_nothing(context, rng):
+    sequences = [context.open_sequence() for _ in range(3)]
+    for seq in sequences:
+        seq.append_prefill(0, *random_kv(rng))
+    selections = context.select_batch(sequences, 0, rng.standard_normal((3, N_Q, D), dtype=np.float32))
+    outs = [
+        tuple(np.full_like(x, -7) for x in context._empty_working_set(N_SINK + BUDGET + N_LOCAL, None))
+        for _ in sequences
+    ]
+    bad = [s.copy() for s in selections]
+    bad[1][0, 3] = TOKENS - 1  # a local position: not a middle one
+    with pytest.raises(kvret.KvretError) as refused:
+        context.fetch_batch(sequences, 0, bad, outs=outs)
+    assert refused.value.status == kvret.Status.OUT_OF_RANGE
+    assert "positions[1]" in str(refused.value)
+    for out in outs:
+        for x in out:
+            assert np.all(x == -7), "nothing written"
+    assert all(s.stats()["fetches"] == 0 for s in sequences)
+    # a working set too small in the middle of the batch
+    small = list(outs)
+    small[1] = context._empty_working_set(N_SINK + BUDGET + N_LOCAL - 1, None)
+    with pytest.raises(kvret.KvretError) as refused:
+        context.fetch_batch(sequences, 0, selections, outs=small)
+    assert refused.value.status == kvret.Status.SHAPE and "outs[1].k" in str(refused.value)
+    assert all(np.all(x == -7) for out in outs for x in out)
+    # a selection of the wrong shape, a closed sequence, a repeated one
+    with pytest.raises(kvret.KvretError) as refused:
+        context.fetch_batch(sequences, 0, [selections[0], selections[1][0], selections[2]])
+    assert refused.value.status == kvret.Status.SHAPE and "selections[1]" in str(refused.value)
+    with pytest.raises(kvret.KvretError) as refused:
+        context.fetch_batch([sequences[0], sequences[0]], 0, selections[:2])
+    assert refused.value.status == kvret.Status.INVALID_ARGUMENT and "seqs[1] appears twice" in str(refused.value)
+    with pytest.raises(ValueError):
+        context.fetch_batch(sequences, 0, selections[:2])
+    sequences[2].close()
+    with pytest.raises(kvret.KvretError) as refused:
+        context.fetch_batch(sequences, 0, selections)
+    assert refused.value.status == kvret.Status.INVALID_HANDLE and "sequences[2]" in str(refused.value)
+    assert all(s.stats()["fetches"] == 0 for s in sequences[:2])
+    for seq in sequences[:2]:
+        seq.close()
+
+
 def test_config_gives_enumerated_fields_by_name(rng):
     options = dict(kv_dtype="bf16", index_kind="page", gqa_fold="max_logit", cache_policy="lfu", device="cpu")
     with make_context(**options) as ctx:

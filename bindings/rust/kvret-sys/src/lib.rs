@@ -335,6 +335,17 @@ extern "C" {
         out_rows: *mut i64,
         stream: kvret_stream,
     ) -> kvret_status;
+    pub fn kvret_fetch_batch_async(
+        ctx: *mut kvret_context,
+        n: i32,
+        seqs: *const *mut kvret_seq,
+        layer: i32,
+        positions: *const kvret_tensor,
+        counts: *const i32,
+        outs: *const kvret_working_set,
+        out_row_counts: *mut i64,
+        stream: kvret_stream,
+    ) -> kvret_status;
     pub fn kvret_attend(
         ctx: *mut kvret_context,
         q: *const kvret_tensor,

@@ -217,6 +217,125 @@ impl Context {
             .collect()
     }
 
+    /// [`Sequence::fetch`] for several distinct sequences of this context in one call (`kvret_fetch_batch_async`):
+    /// the working set of each sequence for its selection (as [`Context::select_batch`] returns them), into new
+    /// buffers. The same bytes, row counts and stats as one fetch per sequence.
+    ///
+    /// [`Sequence::fetch`]: crate::SequenceOf::fetch
+    pub fn fetch_batch<T: Element, H: ContextHandle>(
+        &self,
+        sequences: &mut [&mut SequenceOf<H>],
+        layer: usize,
+        selections: &[Selection],
+    ) -> Result<Vec<WorkingSet<T>>> {
+        let (_, n_kv, d) = self.geometry();
+        if selections.len() != sequences.len() {
+            return Err(shape_error(format!("{} selections for {} sequences", selections.len(), sequences.len())));
+        }
+        let mut working_sets = Vec::with_capacity(sequences.len());
+        for (sequence, selection) in sequences.iter().zip(selections) {
+            let length = sequence.length(layer)?;
+            // a count above the length is the library's to refuse, naming the entry
+            let capacity = if selection.count() > 0 {
+                sequence.working_set_capacity(layer, Some(selection.count().min(length)))?
+            } else {
+                length
+            };
+            working_sets.push(WorkingSet::new(n_kv, capacity, d)?);
+        }
+        self.fetch_batch_into(sequences, layer, selections, &mut working_sets)?;
+        Ok(working_sets)
+    }
+
+    /// [`Context::fetch_batch`] into working sets of the caller's (one per sequence, made for this context's
+    /// `n_kv_heads` and `head_dim`); returns the rows per head of each. Every argument of every sequence is checked
+    /// before anything is written: on an error no working set changes and the message names the entry.
+    pub fn fetch_batch_into<T: Element, H: ContextHandle>(
+        &self,
+        sequences: &mut [&mut SequenceOf<H>],
+        layer: usize,
+        selections: &[Selection],
+        working_sets: &mut [WorkingSet<T>],
+    ) -> Result<Vec<usize>> {
+        let (_, n_kv, d) = self.geometry();
+        let n = sequences.len();
+        if selections.len() != n || working_sets.len() != n {
+            return Err(shape_error(format!(
+                "{n} sequences, {} selections and {} working sets",
+                selections.len(),
+                working_sets.len()
+            )));
+        }
+        let n_c = i32::try_from(n).map_err(|_| shape_error(format!("{n} sequences in one batch (past i32)")))?;
+        if let Some(i) = sequences.iter().position(|s| !s.belongs_to(self)) {
+            return Err(rust_error(Status::InvalidHandle, format!("sequences[{i}] belongs to another context")));
+        }
+        if let Some(i) = selections.iter().position(|s| s.n_kv_heads() != n_kv) {
+            let heads = selections[i].n_kv_heads();
+            return Err(shape_error(format!("selections[{i}] has {heads} KV heads for a model of {n_kv}")));
+        }
+        if let Some(i) = working_sets.iter().position(|w| w.n_kv_heads != n_kv || w.head_dim != d) {
+            let (heads, dims) = (working_sets[i].n_kv_heads, working_sets[i].head_dim);
+            return Err(shape_error(format!(
+                "working_sets[{i}] is {heads} heads x {dims} dims for a model of {n_kv} x {d}"
+            )));
+        }
+        // one [n, n_kv_heads, width] tensor and the counts, as kvret_select_batch writes them
+        let width = selections.iter().map(Selection::count).max().unwrap_or(0).max(1);
+        let mut positions = buffer(product("positions", &[n, n_kv, width])?, "positions")?;
+        let mut counts = Vec::with_capacity(n);
+        for (i, selection) in selections.iter().enumerate() {
+            counts.push(
+                i32::try_from(selection.count())
+                    .map_err(|_| rust_error(Status::Budget, format!("selections[{i}]: count past i32")))?,
+            );
+            for h in 0..n_kv {
+                let row = selection.head(h);
+                positions[(i * n_kv + h) * width..][..row.len()].copy_from_slice(row);
+            }
+        }
+        let layer = layer_arg(layer)?;
+        let handles: Vec<*mut sys::kvret_seq> = sequences.iter().map(|s| s.raw()).collect();
+        let positions_view = TensorRef::named("positions", &positions, &[n, n_kv, width])?;
+        let mut views = Vec::with_capacity(n);
+        for w in working_sets.iter_mut() {
+            let shape = [n_kv, w.capacity, d];
+            views.push((
+                TensorMut::named("working_set.k", &mut w.k, &shape)?,
+                TensorMut::named("working_set.v", &mut w.v, &shape)?,
+                TensorMut::named("working_set.positions", &mut w.positions, &shape[..2])?,
+            ));
+        }
+        let raws: Vec<_> = views.iter_mut().map(|(k, v, p)| (k.raw(), v.raw(), p.raw())).collect();
+        let sets: Vec<sys::kvret_working_set> = raws
+            .iter()
+            .map(|(k, v, p)| sys::kvret_working_set { k: k.tensor, v: v.tensor, positions: p.tensor })
+            .collect();
+        let positions_raw = positions_view.raw();
+        let mut rows = vec![0i64; n];
+        check(unsafe {
+            sys::kvret_fetch_batch_async(
+                self.raw(),
+                n_c,
+                handles.as_ptr(),
+                layer,
+                positions_raw.ptr(),
+                counts.as_ptr(),
+                sets.as_ptr(),
+                rows.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })?;
+        drop(raws);
+        drop(views);
+        let mut out = Vec::with_capacity(n);
+        for (w, r) in working_sets.iter_mut().zip(rows) {
+            w.rows = count_of(r, "kvret_fetch_batch_async")?.min(w.capacity);
+            out.push(w.rows);
+        }
+        Ok(out)
+    }
+
     /// Waits for the work kvret enqueued on the default stream (a no-op on the CPU backend).
     pub fn synchronize(&self) -> Result<()> {
         check(unsafe { sys::kvret_synchronize(self.raw(), std::ptr::null_mut()) })

@@ -315,3 +315,79 @@ fn select_scored_ranks_the_selection() -> kvret::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn fetch_batch_equals_one_fetch_per_sequence() -> kvret::Result<()> {
+    let mut rng = Rng(11);
+    let ctx = Context::new(&config())?;
+    let lengths = [200usize, 400, 650];
+    let (mut batched, mut single) = (Vec::new(), Vec::new());
+    for &tokens in &lengths {
+        let (k, v) = (rng.gaussian(tokens * TOKEN_LEN), rng.gaussian(tokens * TOKEN_LEN));
+        for group in [&mut batched, &mut single] {
+            let mut seq = ctx.open_sequence()?;
+            seq.append_prefill(1, &k, &v)?;
+            group.push(seq);
+        }
+    }
+    let q = rng.gaussian(3 * Q_LEN);
+    let mut refs: Vec<&mut Sequence> = batched.iter_mut().collect();
+    let selections = ctx.select_batch(&mut refs, 1, &q, None)?;
+    let sets = ctx.fetch_batch::<f32, _>(&mut refs, 1, &selections)?;
+    for (i, seq) in single.iter_mut().enumerate() {
+        let expected = seq.fetch::<f32>(1, &selections[i])?;
+        assert_eq!(sets[i].rows(), expected.rows());
+        assert_eq!(sets[i].rows(), SINK + BUDGET + LOCAL);
+        assert_eq!(sets[i].k_buffer(), expected.k_buffer(), "sequence {i}: keys");
+        assert_eq!(sets[i].v_buffer(), expected.v_buffer(), "sequence {i}: values");
+        for h in 0..KV_HEADS {
+            assert_eq!(sets[i].positions(h), expected.positions(h));
+        }
+        let (a, b) = (batched[i].stats()?, seq.stats()?);
+        assert_eq!((a.fetches, a.fetched_rows, a.cache_misses), (b.fetches, b.fetched_rows, b.cache_misses));
+        assert_eq!(a.fetches, 1);
+    }
+    let mut none: Vec<&mut Sequence> = Vec::new();
+    assert!(ctx.fetch_batch::<f32, _>(&mut none, 1, &[])?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn fetch_batch_refuses_a_bad_entry_and_writes_nothing() -> kvret::Result<()> {
+    let mut rng = Rng(12);
+    let ctx = Context::new(&config())?;
+    let mut seqs = Vec::new();
+    for &tokens in &[400usize, 200, 400] {
+        let mut seq = ctx.open_sequence()?;
+        seq.append_prefill(0, &rng.gaussian(tokens * TOKEN_LEN), &rng.gaussian(tokens * TOKEN_LEN))?;
+        seqs.push(seq);
+    }
+    // entry 1 gets a selection of 300 per head, above the 180 middle tokens of its 200
+    let wide = seqs[0].select(0, &rng.gaussian(Q_LEN), Some(300))?;
+    let mut selections = Vec::new();
+    for seq in seqs.iter_mut() {
+        selections.push(seq.select(0, &rng.gaussian(Q_LEN), None)?);
+    }
+    let good = selections[1].clone();
+    selections[1] = wide;
+    let mut outs: Vec<kvret::WorkingSet<f32>> =
+        (0..3).map(|_| kvret::WorkingSet::new(KV_HEADS, SINK + 300 + LOCAL, HEAD_DIM)).collect::<kvret::Result<_>>()?;
+    let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
+    let error = ctx.fetch_batch_into(&mut refs, 0, &selections, &mut outs).unwrap_err();
+    assert_eq!(error.status(), Status::Budget);
+    assert!(error.message().contains("counts[1]"), "{}", error.message());
+    for out in &outs {
+        assert!(out.k_buffer().iter().all(|&x| x == 0.0), "nothing written");
+        assert_eq!(out.rows(), 0);
+    }
+    for seq in refs.iter() {
+        assert_eq!(seq.stats()?.fetches, 0);
+    }
+    selections[1] = good;
+    let rows = ctx.fetch_batch_into(&mut refs, 0, &selections, &mut outs)?;
+    assert_eq!(rows, vec![SINK + BUDGET + LOCAL; 3]);
+    for seq in refs.iter() {
+        assert_eq!(seq.stats()?.fetches, 1);
+    }
+    Ok(())
+}

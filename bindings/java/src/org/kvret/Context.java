@@ -361,6 +361,97 @@ public final class Context implements AutoCloseable {
     return selections;
   }
 
+  /**
+   * {@link Sequence#fetch} for several distinct sequences of this context in one call: the working set of each
+   * sequence for its selection (as {@link #selectBatch} returns them), into new buffers of the KV dtype (F32 for
+   * BF16). The same bytes, row counts and stats as one fetch per sequence. Every argument of every sequence is
+   * checked before anything is written: a bad one throws {@link KvretException} naming its index.
+   */
+  public List<WorkingSet> fetchBatch(List<Sequence> batch, int layer, List<Selection> selections) {
+    if (selections.size() != batch.size()) {
+      throw new IllegalArgumentException(
+          "kvret: " + selections.size() + " selections for " + batch.size() + " sequences");
+    }
+    int kvHeads = config.nKvHeads();
+    int width = 1;
+    int[] counts = new int[batch.size()];
+    for (int i = 0; i < counts.length; ++i) {
+      Selection selection = selections.get(i);
+      if (selection.kvHeads() != kvHeads) {
+        throw new KvretException(Status.SHAPE.code(), "selections[" + i + "] has " + selection.kvHeads()
+            + " KV heads, the context " + kvHeads);
+      }
+      counts[i] = selection.count();
+      width = Math.max(width, counts[i]);
+    }
+    // one I32 [n, n_kv_heads, width] tensor, as kvret_select_batch writes it
+    Tensor positions = Tensor.allocate(DType.I32, counts.length, kvHeads, width);
+    java.nio.IntBuffer all = positions.asIntBuffer();
+    for (int i = 0; i < counts.length; ++i) {
+      for (int h = 0; h < kvHeads; ++h) {
+        all.position((i * kvHeads + h) * width);
+        all.put(selections.get(i).positions(h));
+      }
+    }
+    KvDtype kv = config.kvDtype();
+    DType dtype = kv == KvDtype.BF16 ? DType.F32 : kv.dtype();
+    List<WorkingSet> outs = new ArrayList<>(counts.length);
+    for (int i = 0; i < counts.length; ++i) {
+      Sequence sequence = batch.get(i);
+      long length = sequence.length(layer);
+      // a count above the length is the library's to refuse, naming the entry
+      long capacity = counts[i] > 0 ? sequence.workingSetCapacity(layer, (int) Math.min(counts[i], length)) : length;
+      outs.add(WorkingSet.allocate(dtype, kvHeads, capacity, config.headDim()));
+    }
+    fetchBatchInto(batch, layer, positions, counts, outs, 0);
+    return outs;
+  }
+
+  /**
+   * kvret_fetch_batch_async: writes the working set of each sequence for {@code counts[i]} selected positions per
+   * head (positions: I32 [n, n_kv_heads, >= max count], as {@link #selectBatch} fills it) into {@code outs.get(i)};
+   * returns the rows written per head of each. On a CUDA context the copies are enqueued on {@code stream}.
+   */
+  public long[] fetchBatchInto(
+      List<Sequence> batch, int layer, Tensor positions, int[] counts, List<WorkingSet> outs, long stream) {
+    if (counts.length != batch.size() || outs.size() != batch.size()) {
+      throw new IllegalArgumentException("kvret: " + batch.size() + " sequences, " + counts.length + " counts and "
+          + outs.size() + " working sets");
+    }
+    List<Sequence.State> ordered = new ArrayList<>(batch.size());
+    for (Sequence sequence : batch) {
+      ordered.add(sequence.state());
+    }
+    ordered.sort((a, b) -> Integer.compare(System.identityHashCode(a), System.identityHashCode(b)));
+    state.lifetime.readLock().lock();
+    try {
+      return fetchLocked(batch, ordered, 0, layer, positions, counts, outs, stream);
+    } finally {
+      state.lifetime.readLock().unlock();
+    }
+  }
+
+  // Holds every sequence's lock (in a fixed order) around the batched call.
+  private long[] fetchLocked(List<Sequence> batch, List<Sequence.State> ordered, int next, int layer,
+      Tensor positions, int[] counts, List<WorkingSet> outs, long stream) {
+    if (next < ordered.size()) {
+      synchronized (ordered.get(next)) {
+        return fetchLocked(batch, ordered, next + 1, layer, positions, counts, outs, stream);
+      }
+    }
+    long[] handles = new long[batch.size()];
+    for (int i = 0; i < handles.length; ++i) {
+      handles[i] = batch.get(i).handle();
+    }
+    long[] rows = new long[handles.length];
+    WorkingSet[] sets = outs.toArray(new WorkingSet[0]);
+    KvretNative.kvret_fetch_batch_async(state.handle, handles, layer, positions, counts, sets, rows, stream);
+    for (int i = 0; i < sets.length; ++i) {
+      sets[i].setRows(rows[i]);
+    }
+    return rows;
+  }
+
   /** Waits for the work kvret enqueued on {@code stream} (a no-op on the CPU backend). */
   public void synchronize(long stream) {
     state.lifetime.readLock().lock();

@@ -122,6 +122,111 @@ public class RoundTripTest {
     }
   }
 
+  private Tensor kvOf(int tokens) {
+    return Tensor.ofFloats(Fixtures.gaussian(random, tokens * Fixtures.KV_HEADS * Fixtures.HEAD_DIM), tokens,
+        Fixtures.KV_HEADS, Fixtures.HEAD_DIM);
+  }
+
+  @Test
+  public void fetchBatchEqualsOneFetchPerSequence() {
+    try (Context ctx = Context.create(Fixtures.config().build())) {
+      int[] lengths = {200, 400, 650};
+      List<Sequence> batched = new java.util.ArrayList<>();
+      List<Sequence> single = new java.util.ArrayList<>();
+      for (int tokens : lengths) {
+        Tensor k = kvOf(tokens);
+        Tensor v = kvOf(tokens);
+        for (List<Sequence> group : List.of(batched, single)) {
+          Sequence seq = ctx.openSequence();
+          seq.appendPrefill(1, k, v);
+          group.add(seq);
+        }
+      }
+      Tensor q = Tensor.ofFloats(
+          Fixtures.gaussian(random, 3 * Fixtures.Q_HEADS * Fixtures.HEAD_DIM), 3, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      List<Selection> selections = ctx.selectBatch(batched, 1, q, Kvret.BUDGET_DEFAULT);
+      List<WorkingSet> sets = ctx.fetchBatch(batched, 1, selections);
+      for (int i = 0; i < lengths.length; ++i) {
+        WorkingSet expected = single.get(i).fetch(1, selections.get(i));
+        assertEquals(expected.rows(), sets.get(i).rows());
+        assertEquals(Fixtures.SINK + Fixtures.BUDGET + Fixtures.LOCAL, sets.get(i).rows());
+        assertArrayEquals(expected.k().toFloatArray(), sets.get(i).k().toFloatArray(), 0.0f);
+        assertArrayEquals(expected.v().toFloatArray(), sets.get(i).v().toFloatArray(), 0.0f);
+        assertArrayEquals(expected.positions().toIntArray(), sets.get(i).positions().toIntArray());
+        Stats a = batched.get(i).stats();
+        Stats b = single.get(i).stats();
+        assertEquals(1, a.fetches());
+        assertEquals(b.fetchedRows(), a.fetchedRows());
+        assertEquals(b.cacheMisses(), a.cacheMisses());
+        assertEquals(b.cacheHits(), a.cacheHits());
+      }
+      assertEquals(0, ctx.fetchBatch(List.of(), 1, List.of()).size());
+      for (Sequence seq : batched) seq.close();
+      for (Sequence seq : single) seq.close();
+    }
+  }
+
+  @Test
+  public void fetchBatchRefusesABadEntryAndWritesNothing() {
+    try (Context ctx = Context.create(Fixtures.config().build())) {
+      List<Sequence> batch = new java.util.ArrayList<>();
+      for (int i = 0; i < 3; ++i) {
+        Sequence seq = ctx.openSequence();
+        seq.appendPrefill(0, Fixtures.kv(random), Fixtures.kv(random));
+        batch.add(seq);
+      }
+      Tensor q = Tensor.ofFloats(
+          Fixtures.gaussian(random, 3 * Fixtures.Q_HEADS * Fixtures.HEAD_DIM), 3, Fixtures.Q_HEADS, Fixtures.HEAD_DIM);
+      int width = Fixtures.BUDGET;
+      Tensor positions = Tensor.allocate(DType.I32, 3, Fixtures.KV_HEADS, width);
+      int[] counts = new int[3];
+      // select_batch's own outputs, through the raw form
+      List<Selection> selections = ctx.selectBatch(batch, 0, q, Kvret.BUDGET_DEFAULT);
+      java.nio.IntBuffer all = positions.asIntBuffer();
+      for (int i = 0; i < 3; ++i) {
+        counts[i] = selections.get(i).count();
+        for (int h = 0; h < Fixtures.KV_HEADS; ++h) {
+          all.position((i * Fixtures.KV_HEADS + h) * width);
+          all.put(selections.get(i).positions(h));
+        }
+      }
+      all.put(Fixtures.KV_HEADS * width + 5, Fixtures.TOKENS - 1); // entry 1, head 0: a local position
+      List<WorkingSet> outs = new java.util.ArrayList<>();
+      for (int i = 0; i < 3; ++i) {
+        outs.add(WorkingSet.allocate(
+            DType.F32, Fixtures.KV_HEADS, Fixtures.SINK + Fixtures.BUDGET + Fixtures.LOCAL, Fixtures.HEAD_DIM));
+      }
+      KvretException e = assertThrows(
+          KvretException.class, () -> ctx.fetchBatchInto(batch, 0, positions, counts, outs, 0));
+      assertEquals(Status.OUT_OF_RANGE, e.status());
+      assertTrue(e.getMessage(), e.getMessage().contains("positions[1]"));
+      for (WorkingSet ws : outs) {
+        for (int p : ws.positions().toIntArray()) assertEquals(0, p);
+        for (float x : ws.k().toFloatArray()) assertEquals(0.0f, x, 0.0f);
+      }
+      for (Sequence seq : batch) assertEquals(0, seq.stats().fetches());
+      // a count above the middle of entry 2
+      all.put(Fixtures.KV_HEADS * width + 5, selections.get(1).positions(0)[5]);
+      counts[2] = Fixtures.TOKENS;
+      e = assertThrows(KvretException.class, () -> ctx.fetchBatchInto(batch, 0, positions, counts, outs, 0));
+      assertEquals(Status.BUDGET, e.status());
+      assertTrue(e.getMessage(), e.getMessage().contains("counts[2]"));
+      counts[2] = selections.get(2).count();
+      long[] rows = ctx.fetchBatchInto(batch, 0, positions, counts, outs, 0);
+      for (int i = 0; i < 3; ++i) {
+        assertEquals(Fixtures.SINK + Fixtures.BUDGET + Fixtures.LOCAL, rows[i]);
+        assertEquals(rows[i], outs.get(i).rows());
+        assertEquals(1, batch.get(i).stats().fetches());
+      }
+      // the same sequence twice
+      e = assertThrows(KvretException.class,
+          () -> ctx.fetchBatch(List.of(batch.get(0), batch.get(0)), 0, selections.subList(0, 2)));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertTrue(e.getMessage(), e.getMessage().contains("seqs[1] appears twice"));
+      for (Sequence seq : batch) seq.close();
+    }
+  }
+
   @Test
   public void clusterReuseHitsShowInTheStats() {
     try (Context ctx = Context.create(Fixtures.config().indexKind(IndexKind.CLUSTER).build());
