@@ -826,12 +826,8 @@ void Sequence::accumulate_attend(int32_t layer, const TensorView& q, const int32
     scaled_dots(qf.data() + static_cast<int64_t>(h) * group * d, d, group, keys.data(), d, n, d, s, logits.data(), n);
     for (int j = 0; j < group; ++j) {
       float* l = logits.data() + static_cast<int64_t>(j) * n;
-      const float mx = *std::max_element(l, l + n);
-      double z = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        l[i] = std::exp(l[i] - mx);
-        z += l[i];
-      }
+      float mx = 0;
+      const double z = exp_from_max(l, n, &mx);
       const auto inv = static_cast<float>(1.0 / z);
       float* out = probs.data() + (static_cast<int64_t>(h) * group + j) * g.length;
       for (int64_t i = 0; i < n; ++i) out[rows[static_cast<size_t>(i)]] = l[i] * inv;

@@ -39,6 +39,17 @@ std::vector<float> window_logits(const float* window, int w, const float* keys, 
 
 }  // namespace
 
+double exp_from_max(float* row, int64_t n, float* max_out) {
+  const float mx = *std::max_element(row, row + n);
+  double z = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    row[t] = std::exp(row[t] - mx);
+    z += row[t];
+  }
+  *max_out = mx;
+  return z;
+}
+
 void snapkv_importance(const float* window, int w, const float* keys, int64_t n, int d, float scale, float* importance,
                        float* lse) {
   std::fill(importance, importance + n, 0.0f);
@@ -46,12 +57,8 @@ void snapkv_importance(const float* window, int w, const float* keys, int64_t n,
   std::vector<float> l = window_logits(window, w, keys, n, d, scale);
   for (int j = 0; j < w; ++j) {
     float* row = l.data() + static_cast<int64_t>(j) * n;
-    const float mx = *std::max_element(row, row + n);
-    double z = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      row[t] = std::exp(row[t] - mx);
-      z += row[t];
-    }
+    float mx = 0;
+    const double z = exp_from_max(row, n, &mx);
     const auto inv = static_cast<float>(1.0 / z);
     for (int64_t t = 0; t < n; ++t) importance[t] += row[t] * inv;
     if (lse) lse[j] = mx + static_cast<float>(std::log(z));

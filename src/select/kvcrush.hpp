@@ -27,6 +27,10 @@ inline int hamming_distance(const uint64_t* a, const uint64_t* b, int words) noe
   return d;
 }
 
+/// The unnormalised softmax of n > 0 logits in place: row[t] = exp(row[t] - max); returns the sum (in double) and
+/// writes the max to *max_out.
+double exp_from_max(float* row, int64_t n, float* max_out);
+
 /// SnapKV-style importance of n keys for one head: importance[t] = sum over the w window queries j of
 /// softmax_t(scale * q_j . k_t) (every key visible to every window query, as for queries at the end of a prompt).
 /// window: [w, d]; keys: [n, d]; importance: [n], overwritten. Also writes each window query's log-normalizer

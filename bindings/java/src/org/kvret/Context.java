@@ -316,16 +316,22 @@ public final class Context implements AutoCloseable {
     return out;
   }
 
-  /**
-   * {@link Sequence#select} for several distinct sequences of this context at once; q is [n, n_q_heads,
-   * head_dim]. Pass {@link Kvret#BUDGET_DEFAULT} for each sequence's default budget.
-   */
-  public List<Selection> selectBatch(List<Sequence> batch, int layer, Tensor q, int budget) {
+  /** The states of a batch's sequences in the order their locks are taken (the same for every batched call). */
+  private static List<Sequence.State> lockOrder(List<Sequence> batch) {
     List<Sequence.State> ordered = new ArrayList<>(batch.size());
     for (Sequence sequence : batch) {
       ordered.add(sequence.state());
     }
     ordered.sort((a, b) -> Integer.compare(System.identityHashCode(a), System.identityHashCode(b)));
+    return ordered;
+  }
+
+  /**
+   * {@link Sequence#select} for several distinct sequences of this context at once; q is [n, n_q_heads,
+   * head_dim]. Pass {@link Kvret#BUDGET_DEFAULT} for each sequence's default budget.
+   */
+  public List<Selection> selectBatch(List<Sequence> batch, int layer, Tensor q, int budget) {
+    List<Sequence.State> ordered = lockOrder(batch);
     state.lifetime.readLock().lock();
     try {
       return selectLocked(batch, ordered, 0, layer, q, budget);
@@ -418,11 +424,7 @@ public final class Context implements AutoCloseable {
       throw new IllegalArgumentException("kvret: " + batch.size() + " sequences, " + counts.length + " counts and "
           + outs.size() + " working sets");
     }
-    List<Sequence.State> ordered = new ArrayList<>(batch.size());
-    for (Sequence sequence : batch) {
-      ordered.add(sequence.state());
-    }
-    ordered.sort((a, b) -> Integer.compare(System.identityHashCode(a), System.identityHashCode(b)));
+    List<Sequence.State> ordered = lockOrder(batch);
     state.lifetime.readLock().lock();
     try {
       return fetchLocked(batch, ordered, 0, layer, positions, counts, outs, stream);
