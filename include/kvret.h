@@ -519,14 +519,22 @@ typedef enum kvret_session_tier {
  *  with KVCrush's state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
- *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
- *  before the call returns (layer-wise loading in the background is not built yet). The session stays stored.
- *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose files fail their checks (CRC-32,
- *  sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND. With a shared
- *  tier, a session in no local tier is read from it (every layer, before the call returns; one saved by a context
- *  of another configuration is KVRET_ERR_NOT_FOUND; the server unreachable, KVRET_ERR_IO), and a local copy
- *  whose save the shared tier no longer names (another context saved the id since) is replaced by the shared
- *  tier's. */
+ *  it shares the saved pages copy on write. From disk the call returns once the manifest is checked and layer 0 is
+ *  read and its index restored (not rebuilt); a thread of the store then loads layers 1, 2, ... in order, and
+ *  every call on layer l of the new sequence (append, select, fetch, attend, read, length, kvret_wait_index(seq,
+ *  l)) first waits for layer l, as calls wait for a background index build; calls on every layer (kvret_seq_fork,
+ *  kvret_seq_truncate, kvret_seq_drop_front, kvret_session_save, kvret_wait_index(seq, -1)) wait for them all.
+ *  kvret_seq_close (or kvret_destroy) during the load stops the loader before its next layer. A layer that fails
+ *  while loading answers, on every call on it and on the later layers (and on the calls on every layer), the
+ *  failure: KVRET_ERR_CORRUPT (its file failed its checks: the session is dropped from the store first, so the next
+ *  open is KVRET_ERR_NOT_FOUND), KVRET_ERR_IO, or KVRET_ERR_CAPACITY (config.host_bytes_limit); the layers before
+ *  it work. The session stays stored.
+ *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose manifest or layer 0 fail their
+ *  checks (CRC-32, sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND.
+ *  With a shared tier, a session in no local tier is read from it (every layer, before the call returns; one
+ *  saved by a context of another configuration is KVRET_ERR_NOT_FOUND; the server unreachable, KVRET_ERR_IO), and
+ *  a local copy whose save the shared tier no longer names (another context saved the id since) is replaced by the
+ *  shared tier's. */
 KVRET_API kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out);
 /** Removes a session from every tier, the shared tier included. KVRET_ERR_NOT_FOUND when there was none. A
  *  shared tier that cannot be reached fails the call (KVRET_ERR_IO) only when no local tier held the session; else

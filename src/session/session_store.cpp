@@ -16,6 +16,8 @@
 
 namespace kvret::session {
 
+std::atomic<LayerLoadHook> g_layer_load_hook{nullptr};
+
 namespace {
 
 constexpr uint32_t kManifestTag = 0x4e414d53u;  // "SMAN"
@@ -139,7 +141,16 @@ SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_confi
   }
 }
 
-SessionStore::~SessionStore() = default;
+SessionStore::~SessionStore() {
+  // The loaders first: each ends by taking the lock (to release its pin), so none may be running below.
+  std::vector<std::weak_ptr<LayerLoad>> loads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads.swap(loads_);
+  }
+  for (const std::weak_ptr<LayerLoad>& w : loads)
+    if (const std::shared_ptr<LayerLoad> load = w.lock()) load->stop();
+}
 
 std::string SessionStore::check_id(const char* id, const char* what) {
   require(id != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
@@ -195,9 +206,14 @@ void SessionStore::remove_blobs(const DiskRecord& rec, int32_t layers, bool mani
       keep_failure(std::current_exception());
     }
   }
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  const bool pinned = readers_.count(pin) != 0;  // a loader reads these layers: removed when it ends
   for (int32_t l = 0; l < layers; ++l) {
     try {
-      disk_->remove(layer_key(rec.stem, rec.generation, l));
+      if (pinned)
+        deferred_removals_.emplace_back(pin, layer_key(rec.stem, rec.generation, l));
+      else
+        disk_->remove(layer_key(rec.stem, rec.generation, l));
     } catch (...) {
       keep_failure(std::current_exception());
     }
@@ -287,6 +303,7 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
     std::unordered_set<std::string> used;
     for (const auto& [other, m] : meta_)
       if (m.disk) used.insert(m.disk->stem);
+    for (const auto& [pin, count] : readers_) used.insert(pin.first);  // a loader may still read a dropped save
     const std::string base = hex64(fnv1a(meta.id));
     rec.stem = base;
     for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
@@ -318,8 +335,9 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
   return rec;
 }
 
-void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
-                                 const std::shared_ptr<const rope::Rope>& rope) {
+std::unique_ptr<LayerState> SessionStore::make_layer(Sequence& seq, int32_t l, const DiskRecord& rec,
+                                                     const std::vector<std::byte>& blob,
+                                                     const std::shared_ptr<const rope::Rope>& rope) {
   const kvret_config& c = ctx_.config();
   ByteReader r(blob.data(), blob.size());
   read_header(r, kLayerTag, kLayoutVersion);
@@ -350,11 +368,17 @@ void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec
   std::unique_ptr<Retriever> index = ctx_.kind().make(c, l);
   index->restore(store, state.data(), state.size());
   auto layer = std::make_unique<LayerState>(l, std::move(store), ctx_.kind().make(c, l));
-  seq.layers_.push_back(std::move(layer));  // may throw bad_alloc: seq is discarded then
-  seq.layers_.back()->replace_index(std::move(index), seq.stats_);
+  layer->replace_index(std::move(index), seq.stats_);
+  return layer;
 }
 
-std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
+void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
+                                 const std::shared_ptr<const rope::Rope>& rope) {
+  std::unique_ptr<LayerState> layer = make_layer(seq, l, rec, blob, rope);
+  seq.layers_.push_back(std::move(layer));  // may throw bad_alloc: seq is discarded then
+}
+
+std::vector<uint64_t> SessionStore::read_manifest(SessionId sid) {
   const Meta& meta = meta_.at(sid);
   const DiskRecord rec = *meta.disk;
   const kvret_config& c = ctx_.config();
@@ -369,27 +393,134 @@ std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
   (void)r.value<int64_t>();
   (void)r.value<uint64_t>();
   require_intact(r.array<int32_t>() == fingerprint(c), "a session of another model configuration");
-  const auto sizes = r.array<uint64_t>(c.n_layers);
+  return r.array<uint64_t>(c.n_layers);
+}
+
+std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
+  const Meta& meta = meta_.at(sid);
+  const DiskRecord rec = *meta.disk;
+  const kvret_config& c = ctx_.config();
+  const std::vector<uint64_t> sizes = read_manifest(sid);
   auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
-  seq->layers_.reserve(static_cast<size_t>(c.n_layers));
-  const std::shared_ptr<const rope::Rope> rope = rope_of(c);  // one for every layer, as a new sequence has
-  for (int32_t l = 0; l < c.n_layers; ++l) {
+  seq->layers_.resize(static_cast<size_t>(c.n_layers));
+  load_layers(*seq, meta.id, rec, sizes, 0, c.n_layers, nullptr);
+  return seq;
+}
+
+void SessionStore::load_layers(Sequence& seq, const std::string& id, const DiskRecord& rec,
+                               const std::vector<uint64_t>& sizes, int32_t from, int32_t to, LayerLoad* load) {
+  const std::shared_ptr<const rope::Rope> rope = rope_of(ctx_.config());  // one for every layer, as a new sequence has
+  for (int32_t l = from; l < to; ++l) {
+    if (load != nullptr) {
+      if (load->cancelled()) return;
+      if (const LayerLoadHook hook = g_layer_load_hook.load()) hook(id.c_str(), l);
+    }
     auto blob = disk_->get(layer_key(rec.stem, rec.generation, l));
     require(blob.has_value(), KVRET_ERR_CORRUPT,
-            "session store: layer " + std::to_string(l) + " of session '" + meta.id + "' is missing");
+            "session store: layer " + std::to_string(l) + " of session '" + id + "' is missing");
     require_intact(blob->size() == sizes[static_cast<size_t>(l)], "a layer blob of another size than its manifest's");
-    restore_layer(*seq, l, rec, *blob, rope);
+    std::unique_ptr<LayerState> layer = make_layer(seq, l, rec, *blob, rope);
+    blob.reset();
+    const int64_t bytes = layer->store().bytes();
+    const int64_t tokens = layer->store().size();
+    ctx_.reserve_host_bytes(bytes);
+    // no throw below
+    seq.layers_[static_cast<size_t>(l)] = std::move(layer);
+    seq.stats_.host_bytes += bytes;
+    seq.stats_.tokens_stored += tokens;
+    if (load != nullptr) load->set_ready(l + 1);
   }
-  int64_t host_bytes = 0, tokens = 0;
-  for (const auto& l : seq->layers_) {
-    host_bytes += l->store().bytes();
-    tokens += l->store().size();
+}
+
+std::unique_ptr<Sequence> SessionStore::open_disk(SessionId sid) {
+  const Meta& meta = meta_.at(sid);
+  const DiskRecord rec = *meta.disk;
+  const std::string id = meta.id;
+  const int32_t n_layers = ctx_.config().n_layers;
+  const std::vector<uint64_t> sizes = read_manifest(sid);
+  auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
+  seq->layers_.resize(static_cast<size_t>(n_layers));
+  // Layer 0 now: a session whose first layer is damaged is refused by the open itself.
+  load_layers(*seq, id, rec, sizes, 0, 1, nullptr);
+  if (n_layers == 1) return seq;
+  auto load = std::make_shared<LayerLoad>(n_layers, 1);
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  loads_.erase(std::remove_if(loads_.begin(), loads_.end(), [](const auto& w) { return w.expired(); }), loads_.end());
+  loads_.push_back(load);
+  ++readers_[pin];
+  Sequence* target = seq.get();
+  try {
+    load->start([this, target, load_ptr = load.get(), id, rec, sizes, n_layers] {
+      kvret_status status = KVRET_OK;
+      std::string message;
+      try {
+        load_layers(*target, id, rec, sizes, 1, n_layers, load_ptr);
+      } catch (...) {
+        status = current_exception_status(message);
+      }
+      end_load(id, rec, status);  // a corrupt session is dropped before any call hears of it
+      if (status != KVRET_OK) {
+        try {
+          message = "session store: loading layer " + std::to_string(load_ptr->ready()) + " of the session '" + id +
+                    "' from disk: " + message;
+        } catch (...) {
+        }
+        load_ptr->fail(status, message);
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread: every layer now, on the caller's thread.
+    loads_.pop_back();
+    unpin(rec);
+    load_layers(*seq, id, rec, sizes, 1, n_layers, nullptr);
+    return seq;
+  } catch (...) {
+    loads_.pop_back();
+    unpin(rec);
+    throw;
   }
-  ctx_.reserve_host_bytes(host_bytes);
-  // no throw below
-  seq->stats_.host_bytes = host_bytes;
-  seq->stats_.tokens_stored = tokens;
+  seq->load_ = std::move(load);
   return seq;
+}
+
+void SessionStore::unpin(const DiskRecord& rec) noexcept {
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  const auto it = readers_.find(pin);
+  if (it == readers_.end() || --it->second > 0) return;
+  readers_.erase(it);
+  for (auto d = deferred_removals_.begin(); d != deferred_removals_.end();) {
+    if (d->first != pin) {
+      ++d;
+      continue;
+    }
+    try {
+      disk_->remove(d->second);
+    } catch (...) {
+      keep_failure(std::current_exception());
+    }
+    d = deferred_removals_.erase(d);
+  }
+}
+
+void SessionStore::end_load(const std::string& id, const DiskRecord& rec, kvret_status status) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status == KVRET_ERR_CORRUPT) {
+    // A layer failed its checks after the open returned: the session is dropped (when the store still holds this
+    // save of it), as an open that finds it so drops it.
+    const auto it = ids_.find(id);
+    if (it != ids_.end()) {
+      const auto m = meta_.find(it->second);
+      if (m != meta_.end() && m->second.disk && m->second.disk->stem == rec.stem &&
+          m->second.disk->generation == rec.generation) {
+        try {
+          drop_session(it->second);
+        } catch (...) {
+        }
+        ++counters_.corrupt;
+      }
+    }
+  }
+  unpin(rec);
 }
 
 void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::unique_ptr<Sequence> copy) {
@@ -457,6 +588,7 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   const kvret_config& c = ctx_.config();
   require(c.hamming_fraction == 0.0f, KVRET_ERR_UNSUPPORTED,
           "kvret_session_save: a sequence with KVCrush's signatures (config.hamming_fraction > 0) cannot be saved");
+  seq.wait_loaded();  // not under the lock: a loader that fails takes it (to drop its session) before reporting
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages
@@ -548,7 +680,7 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
   }
   std::unique_ptr<Sequence> seq;
   try {
-    seq = read_session(sid);
+    seq = open_disk(sid);
   } catch (const Error& e) {
     if (e.status() == KVRET_ERR_CORRUPT) {
       drop_session(sid);

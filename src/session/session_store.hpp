@@ -4,6 +4,10 @@
 // disk tier (DiskTier under config.disk_path: one blob per layer, then a manifest blob naming them). Placement (the
 // policy model) decides which session goes where; the store carries its decisions out on the bytes.
 //
+// Opening a session from disk checks its manifest and loads layer 0, then returns a sequence whose other layers a
+// loader thread (a LayerLoad) brings in, in layer order; the sequence's calls on a layer wait for it. The layer
+// blobs a loader reads are pinned: removing them (a re-save, an eviction, a drop) is deferred until it ends.
+//
 // Every public call takes the store's lock and has the strong guarantee: the disk writes a decision needs (the
 // sessions it demotes, the saved one) are done before anything is committed, and a failed one is undone. Disk
 // writes are synchronous (flush only reports what a cleanup left).
@@ -13,7 +17,9 @@
 // kept for flush, the local save stands), and open, where and drop look there on a local miss. Its keys depend on
 // the session id only (the hex of its bytes), so every node finds them; each save writes its layers under a random
 // generation and then the manifest naming it.
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "engine/context.hpp"
+#include "engine/layer_load.hpp"
 #include "engine/sequence.hpp"
 #include "kvret.h"
 #include "session/blob_tier.hpp"
@@ -32,6 +39,11 @@ namespace kvret::session {
 
 /// The most bytes of a session id.
 constexpr size_t kMaxSessionIdBytes = 255;
+
+/// For tests: when set, the background loader of a session opened from disk calls it (with the session id and the
+/// layer) before it reads each layer, on the loader's thread. Null: none.
+using LayerLoadHook = void (*)(const char* id, int32_t layer);
+extern std::atomic<LayerLoadHook> g_layer_load_hook;
 
 struct SessionCounters {
   int64_t saves = 0;
@@ -104,6 +116,22 @@ class SessionStore {
   /// it is left and the old copy stays.
   DiskRecord write_session(SessionId sid, const Sequence& seq);
   std::unique_ptr<Sequence> read_session(SessionId sid);
+  /// The layer sizes the disk manifest of `sid` names, after checking it (KVRET_ERR_CORRUPT).
+  std::vector<uint64_t> read_manifest(SessionId sid);
+  /// Opens `sid` from disk: layer 0 now, the others by a loader thread (all now when it cannot start).
+  std::unique_ptr<Sequence> open_disk(SessionId sid);
+  /// Reads layers [from, to) of a disk session into `seq` (its layers_ sized already), accounting their bytes;
+  /// with `load`, stops when it is cancelled and marks each layer ready. Throws the first failure.
+  void load_layers(Sequence& seq, const std::string& id, const DiskRecord& rec, const std::vector<uint64_t>& sizes,
+                   int32_t from, int32_t to, LayerLoad* load);
+  /// The loader thread's end: a corrupt session dropped (when the store still holds that save), the pin released.
+  void end_load(const std::string& id, const DiskRecord& rec, kvret_status status) noexcept;
+  /// Removes a pinned save's deferred blobs once no loader reads it.
+  void unpin(const DiskRecord& rec) noexcept;
+  /// The state of layer `l` from its blob, its index restored (and counted in `seq`'s stats).
+  std::unique_ptr<LayerState> make_layer(Sequence& seq, int32_t l, const DiskRecord& rec,
+                                         const std::vector<std::byte>& blob,
+                                         const std::shared_ptr<const rope::Rope>& rope);
   /// Adds layer `l` from its blob to `seq` (made with Sequence::ForkTag).
   void restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
                      const std::shared_ptr<const rope::Rope>& rope);
@@ -142,6 +170,12 @@ class SessionStore {
   SessionCounters counters_;
   kvret_status deferred_status_ = KVRET_OK;
   std::string deferred_message_;
+  /// The disk saves (stem, generation) background loaders are reading, with their count of loaders.
+  std::map<std::pair<std::string, uint64_t>, int> readers_;
+  /// Blob keys whose removal waits for the loaders of their save (the key of readers_, the blob key).
+  std::vector<std::pair<std::pair<std::string, uint64_t>, std::string>> deferred_removals_;
+  /// The loads started (stopped and joined by the destructor).
+  std::vector<std::weak_ptr<LayerLoad>> loads_;
 };
 
 }  // namespace kvret::session

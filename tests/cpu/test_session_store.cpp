@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 
 #include "kvret.h"
 #include "sequence_observer.hpp"
+#include "session/session_store.hpp"
 #include "test_util.hpp"
 
 using namespace kvret::test;
@@ -226,6 +228,34 @@ TEST_F(SessionStore, PreRopeKeysRoundTripThroughDisk) {
   }
 }
 
+/// The path of the file of layer `layer`'s blob in a disk tier holding one session (file names are "b", the hex of
+/// the key, ".kvb"; a layer's key ends in ".l<layer>").
+fs::path layer_file(const fs::path& dir, int32_t layer) {
+  const std::string suffix = ".l" + std::to_string(layer);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 5 || name[0] != 'b') continue;
+    std::string key;
+    for (size_t i = 1; i + 1 < name.size() - 4; i += 2)
+      key += static_cast<char>(std::stoi(name.substr(i, 2), nullptr, 16));
+    if (key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return e.path();
+  }
+  ADD_FAILURE() << "no file of layer " << layer << " in " << dir;
+  return {};
+}
+
+void flip_byte(const fs::path& file) {
+  const auto size = fs::file_size(file);
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(size / 2));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(size / 2));
+  f.write(&c, 1);
+}
+
 TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
   for (const bool truncate : {false, true}) {
     TempDir dir;
@@ -236,23 +266,13 @@ TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
     fill_session(s.s, 0);
     KVRET_ASSERT_OK(kvret_session_save(s.s, "x"));
     ASSERT_EQ(where(ctx.get(), "x"), KVRET_TIER_DISK);
-    // The largest file is a layer blob.
-    fs::path largest;
-    uintmax_t largest_size = 0;
-    for (const auto& e : fs::directory_iterator(dir.path))
-      if (e.file_size() > largest_size) largest_size = e.file_size(), largest = e.path();
-    ASSERT_GT(largest_size, 1000u);
-    if (truncate) {
-      fs::resize_file(largest, largest_size - 100);
-    } else {
-      std::fstream f(largest, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(static_cast<std::streamoff>(largest_size / 2));
-      char c = 0;
-      f.read(&c, 1);
-      c = static_cast<char>(c ^ 0x10);
-      f.seekp(static_cast<std::streamoff>(largest_size / 2));
-      f.write(&c, 1);
-    }
+    // Layer 0's file: the open reads it before returning (a later layer fails later: SessionLoad).
+    const fs::path layer0 = layer_file(dir.path, 0);
+    ASSERT_GT(fs::file_size(layer0), 1000u);
+    if (truncate)
+      fs::resize_file(layer0, fs::file_size(layer0) - 100);
+    else
+      flip_byte(layer0);
     kvret_seq* out = nullptr;
     EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT);
     EXPECT_NE(std::string(kvret_last_error()).find("corrupt"), std::string::npos) << kvret_last_error();
@@ -597,6 +617,188 @@ TEST_F(SessionStore, BadInputsAreRefusedAndChangeNothing) {
   Seq cs(cctx.get());
   fill_session(cs.s, 0);
   expect(kvret_session_save(cs.s, "c"), KVRET_ERR_UNSUPPORTED, "hamming_fraction");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Layer-wise loading: a session opened from disk returns with layer 0 in; a loader brings in the others
+
+/// The loader hook of these tests: records the layers it is called for and holds the loader before `block_layer`
+/// until `release` is set.
+std::atomic<int> g_block_layer{-1};
+std::atomic<bool> g_release{false};
+std::atomic<int> g_max_layer_seen{-1};
+std::atomic<int> g_hook_calls{0};
+
+void blocking_hook(const char*, int32_t layer) {
+  ++g_hook_calls;
+  int seen = g_max_layer_seen.load();
+  while (layer > seen && !g_max_layer_seen.compare_exchange_weak(seen, layer)) {
+  }
+  if (layer != g_block_layer.load()) return;
+  while (!g_release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+/// Installs blocking_hook holding the loader before `layer` (-1: never), and removes it at scope exit.
+struct LoadHook {
+  explicit LoadHook(int layer) {
+    g_block_layer = layer;
+    g_release = false;
+    g_max_layer_seen = -1;
+    g_hook_calls = 0;
+    kvret::session::g_layer_load_hook = &blocking_hook;
+  }
+  ~LoadHook() {
+    g_release = true;
+    kvret::session::g_layer_load_hook = nullptr;
+  }
+};
+
+class SessionLoad : public SessionStore {
+ protected:
+  static constexpr int32_t kLoadLayers = 6;
+  SessionLoad() {
+    config.n_layers = kLoadLayers;
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = 1;  // every session goes to disk
+  }
+  /// Saves a session "x" of every layer (layer l holds tokens [40 l, 40 l + 300 + 20 l)) to disk; returns its bytes
+  /// as read_layers sees them.
+  std::vector<float> save_x(kvret_context* ctx) {
+    Seq s(ctx);
+    for (int32_t layer = 0; layer < kLoadLayers; ++layer)
+      prefill(s.s, layer, k, v, 40 * layer, 40 * layer + 300 + 20 * layer);
+    EXPECT_EQ(kvret_session_save(s.s, "x"), KVRET_OK) << kvret_last_error();
+    EXPECT_EQ(where(ctx, "x"), KVRET_TIER_DISK);
+    return read_layers(s.s, kLoadLayers);
+  }
+  static int64_t read_status(kvret_seq* s, int32_t layer) {
+    F32 kk({4, kHeads, kDim}), vv({4, kHeads, kDim});
+    return kvret_seq_read(s, layer, 0, 4, &kk, &vv);
+  }
+  TempDir dir;
+};
+
+TEST_F(SessionLoad, CallsOnALayerWaitForItAndTheSessionArrivesWhole) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  for (const int32_t blocked : {1, 4}) {
+    LoadHook hook(blocked);
+    Seq r(open_session(ctx.get(), "x"));
+    // The layers before the held one are in (or arrive) and answer; the held one and those after it wait.
+    for (int32_t layer = 0; layer < blocked; ++layer) EXPECT_EQ(read_status(r.s, layer), KVRET_OK) << layer;
+    std::atomic<bool> done{false};
+    kvret_status status = KVRET_ERR_INTERNAL;
+    std::thread waiter([&] {
+      F32 kk({4, kHeads, kDim}), vv({4, kHeads, kDim});
+      status = kvret_seq_read(r.s, blocked, 0, 4, &kk, &vv);
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    EXPECT_FALSE(done.load()) << "a call on layer " << blocked << " returned before the layer was loaded";
+    EXPECT_EQ(g_max_layer_seen.load(), blocked);  // the loader goes in layer order and is held there
+    g_release = true;
+    waiter.join();
+    EXPECT_EQ(status, KVRET_OK) << kvret_last_error();
+    KVRET_ASSERT_OK(kvret_wait_index(r.s, -1));
+    EXPECT_EQ(read_layers(r.s, kLoadLayers), raw);    // byte for byte
+    EXPECT_EQ(g_hook_calls.load(), kLoadLayers - 1);  // layer 0 came with the open
+    kvret_stats st;
+    kvret_stats_init(&st);
+    KVRET_ASSERT_OK(kvret_seq_stats(r.s, &st));
+    int64_t tokens = 0;
+    for (int32_t layer = 0; layer < kLoadLayers; ++layer) tokens += 300 + 20 * layer;
+    EXPECT_EQ(st.tokens_stored, tokens);
+  }
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 2);
+}
+
+TEST_F(SessionLoad, ClosingALoadingSequenceStopsItsLoader) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  const int64_t host_before = context_stats(ctx.get()).host_bytes;
+  {
+    LoadHook hook(2);
+    kvret_seq* r = open_session(ctx.get(), "x");
+    ASSERT_NE(r, nullptr);
+    std::atomic<bool> closed{false};
+    std::thread closer([&] {
+      EXPECT_EQ(kvret_seq_close(r), KVRET_OK);
+      closed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_release = true;  // the loader finishes layer 2, then sees the close
+    closer.join();
+    EXPECT_TRUE(closed.load());
+    EXPECT_EQ(g_max_layer_seen.load(), 2) << "the loader went on after the sequence was closed";
+  }
+  EXPECT_EQ(context_stats(ctx.get()).host_bytes, host_before);  // what it had loaded is freed
+  // The session is untouched: it opens again, whole.
+  Seq again(open_session(ctx.get(), "x"));
+  EXPECT_EQ(read_layers(again.s, kLoadLayers), raw);
+}
+
+TEST_F(SessionLoad, DestroyingTheContextStopsALoader) {
+  auto ctx = make_context(config);
+  save_x(ctx.get());
+  LoadHook hook(3);
+  kvret_seq* r = open_session(ctx.get(), "x");
+  ASSERT_NE(r, nullptr);
+  std::thread releaser([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_release = true;
+  });
+  ctx.reset();  // closes r, stopping its loader
+  releaser.join();
+  EXPECT_LE(g_max_layer_seen.load(), 4);
+}
+
+TEST_F(SessionLoad, ACorruptLayerAfterOpenFailsItsCallsAndDropsTheSession) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  flip_byte(layer_file(dir.path, 4));
+  Seq r(open_session(ctx.get(), "x"));  // layer 0 is whole: the open succeeds
+  for (int32_t layer = 0; layer < 4; ++layer) EXPECT_EQ(read_status(r.s, layer), KVRET_OK) << layer;
+  for (int32_t layer = 4; layer < kLoadLayers; ++layer) {
+    EXPECT_EQ(read_status(r.s, layer), KVRET_ERR_CORRUPT) << layer;
+    EXPECT_NE(std::string(kvret_last_error()).find("layer 4"), std::string::npos) << kvret_last_error();
+  }
+  EXPECT_EQ(kvret_wait_index(r.s, -1), KVRET_ERR_CORRUPT);
+  EXPECT_EQ(kvret_session_save(r.s, "y"), KVRET_ERR_CORRUPT);  // a sequence missing layers cannot be saved
+  kvret_seq* fork = nullptr;
+  EXPECT_EQ(kvret_seq_fork(r.s, &fork), KVRET_ERR_CORRUPT);
+  // Dropped before the calls heard of it: the next open is a miss.
+  kvret_seq* out = nullptr;
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(where(ctx.get(), "y"), KVRET_TIER_NONE);
+  EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 1);
+  EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // its files are gone
+  // A damaged layer 0 is reported by the open itself.
+  save_x(ctx.get());
+  flip_byte(layer_file(dir.path, 0));
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 2);
+}
+
+TEST_F(SessionLoad, FilesALoaderReadsOutliveADropAndAResave) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  {
+    LoadHook hook(2);
+    Seq r(open_session(ctx.get(), "x"));
+    KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));  // while layers 2.. are still to read
+    EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+    const std::vector<float> raw2 = save_x(ctx.get());  // a new save of the same id: other files
+    g_release = true;
+    KVRET_ASSERT_OK(kvret_wait_index(r.s, -1));
+    EXPECT_EQ(read_layers(r.s, kLoadLayers), raw);  // the old save, whole
+    Seq again(open_session(ctx.get(), "x"));
+    EXPECT_EQ(read_layers(again.s, kLoadLayers), raw2);
+  }
+  KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));
+  EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // the dropped save's files went once its loader ended
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
