@@ -17,6 +17,7 @@
 namespace kvret::session {
 
 std::atomic<LayerLoadHook> g_layer_load_hook{nullptr};
+std::atomic<SharedTierFactory> g_shared_tier_factory{nullptr};
 
 namespace {
 
@@ -127,12 +128,16 @@ kvret_dtype dtype_of(DType d) {
 
 SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_config(ctx)) {
   if (!ctx.shared_url().empty()) {  // parsed here; the first call that uses it connects
-    try {
-      shared_ = open_shared_tier(ctx.shared_url().c_str());
-    } catch (const Error& e) {
-      const std::string what = e.what();  // the tier's messages name session_shared_url (never its password)
-      throw Error(e.status(),
-                  what.rfind("session_shared_url", 0) == 0 ? "config." + what : "config.session_shared_url: " + what);
+    if (const SharedTierFactory factory = g_shared_tier_factory.load()) {
+      shared_ = factory();
+    } else {
+      try {
+        shared_ = open_shared_tier(ctx.shared_url().c_str());
+      } catch (const Error& e) {
+        const std::string what = e.what();  // the tier's messages name session_shared_url (never its password)
+        throw Error(e.status(),
+                    what.rfind("session_shared_url", 0) == 0 ? "config." + what : "config.session_shared_url: " + what);
+      }
     }
   }
   if (!ctx.disk_path().empty()) {
@@ -150,6 +155,13 @@ SessionStore::~SessionStore() {
   }
   for (const std::weak_ptr<LayerLoad>& w : loads)
     if (const std::shared_ptr<LayerLoad> load = w.lock()) load->stop();
+  // The writer finishes what is queued (its commits take the lock), then ends.
+  {
+    std::lock_guard<std::mutex> lock(wmu_);
+    wstop_ = true;
+  }
+  wcv_.notify_all();
+  if (writer_.joinable()) writer_.join();
 }
 
 std::string SessionStore::check_id(const char* id, const char* what) {
@@ -162,6 +174,7 @@ std::string SessionStore::check_id(const char* id, const char* what) {
 }
 
 void SessionStore::set_shared_tier(std::unique_ptr<BlobTier> tier) {
+  wait_writer();
   std::lock_guard<std::mutex> lock(mu_);
   shared_ = std::move(tier);
 }
@@ -589,6 +602,11 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   require(c.hamming_fraction == 0.0f, KVRET_ERR_UNSUPPORTED,
           "kvret_session_save: a sequence with KVCrush's signatures (config.hamming_fraction > 0) cannot be saved");
   seq.wait_loaded();  // not under the lock: a loader that fails takes it (to drop its session) before reporting
+  if (shared_ && c.session_dram_bytes > 0) {
+    // The writer's copies hold at most session_dram_bytes (plus the one that went past): wait for room.
+    std::unique_lock<std::mutex> wlock(wmu_);
+    wcv_.wait(wlock, [&] { return pending_bytes_ < static_cast<uint64_t>(c.session_dram_bytes) || wstop_; });
+  }
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages
@@ -626,8 +644,22 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   }
   ++counters_.saves;
   if (shared_) {
-    // Write-through, now that the local tiers hold the session: a failure leaves them so and is kept for flush.
+    // Write-through, now that the local tiers hold the session: by the background writer, on a fork of the
+    // sequence; now, when the fork or the writer cannot be had. A failure leaves the local tiers so and is kept
+    // for flush.
     Meta& m = meta_.at(sid);
+    m.save_serial = ++save_serial_;
+    std::unique_ptr<Sequence> wcopy;
+    bool queued = false;
+    try {
+      wcopy = seq.fork();
+      queued = queue_write(m, wcopy, bytes);
+    } catch (...) {
+    }
+    if (queued) {
+      m.shared = kSharedBehind;  // until the writer is done, the local copy is the newer
+      return;
+    }
     try {
       m.shared = write_shared(seq, m);
     } catch (...) {
@@ -699,6 +731,23 @@ void SessionStore::drop(const std::string& id) {
   const auto it = ids_.find(id);
   const bool local = it != ids_.end() && placement_.where(it->second) != Tier::miss;
   bool shared = false;
+  std::vector<std::shared_ptr<SharedWrite>> cancelled;  // freed after the lock
+  if (shared_) {
+    // The writer's jobs of this id: the queued ones go, the running one writes no manifest (or has written it,
+    // and remove_shared below removes it).
+    std::lock_guard<std::mutex> wlock(wmu_);
+    for (auto w = writes_.begin(); w != writes_.end();) {
+      if ((*w)->id == id) {
+        pending_bytes_ -= (*w)->bytes;
+        cancelled.push_back(std::move(*w));
+        w = writes_.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    if (writing_ && writing_->id == id) writing_->dropped = true;
+  }
+  if (!cancelled.empty()) wcv_.notify_all();
   if (shared_) {
     try {
       shared = remove_shared(id);
@@ -766,7 +815,81 @@ kvret_session_tier SessionStore::where(const std::string& id) {
   return KVRET_TIER_NONE;
 }
 
+void SessionStore::wait_writer() {
+  std::unique_lock<std::mutex> wlock(wmu_);
+  wcv_.wait(wlock, [&] { return writes_.empty() && !writing_; });
+}
+
+bool SessionStore::queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes) {
+  auto job = std::make_shared<SharedWrite>();
+  job->serial = meta.save_serial;
+  job->id = meta.id;
+  job->meta = meta;
+  job->bytes = bytes;
+  std::vector<std::shared_ptr<SharedWrite>> superseded;  // freed after the lock
+  {
+    std::lock_guard<std::mutex> wlock(wmu_);
+    if (wstop_) return false;
+    if (!writer_.joinable()) {
+      try {
+        writer_ = std::thread([this] { writer_loop(); });
+      } catch (const std::system_error&) {
+        return false;
+      }
+    }
+    // A queued write-through of an older save of this id is superseded (the one running finishes first).
+    for (auto it = writes_.begin(); it != writes_.end();) {
+      if ((*it)->id == job->id) {
+        pending_bytes_ -= (*it)->bytes;
+        superseded.push_back(std::move(*it));
+        it = writes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    job->copy = std::move(copy);
+    writes_.push_back(job);
+    pending_bytes_ += bytes;
+  }
+  wcv_.notify_all();
+  return true;
+}
+
+void SessionStore::writer_loop() {
+  std::unique_lock<std::mutex> wlock(wmu_);
+  for (;;) {
+    wcv_.wait(wlock, [&] { return wstop_ || !writes_.empty(); });
+    if (writes_.empty()) return;  // stopped, nothing left
+    std::shared_ptr<SharedWrite> job = std::move(writes_.front());
+    writes_.pop_front();
+    writing_ = job;
+    wlock.unlock();
+    uint64_t generation = 0;
+    std::exception_ptr failure;
+    try {
+      generation = write_shared(*job->copy, job->meta, job.get());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    job->copy.reset();  // its pages and index go
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure) keep_failure(failure, "kvret_session_save: the write-through to the shared tier");
+      if (job->cleanup) keep_failure(job->cleanup, "session store cleanup (shared tier)");
+      if (generation != 0)
+        if (const auto id = ids_.find(job->id); id != ids_.end())
+          if (const auto m = meta_.find(id->second); m != meta_.end() && m->second.save_serial == job->serial)
+            m->second.shared = generation;  // the shared tier names this very save
+    }
+    wlock.lock();
+    pending_bytes_ -= job->bytes;
+    writing_.reset();
+    wcv_.notify_all();
+  }
+}
+
 void SessionStore::flush() {
+  wait_writer();
   std::lock_guard<std::mutex> lock(mu_);
   if (deferred_status_ == KVRET_OK) return;
   const kvret_status status = deferred_status_;
@@ -863,7 +986,7 @@ std::optional<SessionStore::SharedManifest> SessionStore::shared_manifest(const 
   return m;
 }
 
-uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
+uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job) {
   const int32_t n_layers = ctx_.config().n_layers;
   const std::string stem = shared_stem(meta.id);
   // The save this one replaces (its layers go once the new manifest is in); a damaged manifest is simply replaced.
@@ -878,6 +1001,16 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
   const auto ttl = [&] { return meta.expires_ms == 0 ? int64_t{0} : std::max<int64_t>(1, meta.expires_ms - now_ms()); };
   std::vector<uint64_t> sizes;
   int32_t written = 0;
+  const auto remove_written = [&] {  // no manifest names them; a tier that stopped answering keeps them
+    for (int32_t l = 0; l < written; ++l) {
+      try {
+        shared_->remove(shared_layer_key(stem, generation, l));
+      } catch (...) {
+        break;
+      }
+    }
+  };
+  bool dropped = false;
   try {
     for (int32_t l = 0; l < n_layers; ++l) {
       const std::vector<std::byte> blob = layer_blob(seq, l, generation);
@@ -886,23 +1019,34 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
       sizes.push_back(blob.size());
     }
     const std::vector<std::byte> manifest = manifest_bytes(meta, DiskRecord{stem, generation}, sizes);
-    shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    if (job != nullptr) {
+      std::lock_guard<std::mutex> wlock(wmu_);  // a drop of this id marks the job under it
+      dropped = job->dropped;
+      if (!dropped) shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    } else {
+      shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    }
   } catch (...) {
-    for (int32_t l = 0; l < written; ++l) {  // no manifest names them; a tier that stopped answering keeps them
-      try {
-        shared_->remove(shared_layer_key(stem, generation, l));
-      } catch (...) {
-        break;
-      }
+    remove_written();
+    if (job != nullptr) {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      if (job->dropped) return 0;  // not a failure: the session was dropped meanwhile
     }
     throw;
+  }
+  if (dropped) {
+    remove_written();
+    return 0;
   }
   if (old && old->generation != generation)
     for (size_t l = 0; l < old->sizes.size(); ++l) {
       try {
         shared_->remove(shared_layer_key(stem, old->generation, static_cast<int32_t>(l)));
       } catch (...) {
-        keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+        if (job == nullptr)
+          keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+        else if (!job->cleanup)
+          job->cleanup = std::current_exception();
       }
     }
   return generation;

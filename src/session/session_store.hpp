@@ -18,12 +18,15 @@
 // the session id only (the hex of its bytes), so every node finds them; each save writes its layers under a random
 // generation and then the manifest naming it.
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +47,11 @@ constexpr size_t kMaxSessionIdBytes = 255;
 /// layer) before it reads each layer, on the loader's thread. Null: none.
 using LayerLoadHook = void (*)(const char* id, int32_t layer);
 extern std::atomic<LayerLoadHook> g_layer_load_hook;
+
+/// For tests: when set, a store whose context names a shared tier (config.session_shared_url) takes the tier this
+/// returns instead of connecting to the URL. Null: none.
+using SharedTierFactory = std::unique_ptr<BlobTier> (*)();
+extern std::atomic<SharedTierFactory> g_shared_tier_factory;
 
 struct SessionCounters {
   int64_t saves = 0;
@@ -72,7 +80,8 @@ class SessionStore {
   void drop(const std::string& id);
   void schedule(const std::vector<std::string>& ids);
   kvret_session_tier where(const std::string& id);
-  /// Reports (and clears) the first failure of a cleanup since the last flush.
+  /// Waits for the background writer's queue, then reports (and clears) the first failure of a write-through or a
+  /// cleanup since the last flush.
   void flush();
 
   /// Replaces the shared tier (the constructor opens the one config.session_shared_url names); nullptr: none.
@@ -96,6 +105,17 @@ class SessionStore {
     int64_t expires_ms = 0;  ///< system-clock ms; 0 = never
     std::optional<DiskRecord> disk;
     uint64_t shared = kSharedUnknown;  ///< else the generation of the shared tier's copy of this same save
+    uint64_t save_serial = 0;          ///< which save of the store this is (the writer's job names it)
+  };
+  /// A write-through the background writer does: a fork of the saved sequence and the save's Meta.
+  struct SharedWrite {
+    uint64_t serial = 0;
+    std::string id;
+    Meta meta;
+    std::unique_ptr<Sequence> copy;
+    uint64_t bytes = 0;
+    bool dropped = false;        ///< dropped meanwhile: no manifest is written (guarded by wmu_)
+    std::exception_ptr cleanup;  ///< the first failure removing the replaced save's layers
   };
   /// What a manifest of the shared tier says.
   struct SharedManifest {
@@ -149,7 +169,15 @@ class SessionStore {
   std::optional<SharedManifest> shared_manifest(const std::string& id);
   /// Writes `seq` (saved as `meta`) to the shared tier: layers under a new generation, then the manifest; then
   /// removes the replaced save's layers. Returns the generation. On failure the shared tier's old copy stays.
-  uint64_t write_shared(const Sequence& seq, const Meta& meta);
+  /// With `job` (the writer's, the store's lock not held): no manifest when the job was dropped meanwhile (returns
+  /// 0), and a cleanup failure goes to job->cleanup.
+  uint64_t write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job = nullptr);
+  /// Queues the write-through of `copy` as the save `meta` (the lock held); false when the writer cannot start.
+  bool queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes);
+  /// The writer thread: runs the queued write-throughs in order until stopped with nothing queued.
+  void writer_loop();
+  /// Waits until the writer has nothing queued or running (the lock not held).
+  void wait_writer();
   /// The session from the shared tier (a miss: KVRET_ERR_NOT_FOUND). A corrupt one is counted and removed from it.
   std::unique_ptr<Sequence> read_shared(const std::string& id);
   /// Removes `id`'s manifest and then its layers from the shared tier; false when it had none.
@@ -176,6 +204,17 @@ class SessionStore {
   std::vector<std::pair<std::pair<std::string, uint64_t>, std::string>> deferred_removals_;
   /// The loads started (stopped and joined by the destructor).
   std::vector<std::weak_ptr<LayerLoad>> loads_;
+  uint64_t save_serial_ = 0;
+
+  // The background writer of the write-through (docs/redis.md). Lock order: mu_, then wmu_; the writer never
+  // holds wmu_ while it takes mu_.
+  std::mutex wmu_;
+  std::condition_variable wcv_;
+  std::deque<std::shared_ptr<SharedWrite>> writes_;  ///< queued, oldest first
+  std::shared_ptr<SharedWrite> writing_;             ///< the one the writer runs
+  uint64_t pending_bytes_ = 0;                       ///< the sessions queued or running
+  bool wstop_ = false;
+  std::thread writer_;
 };
 
 }  // namespace kvret::session

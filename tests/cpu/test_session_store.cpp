@@ -14,12 +14,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
+#include "session/blob_tier.hpp"
 #include "session/session_store.hpp"
 #include "test_util.hpp"
 
@@ -799,6 +804,168 @@ TEST_F(SessionLoad, FilesALoaderReadsOutliveADropAndAResave) {
   KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));
   EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // the dropped save's files went once its loader ended
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The write-through to a shared tier runs on a background writer (a test tier in memory stands in for Redis)
+
+/// Blobs in memory shared by every context of a test; puts wait while `hold` is set and fail while `fail` is.
+struct MemoryTierState {
+  std::mutex mu;
+  std::map<std::string, std::vector<std::byte>> blobs;
+  std::atomic<bool> hold{false};
+  std::atomic<bool> fail{false};
+  std::atomic<int> puts_waiting{0};
+};
+MemoryTierState* g_memory_tier = nullptr;
+
+class MemoryTier final : public kvret::session::BlobTier {
+ public:
+  const char* name() const noexcept override { return "memory"; }
+  void put(const std::string& key, const std::byte* data, size_t size, int64_t) override {
+    MemoryTierState& s = *g_memory_tier;
+    ++s.puts_waiting;
+    while (s.hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    --s.puts_waiting;
+    if (s.fail.load()) throw kvret::Error(KVRET_ERR_IO, "memory tier: the test fails its writes");
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.blobs[key].assign(data, data + size);
+  }
+  std::optional<std::vector<std::byte>> get(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(g_memory_tier->mu);
+    const auto it = g_memory_tier->blobs.find(key);
+    if (it == g_memory_tier->blobs.end()) return std::nullopt;
+    return it->second;
+  }
+  bool remove(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(g_memory_tier->mu);
+    return g_memory_tier->blobs.erase(key) != 0;
+  }
+};
+
+class SessionWriter : public SessionStore {
+ protected:
+  SessionWriter() {
+    g_memory_tier = &state;
+    kvret::session::g_shared_tier_factory = [] { return std::unique_ptr<kvret::session::BlobTier>(new MemoryTier); };
+    config.session_shared_url = "redis://127.0.0.1:1";  // replaced by the memory tier
+  }
+  ~SessionWriter() override {
+    state.hold = false;
+    kvret::session::g_shared_tier_factory = nullptr;
+  }
+  size_t manifests() {
+    std::lock_guard<std::mutex> lock(state.mu);
+    size_t n = 0;
+    for (const auto& [key, blob] : state.blobs) n += key.size() > 2 && key.compare(key.size() - 2, 2, ".m") == 0;
+    return n;
+  }
+  MemoryTierState state;
+};
+
+TEST_F(SessionWriter, ASaveReturnsBeforeItsWriteThroughAndFlushWaitsForIt) {
+  auto a = make_context(config);
+  auto b = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 0);
+  const std::vector<float> raw = read_layers(s.s);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "w"));  // returns with the writer held at its first put
+  EXPECT_EQ(where(a.get(), "w"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_NONE);  // not in the shared tier yet
+  {
+    Seq local(open_session(a.get(), "w"));  // the local copy serves meanwhile
+    EXPECT_EQ(read_layers(local.s), raw);
+  }
+  std::atomic<bool> flushed{false};
+  kvret_status flush_status = KVRET_ERR_INTERNAL;
+  std::thread flusher([&] {
+    flush_status = kvret_session_flush(a.get());
+    flushed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the write-through";
+  state.hold = false;
+  flusher.join();
+  EXPECT_EQ(flush_status, KVRET_OK) << kvret_last_error();
+  EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_SHARED);
+  Seq other(open_session(b.get(), "w"));
+  EXPECT_EQ(read_layers(other.s), raw);
+}
+
+TEST_F(SessionWriter, AFailedWriteThroughIsReportedByFlushAndTheSessionStaysInDram) {
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 1);
+  const std::vector<float> raw = read_layers(s.s);
+  state.fail = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
+  EXPECT_EQ(kvret_session_flush(a.get()), KVRET_ERR_IO);
+  EXPECT_NE(std::string(kvret_last_error()).find("write-through"), std::string::npos) << kvret_last_error();
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));  // reported once
+  EXPECT_EQ(manifests(), 0u);
+  EXPECT_EQ(where(a.get(), "f"), KVRET_TIER_DRAM);
+  Seq local(open_session(a.get(), "f"));
+  EXPECT_EQ(read_layers(local.s), raw);
+  state.fail = false;  // the next save writes through
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(manifests(), 1u);
+}
+
+TEST_F(SessionWriter, ADropWhileTheWriterRunsLeavesNothingInTheSharedTier) {
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 2);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d1"));  // running, held
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d2"));  // queued behind it
+  while (state.puts_waiting.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  KVRET_ASSERT_OK(kvret_session_drop(a.get(), "d1"));
+  KVRET_ASSERT_OK(kvret_session_drop(a.get(), "d2"));
+  state.hold = false;
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(where(a.get(), "d1"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(a.get(), "d2"), KVRET_TIER_NONE);
+  std::lock_guard<std::mutex> lock(state.mu);
+  EXPECT_TRUE(state.blobs.empty()) << state.blobs.size() << " blobs left";
+}
+
+TEST_F(SessionWriter, TheWritersCopiesAreBoundedBySessionDramBytes) {
+  const int64_t one = one_session();
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.blobs.clear();  // one_session's own save
+  }
+  config.session_dram_bytes = one + one / 2;  // the writer may hold one session, then a second that goes past
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 3);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "b1"));  // pending: one session (below the bound)
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "b2"));  // pending: two (past it)
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    EXPECT_EQ(kvret_session_save(s.s, "b3"), KVRET_OK) << kvret_last_error();
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
+  state.hold = false;
+  saver.join();
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(manifests(), 3u);
+}
+
+TEST_F(SessionWriter, DestroyingTheContextFinishesTheQueuedWrites) {
+  {
+    auto a = make_context(config);
+    Seq s(a.get());
+    fill_session(s.s, 4);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "q1"));
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "q2"));
+  }
+  EXPECT_EQ(manifests(), 2u);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
