@@ -56,8 +56,11 @@ Sequence::~Sequence() {
 }
 
 void Sequence::drain() noexcept {
-  for (auto& l : layers_)
-    if (l) l->drain();  // null: a layer a stopped load never filled
+  // While a load runs, only the layers it made ready are read here (the loader writes the others; they start no
+  // build). Null: a layer a stopped load never filled.
+  const size_t ready = load_ ? static_cast<size_t>(load_->ready()) : layers_.size();
+  for (size_t i = 0; i < ready && i < layers_.size(); ++i)
+    if (layers_[i]) layers_[i]->drain();
 }
 
 void Sequence::wait_loaded() const {

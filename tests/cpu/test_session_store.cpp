@@ -725,6 +725,7 @@ TEST_F(SessionLoad, ClosingALoadingSequenceStopsItsLoader) {
     LoadHook hook(2);
     kvret_seq* r = open_session(ctx.get(), "x");
     ASSERT_NE(r, nullptr);
+    while (g_max_layer_seen.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // held at 2
     std::atomic<bool> closed{false};
     std::thread closer([&] {
       EXPECT_EQ(kvret_seq_close(r), KVRET_OK);
