@@ -510,16 +510,18 @@ typedef enum kvret_session_tier {
  *  The sequence stays open and unchanged (saving shares its KV pages copy on write, as kvret_seq_fork does), so the
  *  engine may go on appending to it or close it. Waits for the sequence's background builds. The session goes
  *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
- *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The disk writes a save needs (the sessions it
- *  evicts to disk, or the session itself when it goes there) are done before it returns: a full disk or another
- *  write error is KVRET_ERR_IO and nothing changed (the sessions in DRAM stay there). With a shared tier
- *  (config.session_shared_url) the session is then queued for the store's background writer, which writes it
- *  through (the call returns before; kvret_session_flush waits for it). The writer's queued copies (forks of the
- *  sequence) hold at most config.session_dram_bytes plus one session when that is set: a save finding more waits.
- *  A failure there (the server unreachable: KVRET_ERR_IO) does not fail the save, which the local tiers hold: the
- *  next kvret_session_flush reports it, and the shared tier keeps the previous save of the id (or none). A sequence
- *  of a session still loading from disk waits for its layers (and fails with what stopped them). A sequence with
- *  KVCrush's state (config.hamming_fraction > 0) cannot be saved: KVRET_ERR_UNSUPPORTED. */
+ *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The files of the sessions it evicts to disk
+ *  are written by the store's background writer: they stay in DRAM, and open from there, until their files are
+ *  complete; a failed write is reported by kvret_session_flush and leaves the session in DRAM. The writer's copies
+ *  hold at most config.session_dram_bytes (when set) as a save starts: a save finding more waits. When the session
+ *  itself goes to disk, its write is done before the call returns: a full disk or another write error is
+ *  KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then queued for
+ *  the background writer too, which writes it through (from a fork of the sequence; the call returns before;
+ *  kvret_session_flush waits for it). A failure there (the server unreachable: KVRET_ERR_IO) does not fail the
+ *  save, which the local tiers hold: the next kvret_session_flush reports it, and the shared tier keeps the
+ *  previous save of the id (or none). A sequence of a session still loading from disk waits for its layers (and
+ *  fails with what stopped them). A sequence with KVCrush's state (config.hamming_fraction > 0) cannot be saved:
+ *  KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
  *  it shares the saved pages copy on write. From disk the call returns once the manifest is checked and layer 0 is
@@ -551,10 +553,10 @@ KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* co
 /** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. With a shared tier, a session
  *  in no local tier is looked up there (KVRET_TIER_SHARED; KVRET_ERR_IO when the server cannot be reached). */
 KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
-/** Waits until the background writer has written through every save queued before the call (shared tier), then
- *  reports the first failure since the last flush of what no call reports itself: the store's cleanups (removing
- *  the files of a dropped, replaced or expired session) and a save's write-through to the shared tier; KVRET_OK
- *  when there was none. The disk tier's writes are done inside the calls that need them. */
+/** Waits until the store's background writer has written everything queued before the call (the files of sessions
+ *  evicted to disk, the write-through to the shared tier), then reports the first failure since the last flush of
+ *  what no call reports itself: those writes, and the store's cleanups (removing the files of a dropped, replaced
+ *  or expired session); KVRET_OK when there was none. */
 KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
 
 /** Context-window truncation (docs/rope.md): drops `count` tokens of every layer, starting after its first `keep`

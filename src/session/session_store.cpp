@@ -18,6 +18,7 @@ namespace kvret::session {
 
 std::atomic<LayerLoadHook> g_layer_load_hook{nullptr};
 std::atomic<SharedTierFactory> g_shared_tier_factory{nullptr};
+std::atomic<DiskWriteHook> g_disk_write_hook{nullptr};
 
 namespace {
 
@@ -233,9 +234,17 @@ void SessionStore::remove_blobs(const DiskRecord& rec, int32_t layers, bool mani
   }
 }
 
+void SessionStore::cancel_eviction(SessionId sid) {
+  const auto e = evicting_.find(sid);
+  if (e == evicting_.end()) return;
+  e->second->cancelled = true;
+  evicting_.erase(e);
+}
+
 void SessionStore::drop_session(SessionId sid) {
   placement_.drop(sid);
   dram_.erase(sid);
+  cancel_eviction(sid);
   if (const auto it = meta_.find(sid); it != meta_.end()) {
     if (it->second.disk) remove_blobs(*it->second.disk, ctx_.config().n_layers, true);
     meta_.erase(it);
@@ -305,23 +314,34 @@ std::vector<std::byte> SessionStore::layer_blob(const Sequence& seq, int32_t l, 
   return std::move(w.bytes());
 }
 
-SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq) {
+SessionStore::DiskRecord SessionStore::next_record(SessionId sid, const std::vector<std::string>& also_used) const {
   const Meta& meta = meta_.at(sid);
   DiskRecord rec;
   if (meta.disk) {
     rec.stem = meta.disk->stem;
     rec.generation = meta.disk->generation + 1;
-  } else {
-    // A stem no other session uses (the hash of the id, with a suffix on a collision).
-    std::unordered_set<std::string> used;
-    for (const auto& [other, m] : meta_)
-      if (m.disk) used.insert(m.disk->stem);
-    for (const auto& [pin, count] : readers_) used.insert(pin.first);  // a loader may still read a dropped save
-    const std::string base = hex64(fnv1a(meta.id));
-    rec.stem = base;
-    for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
-    rec.generation = 1;
+    return rec;
   }
+  // A stem no other session uses (the hash of the id, with a suffix on a collision).
+  std::unordered_set<std::string> used(also_used.begin(), also_used.end());
+  for (const auto& [other, m] : meta_)
+    if (m.disk) used.insert(m.disk->stem);
+  for (const auto& [pin, count] : readers_) used.insert(pin.first);  // a loader may still read a dropped save
+  for (const auto& [other, job] : evicting_) used.insert(job->rec.stem);
+  {
+    std::lock_guard<std::mutex> wlock(wmu_);
+    if (disk_writing_) used.insert(disk_writing_->rec.stem);  // cancelled, but its files may be on their way
+    for (const auto& job : disk_writes_) used.insert(job->rec.stem);
+  }
+  const std::string base = hex64(fnv1a(meta.id));
+  rec.stem = base;
+  for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
+  rec.generation = 1;
+  return rec;
+}
+
+void SessionStore::write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec,
+                               std::exception_ptr* cleanup) {
   const int32_t n_layers = ctx_.config().n_layers;
   // Only the layer sizes are kept for the manifest: each layer's bytes go to disk and are freed before the next.
   std::vector<uint64_t> sizes;
@@ -340,11 +360,20 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
       try {
         disk_->remove(layer_key(rec.stem, rec.generation, l));
       } catch (...) {
-        keep_failure(std::current_exception());
+        if (cleanup == nullptr)
+          keep_failure(std::current_exception());
+        else if (!*cleanup)
+          *cleanup = std::current_exception();
       }
     }
     throw;
   }
+}
+
+SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq,
+                                                     const std::vector<std::string>& also_used) {
+  const DiskRecord rec = next_record(sid, also_used);
+  write_blobs(seq, meta_.at(sid), rec, nullptr);
   return rec;
 }
 
@@ -550,7 +579,10 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   std::unordered_map<SessionId, std::unique_ptr<Sequence>> loaded;
   for (const SessionId s : to_load) {
     try {
-      loaded[s] = read_session(s);
+      if (const auto e = evicting_.find(s); e != evicting_.end())
+        loaded[s] = e->second->copy->fork();  // its files are not written (yet): its DRAM copy
+      else
+        loaded[s] = read_session(s);
     } catch (const Error& e) {
       if (e.status() == KVRET_ERR_CORRUPT) {
         drop_session(s);
@@ -559,10 +591,34 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
       throw;
     }
   }
+  // Evictions DRAM -> disk go to the background writer: their DRAM copies serve them until their files are
+  // written. In the call when the writer cannot start.
+  std::vector<std::shared_ptr<DiskWrite>> evictions;
+  std::vector<std::string> eviction_stems;
+  if (!to_write.empty()) {
+    bool writer = false;
+    {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      writer = start_writer();
+    }
+    if (writer) {
+      for (const SessionId s : to_write) {
+        auto job = std::make_shared<DiskWrite>();
+        job->sid = s;
+        job->meta = meta_.at(s);
+        job->rec = next_record(s, eviction_stems);
+        job->bytes = placement_.bytes_of(s);
+        eviction_stems.push_back(job->rec.stem);
+        evictions.push_back(std::move(job));
+      }
+      to_write.clear();
+    }
+  }
   std::vector<std::pair<SessionId, DiskRecord>> written;
   try {
     for (const SessionId s : to_write) written.emplace_back(s, write_session(s, *dram_.at(s)));
-    if (saved && next.where(*saved) == Tier::disk) written.emplace_back(*saved, write_session(*saved, *copy));
+    if (saved && next.where(*saved) == Tier::disk)
+      written.emplace_back(*saved, write_session(*saved, *copy, eviction_stems));
   } catch (...) {
     for (const auto& [s, rec] : written) remove_blobs(rec, ctx_.config().n_layers, true);
     throw;
@@ -570,6 +626,7 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   // Commit. Nothing below throws but bad_alloc of the maps (then DRAM copies are still held, as the old state).
   const int32_t n_layers = ctx_.config().n_layers;
   placement_ = std::move(next);
+  if (saved) cancel_eviction(*saved);  // an eviction of its older save still in flight
   for (auto& [s, rec] : written) {
     Meta& m = meta_.at(s);
     if (m.disk) remove_blobs(*m.disk, n_layers, false);  // the old generation's layers (its manifest is replaced)
@@ -579,9 +636,26 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   }
   for (auto& [s, seq] : loaded) {
     Meta& m = meta_.at(s);
-    remove_blobs(*m.disk, n_layers, true);
+    cancel_eviction(s);
+    if (m.disk) remove_blobs(*m.disk, n_layers, true);
     m.disk.reset();
     dram_[s] = std::move(seq);
+  }
+  for (const std::shared_ptr<DiskWrite>& job : evictions) {
+    job->copy = std::move(dram_.at(job->sid));
+    dram_.erase(job->sid);
+    evicting_[job->sid] = job;
+    ++counters_.evictions;
+  }
+  if (!evictions.empty()) {
+    {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      for (const std::shared_ptr<DiskWrite>& job : evictions) {
+        disk_writes_.push_back(job);
+        pending_bytes_ += job->bytes;
+      }
+    }
+    wcv_.notify_all();
   }
   for (const SessionId s : dropped) {
     ++counters_.evictions;
@@ -602,8 +676,8 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   require(c.hamming_fraction == 0.0f, KVRET_ERR_UNSUPPORTED,
           "kvret_session_save: a sequence with KVCrush's signatures (config.hamming_fraction > 0) cannot be saved");
   seq.wait_loaded();  // not under the lock: a loader that fails takes it (to drop its session) before reporting
-  if (shared_ && c.session_dram_bytes > 0) {
-    // The writer's copies hold at most session_dram_bytes (plus the one that went past): wait for room.
+  if ((shared_ || disk_) && c.session_dram_bytes > 0) {
+    // The writer's copies hold at most session_dram_bytes (plus what one save adds): wait for room.
     std::unique_lock<std::mutex> wlock(wmu_);
     wcv_.wait(wlock, [&] { return pending_bytes_ < static_cast<uint64_t>(c.session_dram_bytes) || wstop_; });
   }
@@ -708,6 +782,13 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
     std::unique_ptr<Sequence> seq = dram_.at(sid)->fork();
     placement_.access(sid);
     ++counters_.hits_dram;
+    return seq;
+  }
+  if (const auto e = evicting_.find(sid); e != evicting_.end()) {
+    // On disk for placement, its files not written yet (or their write failed): its DRAM copy serves.
+    std::unique_ptr<Sequence> seq = e->second->copy->fork();
+    placement_.access(sid);
+    ++counters_.hits_disk;
     return seq;
   }
   std::unique_ptr<Sequence> seq;
@@ -817,7 +898,7 @@ kvret_session_tier SessionStore::where(const std::string& id) {
 
 void SessionStore::wait_writer() {
   std::unique_lock<std::mutex> wlock(wmu_);
-  wcv_.wait(wlock, [&] { return writes_.empty() && !writing_; });
+  wcv_.wait(wlock, [&] { return writes_.empty() && !writing_ && disk_writes_.empty() && !disk_writing_; });
 }
 
 bool SessionStore::queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes) {
@@ -829,14 +910,7 @@ bool SessionStore::queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy
   std::vector<std::shared_ptr<SharedWrite>> superseded;  // freed after the lock
   {
     std::lock_guard<std::mutex> wlock(wmu_);
-    if (wstop_) return false;
-    if (!writer_.joinable()) {
-      try {
-        writer_ = std::thread([this] { writer_loop(); });
-      } catch (const std::system_error&) {
-        return false;
-      }
-    }
+    if (!start_writer()) return false;
     // A queued write-through of an older save of this id is superseded (the one running finishes first).
     for (auto it = writes_.begin(); it != writes_.end();) {
       if ((*it)->id == job->id) {
@@ -855,10 +929,66 @@ bool SessionStore::queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy
   return true;
 }
 
+bool SessionStore::start_writer() {
+  if (wstop_) return false;
+  if (!writer_.joinable()) {
+    try {
+      writer_ = std::thread([this] { writer_loop(); });
+    } catch (const std::system_error&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void SessionStore::commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure,
+                                     bool wrote) {
+  const auto e = evicting_.find(job->sid);
+  const bool current = e != evicting_.end() && e->second == job;
+  if (failure) {  // nothing of it is on disk; a current one stays in DRAM
+    if (current) keep_failure(failure, "session store: writing a session evicted from DRAM to disk (it stays in DRAM)");
+    return;
+  }
+  if (!current) {  // dropped, saved again or moved back meanwhile: its files go
+    if (wrote) remove_blobs(job->rec, ctx_.config().n_layers, true);
+    return;
+  }
+  meta_.at(job->sid).disk = job->rec;
+  evicting_.erase(e);  // its DRAM copy goes with the job
+}
+
 void SessionStore::writer_loop() {
   std::unique_lock<std::mutex> wlock(wmu_);
   for (;;) {
-    wcv_.wait(wlock, [&] { return wstop_ || !writes_.empty(); });
+    wcv_.wait(wlock, [&] { return wstop_ || !writes_.empty() || !disk_writes_.empty(); });
+    if (!disk_writes_.empty()) {  // evictions first: they free DRAM
+      std::shared_ptr<DiskWrite> job = std::move(disk_writes_.front());
+      disk_writes_.pop_front();
+      disk_writing_ = job;
+      wlock.unlock();
+      std::exception_ptr failure, cleanup;
+      bool wrote = false;
+      if (const DiskWriteHook hook = g_disk_write_hook.load()) hook(job->meta.id.c_str());
+      if (!job->cancelled) {
+        try {
+          write_blobs(*job->copy, job->meta, job->rec, &cleanup);
+          wrote = true;
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cleanup) keep_failure(cleanup);
+        commit_disk_write(job, failure, wrote);
+      }
+      wlock.lock();
+      pending_bytes_ -= job->bytes;
+      disk_writing_.reset();
+      job.reset();
+      wcv_.notify_all();
+      continue;
+    }
     if (writes_.empty()) return;  // stopped, nothing left
     std::shared_ptr<SharedWrite> job = std::move(writes_.front());
     writes_.pop_front();

@@ -48,6 +48,11 @@ constexpr size_t kMaxSessionIdBytes = 255;
 using LayerLoadHook = void (*)(const char* id, int32_t layer);
 extern std::atomic<LayerLoadHook> g_layer_load_hook;
 
+/// For tests: when set, the background writer calls it (with the session id) before it writes the files of a
+/// session evicted from DRAM, on the writer's thread. Null: none.
+using DiskWriteHook = void (*)(const char* id);
+extern std::atomic<DiskWriteHook> g_disk_write_hook;
+
 /// For tests: when set, a store whose context names a shared tier (config.session_shared_url) takes the tier this
 /// returns instead of connecting to the URL. Null: none.
 using SharedTierFactory = std::unique_ptr<BlobTier> (*)();
@@ -107,6 +112,16 @@ class SessionStore {
     uint64_t shared = kSharedUnknown;  ///< else the generation of the shared tier's copy of this same save
     uint64_t save_serial = 0;          ///< which save of the store this is (the writer's job names it)
   };
+  /// An eviction to disk the background writer does: the session's DRAM copy (which serves it meanwhile) and
+  /// where its files go.
+  struct DiskWrite {
+    SessionId sid = 0;
+    Meta meta;
+    DiskRecord rec;
+    std::unique_ptr<Sequence> copy;
+    uint64_t bytes = 0;
+    std::atomic<bool> cancelled{false};  ///< dropped, saved again or moved back to DRAM meanwhile
+  };
   /// A write-through the background writer does: a fork of the saved sequence and the save's Meta.
   struct SharedWrite {
     uint64_t serial = 0;
@@ -133,8 +148,13 @@ class SessionStore {
   void drop_session(SessionId sid);
   void remove_blobs(const DiskRecord& rec, int32_t layers, bool manifest);
   /// Writes `seq` to disk as `sid` (generation after `meta.disk`'s); returns its record. On failure, nothing of
-  /// it is left and the old copy stays.
-  DiskRecord write_session(SessionId sid, const Sequence& seq);
+  /// it is left and the old copy stays. `also_used`: stems taken besides those the store knows.
+  DiskRecord write_session(SessionId sid, const Sequence& seq, const std::vector<std::string>& also_used = {});
+  /// Where `sid`'s next disk copy goes: the next generation of its stem, or a stem no other record uses.
+  DiskRecord next_record(SessionId sid, const std::vector<std::string>& also_used) const;
+  /// Writes the layer blobs of `seq`, then the manifest, as `rec`; on failure removes the layers it wrote.
+  /// `cleanup` null: a removal failure is kept for flush (the lock held); else it is stored there.
+  void write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec, std::exception_ptr* cleanup);
   std::unique_ptr<Sequence> read_session(SessionId sid);
   /// The layer sizes the disk manifest of `sid` names, after checking it (KVRET_ERR_CORRUPT).
   std::vector<uint64_t> read_manifest(SessionId sid);
@@ -174,8 +194,14 @@ class SessionStore {
   uint64_t write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job = nullptr);
   /// Queues the write-through of `copy` as the save `meta` (the lock held); false when the writer cannot start.
   bool queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes);
-  /// The writer thread: runs the queued write-throughs in order until stopped with nothing queued.
+  /// The writer thread: runs the queued evictions and write-throughs in order until stopped with nothing queued.
   void writer_loop();
+  /// Starts the writer thread if it is not running (wmu_ held); false when it cannot start or is stopping.
+  bool start_writer();
+  /// The end of an eviction the writer ran (the lock held): the session's record, or its files removed.
+  void commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure, bool wrote);
+  /// Forgets an eviction of `sid` still in flight (its files are removed when the writer is done with it).
+  void cancel_eviction(SessionId sid);
   /// Waits until the writer has nothing queued or running (the lock not held).
   void wait_writer();
   /// The session from the shared tier (a miss: KVRET_ERR_NOT_FOUND). A corrupt one is counted and removed from it.
@@ -205,14 +231,18 @@ class SessionStore {
   /// The loads started (stopped and joined by the destructor).
   std::vector<std::weak_ptr<LayerLoad>> loads_;
   uint64_t save_serial_ = 0;
+  /// Sessions evicted to disk whose files the writer has not finished (or failed to write): their DRAM copies.
+  std::unordered_map<SessionId, std::shared_ptr<DiskWrite>> evicting_;
 
   // The background writer of the write-through (docs/redis.md). Lock order: mu_, then wmu_; the writer never
   // holds wmu_ while it takes mu_.
-  std::mutex wmu_;
+  mutable std::mutex wmu_;
   std::condition_variable wcv_;
-  std::deque<std::shared_ptr<SharedWrite>> writes_;  ///< queued, oldest first
-  std::shared_ptr<SharedWrite> writing_;             ///< the one the writer runs
-  uint64_t pending_bytes_ = 0;                       ///< the sessions queued or running
+  std::deque<std::shared_ptr<SharedWrite>> writes_;     ///< queued, oldest first
+  std::deque<std::shared_ptr<DiskWrite>> disk_writes_;  ///< evictions queued, oldest first
+  std::shared_ptr<DiskWrite> disk_writing_;             ///< the one the writer runs
+  std::shared_ptr<SharedWrite> writing_;                ///< the one the writer runs
+  uint64_t pending_bytes_ = 0;                          ///< the sessions queued or running
   bool wstop_ = false;
   std::thread writer_;
 };

@@ -123,6 +123,7 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DRAM);
     KVRET_ASSERT_OK(kvret_session_save(b.s, "conversation-b"));
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);  // evicted (least recently used)
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));                 // its files are written in the background
     EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_DRAM);
     kvret_stats st = context_stats(ctx.get());
     EXPECT_EQ(st.session_saves, 2);
@@ -313,7 +314,7 @@ TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
   EXPECT_TRUE(fs::is_empty(dir.path));
 }
 
-TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
+TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysInDram) {
   TempDir dir;
   const int64_t size = one_session();
   const fs::path disk = dir.path / "disk";
@@ -328,22 +329,35 @@ TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
   // The directory is replaced by a file: every write fails (as root, permissions would not stop one).
   fs::rename(disk, dir.path / "moved");
   std::ofstream(disk.string()) << "not a directory";
-  EXPECT_EQ(kvret_session_save(b.s, "b"), KVRET_ERR_IO);  // A would have to go to disk
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // A's eviction to disk is the background writer's
+  EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
   EXPECT_NE(std::string(kvret_last_error()).find("disk tier"), std::string::npos) << kvret_last_error();
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
-  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_NONE);
-  Seq ra(open_session(ctx.get(), "a"));
-  EXPECT_EQ(read_layers(ra.s), raw_a);
+  EXPECT_NE(std::string(kvret_last_error()).find("stays in DRAM"), std::string::npos) << kvret_last_error();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));    // reported once
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);  // placed on disk, served from its DRAM copy
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  {
+    Seq ra(open_session(ctx.get(), "a"));
+    EXPECT_EQ(read_layers(ra.s), raw_a);  // nothing lost
+  }
   kvret_stats st = context_stats(ctx.get());
-  EXPECT_EQ(st.session_saves, 1);
-  EXPECT_EQ(st.session_evictions, 0);
-  // The disk back: the same save goes through.
+  EXPECT_EQ(st.session_saves, 2);
+  EXPECT_EQ(st.session_evictions, 1);
+  EXPECT_EQ(st.disk_bytes, 0);
+  // The disk back: saving A again puts it in DRAM and evicts B, whose files are written.
   fs::remove(disk);
   fs::rename(dir.path / "moved", disk);
-  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
-  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  const std::vector<float> raw_b = read_layers(b.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DISK);
+  EXPECT_GT(context_stats(ctx.get()).disk_bytes, 0);
+  // A new context finds B on disk.
+  ctx.reset();
+  auto next = make_context(config);
+  Seq rb(open_session(next.get(), "b"));
+  EXPECT_EQ(read_layers(rb.s), raw_b);
 }
 
 TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
@@ -967,6 +981,126 @@ TEST_F(SessionWriter, DestroyingTheContextFinishesTheQueuedWrites) {
     KVRET_ASSERT_OK(kvret_session_save(s.s, "q2"));
   }
   EXPECT_EQ(manifests(), 2u);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Evictions to disk run on the background writer
+
+std::atomic<bool> g_hold_disk{false};
+std::atomic<int> g_disk_writes_seen{0};
+void holding_disk_hook(const char*) {
+  ++g_disk_writes_seen;
+  while (g_hold_disk.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+class SessionEviction : public SessionStore {
+ protected:
+  SessionEviction() {
+    size = one_session();
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = size + size / 2;  // DRAM holds one session
+    g_hold_disk = true;
+    g_disk_writes_seen = 0;
+    kvret::session::g_disk_write_hook = &holding_disk_hook;
+  }
+  ~SessionEviction() override {
+    g_hold_disk = false;
+    kvret::session::g_disk_write_hook = nullptr;
+  }
+  size_t files() const {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir.path)) n += e.path().extension() == ".kvb";
+    return n;
+  }
+  int64_t size = 0;
+  TempDir dir;
+};
+
+TEST_F(SessionEviction, AnEvictedSessionServesFromDramUntilItsFilesAreWritten) {
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  const std::vector<float> raw_a = read_layers(a.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // evicts A; returns with its write held
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
+  EXPECT_EQ(files(), 0u);  // nothing of A on disk yet
+  {
+    Seq ra(open_session(ctx.get(), "a"));  // its DRAM copy
+    EXPECT_EQ(read_layers(ra.s), raw_a);
+  }
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
+    flushed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the eviction was written";
+  g_hold_disk = false;
+  flusher.join();
+  EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
+  Seq ra(open_session(ctx.get(), "a"));  // from its files now
+  EXPECT_EQ(read_layers(ra.s), raw_a);
+  EXPECT_EQ(context_stats(ctx.get()).disk_reads, kLayers + 1);
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 2);
+}
+
+TEST_F(SessionEviction, ADropOrAResaveWhileTheWriteRunsLeavesNoStaleFiles) {
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get()), c(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  fill_session(c.s, 2);
+  const std::vector<float> raw_a = read_layers(a.s), raw_b = read_layers(b.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // A's eviction: held
+  while (g_disk_writes_seen.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "a"));  // dropped while its write runs
+  KVRET_ASSERT_OK(kvret_session_save(c.s, "c"));        // evicts B (queued)
+  std::thread release([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_hold_disk = false;
+  });
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // waits for the writer's room; B saved again: to DRAM, C evicted
+  release.join();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "c"), KVRET_TIER_DISK);
+  EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));  // C's only
+  Seq rb(open_session(ctx.get(), "b"));
+  EXPECT_EQ(read_layers(rb.s), raw_b);
+  // A new context finds C alone.
+  const std::vector<float> raw_c = read_layers(c.s);
+  ctx.reset();
+  auto next = make_context(config);
+  EXPECT_EQ(where(next.get(), "a"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(next.get(), "b"), KVRET_TIER_NONE);
+  Seq rc(open_session(next.get(), "c"));
+  EXPECT_EQ(read_layers(rc.s), raw_c);
+}
+
+TEST_F(SessionEviction, ASaveWaitsWhileTheWritersCopiesReachSessionDramBytes) {
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 3);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s1"));
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s2"));  // evicts s1: the writer holds one session (below the bound)
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s3"));  // evicts s2: two (past it)
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    EXPECT_EQ(kvret_session_save(s.s, "s4"), KVRET_OK) << kvret_last_error();
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
+  g_hold_disk = false;
+  saver.join();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  for (const char* id : {"s1", "s2", "s3"}) EXPECT_EQ(where(ctx.get(), id), KVRET_TIER_DISK) << id;
+  EXPECT_EQ(where(ctx.get(), "s4"), KVRET_TIER_DRAM);
+  EXPECT_EQ(files(), static_cast<size_t>(3 * (kLayers + 1)));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
