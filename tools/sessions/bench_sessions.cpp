@@ -1,7 +1,8 @@
 // kvret-bench-sessions: times the session store (kvret_session_*) on one sequence of a model's shape filled with
-// random keys and values: save to DRAM, open from DRAM, save to disk (a context whose DRAM tier holds nothing), open
-// from disk (a new context on the same directory: until the first layer is ready, and until every layer is), and
-// the bytes on disk. docs/sessions.md, "Timings".
+// random keys and values: save to DRAM, open from DRAM, a save that evicts another session to disk (it returns
+// before the background writer has written the evicted one; then kvret_session_flush waits for it), save to disk (a
+// context whose DRAM tier holds nothing), open from disk (a new context on the same directory: until the first layer is
+// ready, and until every layer is), and the bytes on disk. docs/sessions.md, "Timings".
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -199,11 +200,12 @@ int run(int argc, char** argv) {
   const double kv_bytes =
       2.0 * static_cast<double>(o.tokens) * o.layers * o.kv_heads * o.head_dim * 2.0;  // K and V, f16
 
-  // DRAM: a context without a disk tier and an unlimited DRAM tier.
-  double prefill_s = 0, save_dram_s = 0, open_dram_s = 0;
+  // DRAM: a context whose DRAM tier holds one session (1.5 x the KV bytes), its disk tier in a subdirectory.
+  double prefill_s = 0, save_dram_s = 0, open_dram_s = 0, save_evict_s = 0, flush_evict_s = 0;
   int64_t session_bytes = 0;
+  const std::string evict_dir = o.dir + "/evict";
   {
-    const kvret_config c = make_config(o, nullptr, 0);
+    const kvret_config c = make_config(o, evict_dir.c_str(), static_cast<int64_t>(kv_bytes * 1.5));
     kvret_context* ctx = nullptr;
     check(kvret_create(&c, &ctx), "kvret_create");
     kvret_seq* seq = nullptr;
@@ -216,7 +218,19 @@ int run(int argc, char** argv) {
     t0 = std::chrono::steady_clock::now();
     check(kvret_session_open(ctx, "bench", &opened), "kvret_session_open (DRAM)");
     open_dram_s = seconds_since(t0);
+    check(kvret_seq_close(opened), "kvret_seq_close");
+    // A second session: "bench" (least recently used) is evicted to disk by the background writer.
+    t0 = std::chrono::steady_clock::now();
+    check(kvret_session_save(seq, "bench-2"), "kvret_session_save (evicting)");
+    save_evict_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    check(kvret_session_flush(ctx), "kvret_session_flush (the eviction)");
+    flush_evict_s = seconds_since(t0);
+    int32_t tier = KVRET_TIER_NONE;
+    check(kvret_session_where(ctx, "bench", &tier), "kvret_session_where");
+    if (tier != KVRET_TIER_DISK) throw std::runtime_error("the first session was not evicted to disk");
     kvret_destroy(ctx);
+    remove_dir(evict_dir);
   }
   // Disk: a context whose DRAM tier holds nothing (1 byte), so the save writes the session itself to disk.
   double save_disk_s = 0, open_disk_s = 0, open_disk_all_s = 0;
@@ -254,11 +268,12 @@ int run(int argc, char** argv) {
     std::printf(
         "{\"layers\": %d, \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"tokens\": %lld, \"index\": \"%s\", "
         "\"kv_bytes\": %.0f, \"session_bytes\": %lld, \"prefill_s\": %.6f, \"save_dram_s\": %.6f, "
-        "\"open_dram_s\": %.6f, \"save_disk_s\": %.6f, \"open_disk_s\": %.6f, \"open_disk_all_layers_s\": %.6f, "
+        "\"open_dram_s\": %.6f, \"save_evicting_s\": %.6f, \"flush_eviction_s\": %.6f, \"save_disk_s\": %.6f, "
+        "\"open_disk_s\": %.6f, \"open_disk_all_layers_s\": %.6f, "
         "\"disk_bytes\": %lld, \"page_cache_dropped\": %s}\n",
         o.layers, o.q_heads, o.kv_heads, o.head_dim, static_cast<long long>(o.tokens), index_name(o.index), kv_bytes,
-        static_cast<long long>(session_bytes), prefill_s, save_dram_s, open_dram_s, save_disk_s, open_disk_s,
-        open_disk_all_s, static_cast<long long>(disk_bytes), o.drop_cache ? "true" : "false");
+        static_cast<long long>(session_bytes), prefill_s, save_dram_s, open_dram_s, save_evict_s, flush_evict_s,
+        save_disk_s, open_disk_s, open_disk_all_s, static_cast<long long>(disk_bytes), o.drop_cache ? "true" : "false");
   } else {
     std::printf("%d layers, %d KV heads of %d, f16, %lld tokens, index %s: %.1f MiB of KV, %.1f MiB saved\n", o.layers,
                 o.kv_heads, o.head_dim, static_cast<long long>(o.tokens), index_name(o.index), kv_bytes / mib,
@@ -266,6 +281,8 @@ int run(int argc, char** argv) {
     std::printf("  prefill (appends + index builds)   %10.3f s\n", prefill_s);
     std::printf("  save to DRAM                       %10.3f ms\n", save_dram_s * 1e3);
     std::printf("  open from DRAM                     %10.3f ms\n", open_dram_s * 1e3);
+    std::printf("  save evicting one to disk: returns %10.3f ms\n", save_evict_s * 1e3);
+    std::printf("  then flush (the eviction written)  %10.3f s\n", flush_evict_s);
     std::printf("  save to disk (fsync'd)             %10.3f s\n", save_disk_s);
     std::printf("  open from disk: layer 0 ready      %10.3f s\n", open_disk_s);
     std::printf("  open from disk: every layer ready  %10.3f s\n", open_disk_all_s);
