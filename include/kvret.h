@@ -591,24 +591,37 @@ typedef enum kvret_session_tier {
  *  The sequence stays open and unchanged (saving shares its KV pages copy on write, as kvret_seq_fork does), so the
  *  engine may go on appending to it or close it. Waits for the sequence's background builds. The session goes
  *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
- *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The disk writes a save needs (the sessions it
- *  evicts to disk, or the session itself when it goes there) are done before it returns: a full disk or another
- *  write error is KVRET_ERR_IO and nothing changed (the sessions in DRAM stay there). With a shared tier
- *  (config.session_shared_url) the session is then written through to it, before the call returns; a failure
- *  there (the server unreachable: KVRET_ERR_IO) does not fail the save, which the local tiers hold: the next
- *  kvret_session_flush reports it, and the shared tier keeps the previous save of the id (or none). A sequence
- *  with KVCrush's state (config.hamming_fraction > 0, or a query window given to kvret_seq_observe, or attention
- *  accumulated under KVRET_IMPORTANCE_ACCUMULATED) cannot be saved: KVRET_ERR_UNSUPPORTED. */
+ *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The files of the sessions it evicts to disk
+ *  are written by the store's background writer: they stay in DRAM, and open from there, until their files are
+ *  complete; a failed write is reported by kvret_session_flush and leaves the session in DRAM. The writer's copies
+ *  hold at most config.session_dram_bytes (when set) as a save starts: a save finding more waits. When the session
+ *  itself goes to disk, its write is done before the call returns: a full disk or another write error is
+ *  KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then queued for
+ *  the background writer too, which writes it through (from a fork of the sequence; the call returns before;
+ *  kvret_session_flush waits for it). A failure there (the server unreachable: KVRET_ERR_IO) does not fail the
+ *  save, which the local tiers hold: the next kvret_session_flush reports it, and the shared tier keeps the
+ *  previous save of the id (or none). A sequence of a session still loading from disk waits for its layers (and
+ *  fails with what stopped them). A sequence with KVCrush's state (config.hamming_fraction > 0, or a query window
+ *  given to kvret_seq_observe, or attention accumulated under KVRET_IMPORTANCE_ACCUMULATED) cannot be saved:
+ *  KVRET_ERR_UNSUPPORTED. */
 KVRET_API kvret_status kvret_session_save(kvret_seq* seq, const char* session_id);
 /** Opens a new sequence holding what was saved under `session_id`: the same tokens, index and selections. From DRAM
- *  it shares the saved pages copy on write; from disk every layer is read and its index restored (not rebuilt)
- *  before the call returns (layer-wise loading in the background is not built yet). The session stays stored.
- *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose files fail their checks (CRC-32,
- *  sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND. With a shared
- *  tier, a session in no local tier is read from it (every layer, before the call returns; one saved by a context
- *  of another configuration is KVRET_ERR_NOT_FOUND; the server unreachable, KVRET_ERR_IO), and a local copy
- *  whose save the shared tier no longer names (another context saved the id since) is replaced by the shared
- *  tier's. */
+ *  it shares the saved pages copy on write. From disk the call returns once the manifest is checked and layer 0 is
+ *  read and its index restored (not rebuilt); a thread of the store then loads layers 1, 2, ... in order, and
+ *  every call on layer l of the new sequence (append, select, fetch, attend, read, length, kvret_wait_index(seq,
+ *  l)) first waits for layer l, as calls wait for a background index build; calls on every layer (kvret_seq_fork,
+ *  kvret_seq_truncate, kvret_seq_drop_front, kvret_session_save, kvret_wait_index(seq, -1)) wait for them all.
+ *  kvret_seq_close (or kvret_destroy) during the load stops the loader before its next layer. A layer that fails
+ *  while loading answers, on every call on it and on the later layers (and on the calls on every layer), the
+ *  failure: KVRET_ERR_CORRUPT (its file failed its checks: the session is dropped from the store first, so the next
+ *  open is KVRET_ERR_NOT_FOUND), KVRET_ERR_IO, or KVRET_ERR_CAPACITY (config.host_bytes_limit); the layers before
+ *  it work. The session stays stored.
+ *  No such session: KVRET_ERR_NOT_FOUND and *out is NULL. A stored session whose manifest or layer 0 fail their
+ *  checks (CRC-32, sizes, framing) is KVRET_ERR_CORRUPT, and is dropped: the next open is KVRET_ERR_NOT_FOUND.
+ *  With a shared tier, a session in no local tier is read from it (every layer, before the call returns; one
+ *  saved by a context of another configuration is KVRET_ERR_NOT_FOUND; the server unreachable, KVRET_ERR_IO), and
+ *  a local copy whose save the shared tier no longer names (another context saved the id since) is replaced by the
+ *  shared tier's. */
 KVRET_API kvret_status kvret_session_open(kvret_context* ctx, const char* session_id, kvret_seq** out);
 /** Removes a session from every tier, the shared tier included. KVRET_ERR_NOT_FOUND when there was none. A
  *  shared tier that cannot be reached fails the call (KVRET_ERR_IO) only when no local tier held the session; else
@@ -622,9 +635,10 @@ KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* co
 /** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. With a shared tier, a session
  *  in no local tier is looked up there (KVRET_TIER_SHARED; KVRET_ERR_IO when the server cannot be reached). */
 KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
-/** Reports the first failure since the last flush of what no call reports itself: the store's cleanups (removing
- *  the files of a dropped, replaced or expired session) and a save's write-through to the shared tier;
- *  KVRET_OK when there was none. The store's writes are synchronous today, so there is nothing to wait for. */
+/** Waits until the store's background writer has written everything queued before the call (the files of sessions
+ *  evicted to disk, the write-through to the shared tier), then reports the first failure since the last flush of
+ *  what no call reports itself: those writes, and the store's cleanups (removing the files of a dropped, replaced
+ *  or expired session); KVRET_OK when there was none. */
 KVRET_API kvret_status kvret_session_flush(kvret_context* ctx);
 
 /** Context-window truncation (docs/rope.md): drops `count` tokens of every layer, starting after its first `keep`

@@ -59,18 +59,28 @@ Sequence::Sequence(Context& ctx, ForkTag) : ctx_(ctx) {
 }
 
 Sequence::~Sequence() {
+  if (load_) load_->stop();
   drain();
   ctx_.backend().release_caches(this);
   ctx_.release_host_bytes(stats_.host_bytes.load());
 }
 
 void Sequence::drain() noexcept {
-  for (auto& l : layers_) l->drain();
+  // While a load runs, only the layers it made ready are read here (the loader writes the others; they start no
+  // build). Null: a layer a stopped load never filled.
+  const size_t ready = load_ ? static_cast<size_t>(load_->ready()) : layers_.size();
+  for (size_t i = 0; i < ready && i < layers_.size(); ++i)
+    if (layers_[i]) layers_[i]->drain();
+}
+
+void Sequence::wait_loaded() const {
+  if (load_) load_->wait_all();
 }
 
 void Sequence::check_layer(int32_t layer) const {
   require(layer >= 0 && layer < ctx_.config().n_layers, KVRET_ERR_OUT_OF_RANGE,
           layer_name(layer) + " is out of range: the model has " + std::to_string(ctx_.config().n_layers) + " layers");
+  if (load_) load_->wait(layer);  // a layer of a session still loading: in once this returns
 }
 
 LayerState& Sequence::layer_at(int32_t layer) const {
@@ -191,6 +201,7 @@ void Sequence::append_decode(int32_t layer, const kvret_tensor* k, const kvret_t
 
 void Sequence::wait_index(int32_t layer) {
   if (layer == -1) {
+    wait_loaded();
     for (auto& l : layers_) l->wait();
     return;
   }
@@ -203,6 +214,7 @@ void Sequence::drop_front(int64_t keep, int64_t count) {
   require(count >= 0, KVRET_ERR_INVALID_ARGUMENT,
           "kvret_seq_drop_front: count must be >= 0, got " + std::to_string(count));
   if (count == 0) return;
+  wait_loaded();
   drain();  // no build runs while the layers change (a failed one of an unchanged layer keeps its status)
   // Everything that may throw first: every shortened layer built aside (its store without the tokens, the keys
   // after them rotated at their new positions, and a new index over its middle), as a prefill of them would be.
@@ -252,6 +264,7 @@ void Sequence::drop_front(int64_t keep, int64_t count) {
 
 void Sequence::truncate(int64_t length) {
   require(length >= 0, KVRET_ERR_INVALID_ARGUMENT, "length must be >= 0, got " + std::to_string(length));
+  wait_loaded();
   drain();  // no build runs while the layers change (a failed one keeps its status for the next wait)
   // Everything that may throw first: the indexes that cannot be cut are rebuilt aside from the tokens that stay.
   struct Plan {
@@ -313,6 +326,7 @@ void Sequence::truncate(int64_t length) {
 }
 
 std::unique_ptr<Sequence> Sequence::fork() {
+  wait_loaded();
   drain();  // no build changes a layer while it is copied (a failed one keeps its status here)
   auto child = std::make_unique<Sequence>(ctx_, ForkTag{});
   child->layers_.reserve(layers_.size());

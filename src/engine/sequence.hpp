@@ -11,6 +11,7 @@
 #include "core/tensor_view.hpp"
 #include "engine/cluster_reuse.hpp"
 #include "engine/kvcrush_layer.hpp"
+#include "engine/layer_load.hpp"
 #include "engine/layer_state.hpp"
 #include "engine/stats.hpp"
 #include "index/retriever.hpp"
@@ -39,13 +40,16 @@ class Sequence {
   /// A fork's sequence: its layers already filled.
   struct ForkTag {};
   Sequence(Context& ctx, ForkTag);
-  ~Sequence();  ///< waits for this sequence's background builds
+  ~Sequence();  ///< stops a background load of its layers, waits for its background builds
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
 
   Context& context() const noexcept { return ctx_; }
   /// Waits for every background build of this sequence, ignoring their failures.
   void drain() noexcept;
+  /// Waits until every layer is loaded (a session opened from disk loads its layers in the background; docs/
+  /// sessions.md); throws the failure that stopped the load.
+  void wait_loaded() const;
 
   void append_prefill(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
   void append_decode(int32_t layer, const kvret_tensor* k, const kvret_tensor* v);
@@ -212,7 +216,10 @@ class Sequence {
   };
 
   Context& ctx_;
+  /// The layers; while load_ runs, those from load_->ready() on are null and filled by its loader.
   std::vector<std::unique_ptr<LayerState>> layers_;
+  /// The background load of the layers (a session opened from disk); null when every layer was in from the start.
+  std::shared_ptr<LayerLoad> load_;
   /// Per layer, the last prefetch's selection ([n_kv_heads] ascending positions), until the layer's next fetch.
   std::vector<std::vector<std::vector<int32_t>>> prefetched_;
   /// Per layer, KVCrush's signatures (empty unless config.hamming_fraction > 0).

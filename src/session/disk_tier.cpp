@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <chrono>
@@ -12,6 +11,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/checksum.hpp"
 #include "core/error.hpp"
 
 namespace kvret::session {
@@ -23,17 +23,6 @@ constexpr uint32_t kBlobVersion = 1;
 constexpr size_t kHeaderBytes = 32;
 constexpr const char* kSuffix = ".kvb";
 constexpr const char* kTmpSuffix = ".tmp";
-
-uint32_t crc32_of(const std::byte* data, size_t size) noexcept {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (size > 0) {
-    const size_t chunk = size < (size_t{1} << 30) ? size : (size_t{1} << 30);
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(chunk));
-    data += chunk;
-    size -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -105,17 +94,6 @@ void fsync_dir(const std::string& dir) {
   if (rc != 0 && err != EINVAL) io_error("syncing the directory " + dir, err);
 }
 
-template <class T>
-void put_le(std::byte* p, T v) noexcept {
-  std::memcpy(p, &v, sizeof v);
-}
-template <class T>
-T get_le(const std::byte* p) noexcept {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 }  // namespace
 
 DiskTier::DiskTier(std::string dir) : dir_(std::move(dir)) {
@@ -158,12 +136,12 @@ void DiskTier::put(const std::string& key, const std::byte* data, size_t size, i
   const std::string path = path_of(key);
   const std::string tmp = path + "." + std::to_string(::getpid()) + kTmpSuffix;
   std::byte header[kHeaderBytes];
-  put_le<uint32_t>(header, kBlobMagic);
-  put_le<uint32_t>(header + 4, kBlobVersion);
-  put_le<uint64_t>(header + 8, static_cast<uint64_t>(size));
-  put_le<int64_t>(header + 16, ttl_ms > 0 ? now_ms() + ttl_ms : 0);
-  put_le<uint32_t>(header + 24, crc32_of(data, size));
-  put_le<uint32_t>(header + 28, crc32_of(header, 28));
+  store_le<uint32_t>(header, kBlobMagic);
+  store_le<uint32_t>(header + 4, kBlobVersion);
+  store_le<uint64_t>(header + 8, static_cast<uint64_t>(size));
+  store_le<int64_t>(header + 16, ttl_ms > 0 ? now_ms() + ttl_ms : 0);
+  store_le<uint32_t>(header + 24, crc32_of(data, size));
+  store_le<uint32_t>(header + 28, crc32_of(header, 28));
 
   std::lock_guard<std::mutex> lock(mu_);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -232,14 +210,14 @@ std::optional<std::vector<std::byte>> DiskTier::get(const std::string& key) {
     throw Error(KVRET_ERR_CORRUPT, "disk tier: " + path + " is corrupt: " + what);
   };
   if (bytes.size() < kHeaderBytes) corrupt("truncated header");
-  if (get_le<uint32_t>(bytes.data()) != kBlobMagic) corrupt("not a kvret blob");
-  if (get_le<uint32_t>(bytes.data() + 28) != crc32_of(bytes.data(), 28)) corrupt("header checksum mismatch");
-  if (get_le<uint32_t>(bytes.data() + 4) != kBlobVersion) corrupt("a layout version this kvret does not read");
-  const auto size = get_le<uint64_t>(bytes.data() + 8);
+  if (load_le<uint32_t>(bytes.data()) != kBlobMagic) corrupt("not a kvret blob");
+  if (load_le<uint32_t>(bytes.data() + 28) != crc32_of(bytes.data(), 28)) corrupt("header checksum mismatch");
+  if (load_le<uint32_t>(bytes.data() + 4) != kBlobVersion) corrupt("a layout version this kvret does not read");
+  const auto size = load_le<uint64_t>(bytes.data() + 8);
   if (size != bytes.size() - kHeaderBytes) corrupt("truncated or extended payload");
-  if (get_le<uint32_t>(bytes.data() + 24) != crc32_of(bytes.data() + kHeaderBytes, size))
+  if (load_le<uint32_t>(bytes.data() + 24) != crc32_of(bytes.data() + kHeaderBytes, size))
     corrupt("payload checksum mismatch");
-  const auto expires = get_le<int64_t>(bytes.data() + 16);
+  const auto expires = load_le<int64_t>(bytes.data() + 16);
   if (expires != 0 && now_ms() >= expires) return std::nullopt;  // expired: a miss (the owner removes it)
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(kHeaderBytes));
   return bytes;

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/checksum.hpp"
 #include "core/error.hpp"
 
 #if KVRET_WITH_HIREDIS
@@ -15,7 +16,6 @@
 #include <signal.h>
 #include <sys/time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <ctime>
@@ -222,10 +222,6 @@ constexpr int kReadAttempts = 5;
 constexpr size_t kMaxChunkBytes = size_t{512} << 20;
 constexpr size_t kPipelineBytes = size_t{16} << 20;  // bytes of chunks in flight on one connection
 
-uint32_t crc32_of(const void* data, size_t size) {
-  return static_cast<uint32_t>(::crc32_z(0L, static_cast<const Bytef*>(data), size));
-}
-
 // The head value: little-endian fields, then the CRC-32 of everything before it.
 struct Head {
   uint64_t version = 0;
@@ -238,45 +234,40 @@ struct Head {
   }
 };
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
-}
-void put_u64(std::string& out, uint64_t v) {
-  for (int b = 0; b < 8; ++b) out.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
-}
-uint64_t get_le(const char* p, int bytes) {
-  uint64_t v = 0;
-  for (int b = 0; b < bytes; ++b) v |= uint64_t{static_cast<unsigned char>(p[b])} << (8 * b);
-  return v;
+template <class T>
+void put_le(std::string& out, T v) {
+  char b[sizeof(T)];
+  store_le<T>(b, v);
+  out.append(b, sizeof b);
 }
 
 std::string encode_head(const Head& h) {
   std::string out(kMagic, sizeof kMagic);
-  put_u32(out, kFormat);
-  put_u64(out, h.version);
-  put_u64(out, h.size);
-  put_u64(out, h.chunk_bytes);
-  put_u64(out, h.crcs.size());
-  for (const uint32_t c : h.crcs) put_u32(out, c);
-  put_u32(out, crc32_of(out.data(), out.size()));
+  put_le<uint32_t>(out, kFormat);
+  put_le<uint64_t>(out, h.version);
+  put_le<uint64_t>(out, h.size);
+  put_le<uint64_t>(out, h.chunk_bytes);
+  put_le<uint64_t>(out, h.crcs.size());
+  for (const uint32_t c : h.crcs) put_le<uint32_t>(out, c);
+  put_le<uint32_t>(out, crc32_of(out.data(), out.size()));
   return out;
 }
 
 // std::nullopt when the value is not a whole, self-consistent head.
 std::optional<Head> decode_head(const char* p, size_t len) {
   constexpr size_t kFixed = 4 + 4 + 8 + 8 + 8 + 8;
-  if (len < kFixed + 4 || std::memcmp(p, kMagic, 4) != 0 || get_le(p + 4, 4) != kFormat) return std::nullopt;
+  if (len < kFixed + 4 || std::memcmp(p, kMagic, 4) != 0 || load_le<uint32_t>(p + 4) != kFormat) return std::nullopt;
   Head h;
-  h.version = get_le(p + 8, 8);
-  h.size = get_le(p + 16, 8);
-  h.chunk_bytes = get_le(p + 24, 8);
-  const uint64_t n = get_le(p + 32, 8);
+  h.version = load_le<uint64_t>(p + 8);
+  h.size = load_le<uint64_t>(p + 16);
+  h.chunk_bytes = load_le<uint64_t>(p + 24);
+  const uint64_t n = load_le<uint64_t>(p + 32);
   if (n > (len - kFixed - 4) / 4 || len != kFixed + 4 * n + 4) return std::nullopt;
-  if (get_le(p + len - 4, 4) != crc32_of(p, len - 4)) return std::nullopt;
+  if (load_le<uint32_t>(p + len - 4) != crc32_of(p, len - 4)) return std::nullopt;
   if (h.chunk_bytes == 0 || h.chunk_bytes > kMaxChunkBytes) return std::nullopt;
   if (n != (h.size + h.chunk_bytes - 1) / h.chunk_bytes) return std::nullopt;
   h.crcs.resize(n);
-  for (uint64_t i = 0; i < n; ++i) h.crcs[i] = static_cast<uint32_t>(get_le(p + kFixed + 4 * i, 4));
+  for (uint64_t i = 0; i < n; ++i) h.crcs[i] = load_le<uint32_t>(p + kFixed + 4 * i);
   return h;
 }
 

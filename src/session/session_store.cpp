@@ -16,6 +16,10 @@
 
 namespace kvret::session {
 
+std::atomic<LayerLoadHook> g_layer_load_hook{nullptr};
+std::atomic<SharedTierFactory> g_shared_tier_factory{nullptr};
+std::atomic<DiskWriteHook> g_disk_write_hook{nullptr};
+
 namespace {
 
 constexpr uint32_t kManifestTag = 0x4e414d53u;  // "SMAN"
@@ -125,12 +129,16 @@ kvret_dtype dtype_of(DType d) {
 
 SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_config(ctx)) {
   if (!ctx.shared_url().empty()) {  // parsed here; the first call that uses it connects
-    try {
-      shared_ = open_shared_tier(ctx.shared_url().c_str());
-    } catch (const Error& e) {
-      const std::string what = e.what();  // the tier's messages name session_shared_url (never its password)
-      throw Error(e.status(),
-                  what.rfind("session_shared_url", 0) == 0 ? "config." + what : "config.session_shared_url: " + what);
+    if (const SharedTierFactory factory = g_shared_tier_factory.load()) {
+      shared_ = factory();
+    } else {
+      try {
+        shared_ = open_shared_tier(ctx.shared_url().c_str());
+      } catch (const Error& e) {
+        const std::string what = e.what();  // the tier's messages name session_shared_url (never its password)
+        throw Error(e.status(),
+                    what.rfind("session_shared_url", 0) == 0 ? "config." + what : "config.session_shared_url: " + what);
+      }
     }
   }
   if (!ctx.disk_path().empty()) {
@@ -139,7 +147,23 @@ SessionStore::SessionStore(Context& ctx) : ctx_(ctx), placement_(placement_confi
   }
 }
 
-SessionStore::~SessionStore() = default;
+SessionStore::~SessionStore() {
+  // The loaders first: each ends by taking the lock (to release its pin), so none may be running below.
+  std::vector<std::weak_ptr<LayerLoad>> loads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads.swap(loads_);
+  }
+  for (const std::weak_ptr<LayerLoad>& w : loads)
+    if (const std::shared_ptr<LayerLoad> load = w.lock()) load->stop();
+  // The writer finishes what is queued (its commits take the lock), then ends.
+  {
+    std::lock_guard<std::mutex> lock(wmu_);
+    wstop_ = true;
+  }
+  wcv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
 
 std::string SessionStore::check_id(const char* id, const char* what) {
   require(id != nullptr, KVRET_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
@@ -151,6 +175,7 @@ std::string SessionStore::check_id(const char* id, const char* what) {
 }
 
 void SessionStore::set_shared_tier(std::unique_ptr<BlobTier> tier) {
+  wait_writer();
   std::lock_guard<std::mutex> lock(mu_);
   shared_ = std::move(tier);
 }
@@ -195,18 +220,31 @@ void SessionStore::remove_blobs(const DiskRecord& rec, int32_t layers, bool mani
       keep_failure(std::current_exception());
     }
   }
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  const bool pinned = readers_.count(pin) != 0;  // a loader reads these layers: removed when it ends
   for (int32_t l = 0; l < layers; ++l) {
     try {
-      disk_->remove(layer_key(rec.stem, rec.generation, l));
+      if (pinned)
+        deferred_removals_.emplace_back(pin, layer_key(rec.stem, rec.generation, l));
+      else
+        disk_->remove(layer_key(rec.stem, rec.generation, l));
     } catch (...) {
       keep_failure(std::current_exception());
     }
   }
 }
 
+void SessionStore::cancel_eviction(SessionId sid) {
+  const auto e = evicting_.find(sid);
+  if (e == evicting_.end()) return;
+  e->second->cancelled = true;
+  evicting_.erase(e);
+}
+
 void SessionStore::drop_session(SessionId sid) {
   placement_.drop(sid);
   dram_.erase(sid);
+  cancel_eviction(sid);
   if (const auto it = meta_.find(sid); it != meta_.end()) {
     if (it->second.disk) remove_blobs(*it->second.disk, ctx_.config().n_layers, true);
     meta_.erase(it);
@@ -276,22 +314,34 @@ std::vector<std::byte> SessionStore::layer_blob(const Sequence& seq, int32_t l, 
   return std::move(w.bytes());
 }
 
-SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq) {
+SessionStore::DiskRecord SessionStore::next_record(SessionId sid, const std::vector<std::string>& also_used) const {
   const Meta& meta = meta_.at(sid);
   DiskRecord rec;
   if (meta.disk) {
     rec.stem = meta.disk->stem;
     rec.generation = meta.disk->generation + 1;
-  } else {
-    // A stem no other session uses (the hash of the id, with a suffix on a collision).
-    std::unordered_set<std::string> used;
-    for (const auto& [other, m] : meta_)
-      if (m.disk) used.insert(m.disk->stem);
-    const std::string base = hex64(fnv1a(meta.id));
-    rec.stem = base;
-    for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
-    rec.generation = 1;
+    return rec;
   }
+  // A stem no other session uses (the hash of the id, with a suffix on a collision).
+  std::unordered_set<std::string> used(also_used.begin(), also_used.end());
+  for (const auto& [other, m] : meta_)
+    if (m.disk) used.insert(m.disk->stem);
+  for (const auto& [pin, count] : readers_) used.insert(pin.first);  // a loader may still read a dropped save
+  for (const auto& [other, job] : evicting_) used.insert(job->rec.stem);
+  {
+    std::lock_guard<std::mutex> wlock(wmu_);
+    if (disk_writing_) used.insert(disk_writing_->rec.stem);  // cancelled, but its files may be on their way
+    for (const auto& job : disk_writes_) used.insert(job->rec.stem);
+  }
+  const std::string base = hex64(fnv1a(meta.id));
+  rec.stem = base;
+  for (int i = 1; used.count(rec.stem) != 0; ++i) rec.stem = base + "-" + std::to_string(i);
+  rec.generation = 1;
+  return rec;
+}
+
+void SessionStore::write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec,
+                               std::exception_ptr* cleanup) {
   const int32_t n_layers = ctx_.config().n_layers;
   // Only the layer sizes are kept for the manifest: each layer's bytes go to disk and are freed before the next.
   std::vector<uint64_t> sizes;
@@ -310,16 +360,26 @@ SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequen
       try {
         disk_->remove(layer_key(rec.stem, rec.generation, l));
       } catch (...) {
-        keep_failure(std::current_exception());
+        if (cleanup == nullptr)
+          keep_failure(std::current_exception());
+        else if (!*cleanup)
+          *cleanup = std::current_exception();
       }
     }
     throw;
   }
+}
+
+SessionStore::DiskRecord SessionStore::write_session(SessionId sid, const Sequence& seq,
+                                                     const std::vector<std::string>& also_used) {
+  const DiskRecord rec = next_record(sid, also_used);
+  write_blobs(seq, meta_.at(sid), rec, nullptr);
   return rec;
 }
 
-void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
-                                 const std::shared_ptr<const rope::Rope>& rope) {
+std::unique_ptr<LayerState> SessionStore::make_layer(Sequence& seq, int32_t l, const DiskRecord& rec,
+                                                     const std::vector<std::byte>& blob,
+                                                     const std::shared_ptr<const rope::Rope>& rope) {
   const kvret_config& c = ctx_.config();
   ByteReader r(blob.data(), blob.size());
   read_header(r, kLayerTag, kLayoutVersion);
@@ -350,11 +410,17 @@ void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec
   std::unique_ptr<Retriever> index = ctx_.kind().make(c, l);
   index->restore(store, state.data(), state.size());
   auto layer = std::make_unique<LayerState>(l, std::move(store), ctx_.kind().make(c, l));
-  seq.layers_.push_back(std::move(layer));  // may throw bad_alloc: seq is discarded then
-  seq.layers_.back()->replace_index(std::move(index), seq.stats_);
+  layer->replace_index(std::move(index), seq.stats_);
+  return layer;
 }
 
-std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
+void SessionStore::restore_layer(Sequence& seq, int32_t l, const DiskRecord& rec, const std::vector<std::byte>& blob,
+                                 const std::shared_ptr<const rope::Rope>& rope) {
+  std::unique_ptr<LayerState> layer = make_layer(seq, l, rec, blob, rope);
+  seq.layers_.push_back(std::move(layer));  // may throw bad_alloc: seq is discarded then
+}
+
+std::vector<uint64_t> SessionStore::read_manifest(SessionId sid) {
   const Meta& meta = meta_.at(sid);
   const DiskRecord rec = *meta.disk;
   const kvret_config& c = ctx_.config();
@@ -369,27 +435,134 @@ std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
   (void)r.value<int64_t>();
   (void)r.value<uint64_t>();
   require_intact(r.array<int32_t>() == fingerprint(c), "a session of another model configuration");
-  const auto sizes = r.array<uint64_t>(c.n_layers);
+  return r.array<uint64_t>(c.n_layers);
+}
+
+std::unique_ptr<Sequence> SessionStore::read_session(SessionId sid) {
+  const Meta& meta = meta_.at(sid);
+  const DiskRecord rec = *meta.disk;
+  const kvret_config& c = ctx_.config();
+  const std::vector<uint64_t> sizes = read_manifest(sid);
   auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
-  seq->layers_.reserve(static_cast<size_t>(c.n_layers));
-  const std::shared_ptr<const rope::Rope> rope = rope_of(c);  // one for every layer, as a new sequence has
-  for (int32_t l = 0; l < c.n_layers; ++l) {
+  seq->layers_.resize(static_cast<size_t>(c.n_layers));
+  load_layers(*seq, meta.id, rec, sizes, 0, c.n_layers, nullptr);
+  return seq;
+}
+
+void SessionStore::load_layers(Sequence& seq, const std::string& id, const DiskRecord& rec,
+                               const std::vector<uint64_t>& sizes, int32_t from, int32_t to, LayerLoad* load) {
+  const std::shared_ptr<const rope::Rope> rope = rope_of(ctx_.config());  // one for every layer, as a new sequence has
+  for (int32_t l = from; l < to; ++l) {
+    if (load != nullptr) {
+      if (load->cancelled()) return;
+      if (const LayerLoadHook hook = g_layer_load_hook.load()) hook(id.c_str(), l);
+    }
     auto blob = disk_->get(layer_key(rec.stem, rec.generation, l));
     require(blob.has_value(), KVRET_ERR_CORRUPT,
-            "session store: layer " + std::to_string(l) + " of session '" + meta.id + "' is missing");
+            "session store: layer " + std::to_string(l) + " of session '" + id + "' is missing");
     require_intact(blob->size() == sizes[static_cast<size_t>(l)], "a layer blob of another size than its manifest's");
-    restore_layer(*seq, l, rec, *blob, rope);
+    std::unique_ptr<LayerState> layer = make_layer(seq, l, rec, *blob, rope);
+    blob.reset();
+    const int64_t bytes = layer->store().bytes();
+    const int64_t tokens = layer->store().size();
+    ctx_.reserve_host_bytes(bytes);
+    // no throw below
+    seq.layers_[static_cast<size_t>(l)] = std::move(layer);
+    seq.stats_.host_bytes += bytes;
+    seq.stats_.tokens_stored += tokens;
+    if (load != nullptr) load->set_ready(l + 1);
   }
-  int64_t host_bytes = 0, tokens = 0;
-  for (const auto& l : seq->layers_) {
-    host_bytes += l->store().bytes();
-    tokens += l->store().size();
+}
+
+std::unique_ptr<Sequence> SessionStore::open_disk(SessionId sid) {
+  const Meta& meta = meta_.at(sid);
+  const DiskRecord rec = *meta.disk;
+  const std::string id = meta.id;
+  const int32_t n_layers = ctx_.config().n_layers;
+  const std::vector<uint64_t> sizes = read_manifest(sid);
+  auto seq = std::make_unique<Sequence>(ctx_, Sequence::ForkTag{});
+  seq->layers_.resize(static_cast<size_t>(n_layers));
+  // Layer 0 now: a session whose first layer is damaged is refused by the open itself.
+  load_layers(*seq, id, rec, sizes, 0, 1, nullptr);
+  if (n_layers == 1) return seq;
+  auto load = std::make_shared<LayerLoad>(n_layers, 1);
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  loads_.erase(std::remove_if(loads_.begin(), loads_.end(), [](const auto& w) { return w.expired(); }), loads_.end());
+  loads_.push_back(load);
+  ++readers_[pin];
+  Sequence* target = seq.get();
+  try {
+    load->start([this, target, load_ptr = load.get(), id, rec, sizes, n_layers] {
+      kvret_status status = KVRET_OK;
+      std::string message;
+      try {
+        load_layers(*target, id, rec, sizes, 1, n_layers, load_ptr);
+      } catch (...) {
+        status = current_exception_status(message);
+      }
+      end_load(id, rec, status);  // a corrupt session is dropped before any call hears of it
+      if (status != KVRET_OK) {
+        try {
+          message = "session store: loading layer " + std::to_string(load_ptr->ready()) + " of the session '" + id +
+                    "' from disk: " + message;
+        } catch (...) {
+        }
+        load_ptr->fail(status, message);
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread: every layer now, on the caller's thread.
+    loads_.pop_back();
+    unpin(rec);
+    load_layers(*seq, id, rec, sizes, 1, n_layers, nullptr);
+    return seq;
+  } catch (...) {
+    loads_.pop_back();
+    unpin(rec);
+    throw;
   }
-  ctx_.reserve_host_bytes(host_bytes);
-  // no throw below
-  seq->stats_.host_bytes = host_bytes;
-  seq->stats_.tokens_stored = tokens;
+  seq->load_ = std::move(load);
   return seq;
+}
+
+void SessionStore::unpin(const DiskRecord& rec) noexcept {
+  const auto pin = std::make_pair(rec.stem, rec.generation);
+  const auto it = readers_.find(pin);
+  if (it == readers_.end() || --it->second > 0) return;
+  readers_.erase(it);
+  for (auto d = deferred_removals_.begin(); d != deferred_removals_.end();) {
+    if (d->first != pin) {
+      ++d;
+      continue;
+    }
+    try {
+      disk_->remove(d->second);
+    } catch (...) {
+      keep_failure(std::current_exception());
+    }
+    d = deferred_removals_.erase(d);
+  }
+}
+
+void SessionStore::end_load(const std::string& id, const DiskRecord& rec, kvret_status status) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status == KVRET_ERR_CORRUPT) {
+    // A layer failed its checks after the open returned: the session is dropped (when the store still holds this
+    // save of it), as an open that finds it so drops it.
+    const auto it = ids_.find(id);
+    if (it != ids_.end()) {
+      const auto m = meta_.find(it->second);
+      if (m != meta_.end() && m->second.disk && m->second.disk->stem == rec.stem &&
+          m->second.disk->generation == rec.generation) {
+        try {
+          drop_session(it->second);
+        } catch (...) {
+        }
+        ++counters_.corrupt;
+      }
+    }
+  }
+  unpin(rec);
 }
 
 void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::unique_ptr<Sequence> copy) {
@@ -406,7 +579,10 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   std::unordered_map<SessionId, std::unique_ptr<Sequence>> loaded;
   for (const SessionId s : to_load) {
     try {
-      loaded[s] = read_session(s);
+      if (const auto e = evicting_.find(s); e != evicting_.end())
+        loaded[s] = e->second->copy->fork();  // its files are not written (yet): its DRAM copy
+      else
+        loaded[s] = read_session(s);
     } catch (const Error& e) {
       if (e.status() == KVRET_ERR_CORRUPT) {
         drop_session(s);
@@ -415,10 +591,34 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
       throw;
     }
   }
+  // Evictions DRAM -> disk go to the background writer: their DRAM copies serve them until their files are
+  // written. In the call when the writer cannot start.
+  std::vector<std::shared_ptr<DiskWrite>> evictions;
+  std::vector<std::string> eviction_stems;
+  if (!to_write.empty()) {
+    bool writer = false;
+    {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      writer = start_writer();
+    }
+    if (writer) {
+      for (const SessionId s : to_write) {
+        auto job = std::make_shared<DiskWrite>();
+        job->sid = s;
+        job->meta = meta_.at(s);
+        job->rec = next_record(s, eviction_stems);
+        job->bytes = placement_.bytes_of(s);
+        eviction_stems.push_back(job->rec.stem);
+        evictions.push_back(std::move(job));
+      }
+      to_write.clear();
+    }
+  }
   std::vector<std::pair<SessionId, DiskRecord>> written;
   try {
     for (const SessionId s : to_write) written.emplace_back(s, write_session(s, *dram_.at(s)));
-    if (saved && next.where(*saved) == Tier::disk) written.emplace_back(*saved, write_session(*saved, *copy));
+    if (saved && next.where(*saved) == Tier::disk)
+      written.emplace_back(*saved, write_session(*saved, *copy, eviction_stems));
   } catch (...) {
     for (const auto& [s, rec] : written) remove_blobs(rec, ctx_.config().n_layers, true);
     throw;
@@ -426,6 +626,7 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   // Commit. Nothing below throws but bad_alloc of the maps (then DRAM copies are still held, as the old state).
   const int32_t n_layers = ctx_.config().n_layers;
   placement_ = std::move(next);
+  if (saved) cancel_eviction(*saved);  // an eviction of its older save still in flight
   for (auto& [s, rec] : written) {
     Meta& m = meta_.at(s);
     if (m.disk) remove_blobs(*m.disk, n_layers, false);  // the old generation's layers (its manifest is replaced)
@@ -435,9 +636,26 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
   }
   for (auto& [s, seq] : loaded) {
     Meta& m = meta_.at(s);
-    remove_blobs(*m.disk, n_layers, true);
+    cancel_eviction(s);
+    if (m.disk) remove_blobs(*m.disk, n_layers, true);
     m.disk.reset();
     dram_[s] = std::move(seq);
+  }
+  for (const std::shared_ptr<DiskWrite>& job : evictions) {
+    job->copy = std::move(dram_.at(job->sid));
+    dram_.erase(job->sid);
+    evicting_[job->sid] = job;
+    ++counters_.evictions;
+  }
+  if (!evictions.empty()) {
+    {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      for (const std::shared_ptr<DiskWrite>& job : evictions) {
+        disk_writes_.push_back(job);
+        pending_bytes_ += job->bytes;
+      }
+    }
+    wcv_.notify_all();
   }
   for (const SessionId s : dropped) {
     ++counters_.evictions;
@@ -460,6 +678,12 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   require(!seq.holds_importance_inputs(), KVRET_ERR_UNSUPPORTED,
           "kvret_session_save: a sequence with KVCrush's importance inputs (a query window given to kvret_seq_observe "
           "or attention accumulated under config.hamming_importance) cannot be saved");
+  seq.wait_loaded();  // not under the lock: a loader that fails takes it (to drop its session) before reporting
+  if ((shared_ || disk_) && c.session_dram_bytes > 0) {
+    // The writer's copies hold at most session_dram_bytes (plus what one save adds): wait for room.
+    std::unique_lock<std::mutex> wlock(wmu_);
+    wcv_.wait(wlock, [&] { return pending_bytes_ < static_cast<uint64_t>(c.session_dram_bytes) || wstop_; });
+  }
   std::lock_guard<std::mutex> lock(mu_);
   expire_now();
   std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages
@@ -497,8 +721,22 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
   }
   ++counters_.saves;
   if (shared_) {
-    // Write-through, now that the local tiers hold the session: a failure leaves them so and is kept for flush.
+    // Write-through, now that the local tiers hold the session: by the background writer, on a fork of the
+    // sequence; now, when the fork or the writer cannot be had. A failure leaves the local tiers so and is kept
+    // for flush.
     Meta& m = meta_.at(sid);
+    m.save_serial = ++save_serial_;
+    std::unique_ptr<Sequence> wcopy;
+    bool queued = false;
+    try {
+      wcopy = seq.fork();
+      queued = queue_write(m, wcopy, bytes);
+    } catch (...) {
+    }
+    if (queued) {
+      m.shared = kSharedBehind;  // until the writer is done, the local copy is the newer
+      return;
+    }
     try {
       m.shared = write_shared(seq, m);
     } catch (...) {
@@ -549,9 +787,16 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
     ++counters_.hits_dram;
     return seq;
   }
+  if (const auto e = evicting_.find(sid); e != evicting_.end()) {
+    // On disk for placement, its files not written yet (or their write failed): its DRAM copy serves.
+    std::unique_ptr<Sequence> seq = e->second->copy->fork();
+    placement_.access(sid);
+    ++counters_.hits_disk;
+    return seq;
+  }
   std::unique_ptr<Sequence> seq;
   try {
-    seq = read_session(sid);
+    seq = open_disk(sid);
   } catch (const Error& e) {
     if (e.status() == KVRET_ERR_CORRUPT) {
       drop_session(sid);
@@ -570,6 +815,23 @@ void SessionStore::drop(const std::string& id) {
   const auto it = ids_.find(id);
   const bool local = it != ids_.end() && placement_.where(it->second) != Tier::miss;
   bool shared = false;
+  std::vector<std::shared_ptr<SharedWrite>> cancelled;  // freed after the lock
+  if (shared_) {
+    // The writer's jobs of this id: the queued ones go, the running one writes no manifest (or has written it,
+    // and remove_shared below removes it).
+    std::lock_guard<std::mutex> wlock(wmu_);
+    for (auto w = writes_.begin(); w != writes_.end();) {
+      if ((*w)->id == id) {
+        pending_bytes_ -= (*w)->bytes;
+        cancelled.push_back(std::move(*w));
+        w = writes_.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    if (writing_ && writing_->id == id) writing_->dropped = true;
+  }
+  if (!cancelled.empty()) wcv_.notify_all();
   if (shared_) {
     try {
       shared = remove_shared(id);
@@ -637,7 +899,130 @@ kvret_session_tier SessionStore::where(const std::string& id) {
   return KVRET_TIER_NONE;
 }
 
+void SessionStore::wait_writer() {
+  std::unique_lock<std::mutex> wlock(wmu_);
+  wcv_.wait(wlock, [&] { return writes_.empty() && !writing_ && disk_writes_.empty() && !disk_writing_; });
+}
+
+bool SessionStore::queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes) {
+  auto job = std::make_shared<SharedWrite>();
+  job->serial = meta.save_serial;
+  job->id = meta.id;
+  job->meta = meta;
+  job->bytes = bytes;
+  std::vector<std::shared_ptr<SharedWrite>> superseded;  // freed after the lock
+  {
+    std::lock_guard<std::mutex> wlock(wmu_);
+    if (!start_writer()) return false;
+    // A queued write-through of an older save of this id is superseded (the one running finishes first).
+    for (auto it = writes_.begin(); it != writes_.end();) {
+      if ((*it)->id == job->id) {
+        pending_bytes_ -= (*it)->bytes;
+        superseded.push_back(std::move(*it));
+        it = writes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    job->copy = std::move(copy);
+    writes_.push_back(job);
+    pending_bytes_ += bytes;
+  }
+  wcv_.notify_all();
+  return true;
+}
+
+bool SessionStore::start_writer() {
+  if (wstop_) return false;
+  if (!writer_.joinable()) {
+    try {
+      writer_ = std::thread([this] { writer_loop(); });
+    } catch (const std::system_error&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void SessionStore::commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure,
+                                     bool wrote) {
+  const auto e = evicting_.find(job->sid);
+  const bool current = e != evicting_.end() && e->second == job;
+  if (failure) {  // nothing of it is on disk; a current one stays in DRAM
+    if (current) keep_failure(failure, "session store: writing a session evicted from DRAM to disk (it stays in DRAM)");
+    return;
+  }
+  if (!current) {  // dropped, saved again or moved back meanwhile: its files go
+    if (wrote) remove_blobs(job->rec, ctx_.config().n_layers, true);
+    return;
+  }
+  meta_.at(job->sid).disk = job->rec;
+  evicting_.erase(e);  // its DRAM copy goes with the job
+}
+
+void SessionStore::writer_loop() {
+  std::unique_lock<std::mutex> wlock(wmu_);
+  for (;;) {
+    wcv_.wait(wlock, [&] { return wstop_ || !writes_.empty() || !disk_writes_.empty(); });
+    if (!disk_writes_.empty()) {  // evictions first: they free DRAM
+      std::shared_ptr<DiskWrite> job = std::move(disk_writes_.front());
+      disk_writes_.pop_front();
+      disk_writing_ = job;
+      wlock.unlock();
+      std::exception_ptr failure, cleanup;
+      bool wrote = false;
+      if (const DiskWriteHook hook = g_disk_write_hook.load()) hook(job->meta.id.c_str());
+      if (!job->cancelled) {
+        try {
+          write_blobs(*job->copy, job->meta, job->rec, &cleanup);
+          wrote = true;
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cleanup) keep_failure(cleanup);
+        commit_disk_write(job, failure, wrote);
+      }
+      wlock.lock();
+      pending_bytes_ -= job->bytes;
+      disk_writing_.reset();
+      job.reset();
+      wcv_.notify_all();
+      continue;
+    }
+    if (writes_.empty()) return;  // stopped, nothing left
+    std::shared_ptr<SharedWrite> job = std::move(writes_.front());
+    writes_.pop_front();
+    writing_ = job;
+    wlock.unlock();
+    uint64_t generation = 0;
+    std::exception_ptr failure;
+    try {
+      generation = write_shared(*job->copy, job->meta, job.get());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    job->copy.reset();  // its pages and index go
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure) keep_failure(failure, "kvret_session_save: the write-through to the shared tier");
+      if (job->cleanup) keep_failure(job->cleanup, "session store cleanup (shared tier)");
+      if (generation != 0)
+        if (const auto id = ids_.find(job->id); id != ids_.end())
+          if (const auto m = meta_.find(id->second); m != meta_.end() && m->second.save_serial == job->serial)
+            m->second.shared = generation;  // the shared tier names this very save
+    }
+    wlock.lock();
+    pending_bytes_ -= job->bytes;
+    writing_.reset();
+    wcv_.notify_all();
+  }
+}
+
 void SessionStore::flush() {
+  wait_writer();
   std::lock_guard<std::mutex> lock(mu_);
   if (deferred_status_ == KVRET_OK) return;
   const kvret_status status = deferred_status_;
@@ -734,7 +1119,7 @@ std::optional<SessionStore::SharedManifest> SessionStore::shared_manifest(const 
   return m;
 }
 
-uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
+uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job) {
   const int32_t n_layers = ctx_.config().n_layers;
   const std::string stem = shared_stem(meta.id);
   // The save this one replaces (its layers go once the new manifest is in); a damaged manifest is simply replaced.
@@ -749,6 +1134,16 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
   const auto ttl = [&] { return meta.expires_ms == 0 ? int64_t{0} : std::max<int64_t>(1, meta.expires_ms - now_ms()); };
   std::vector<uint64_t> sizes;
   int32_t written = 0;
+  const auto remove_written = [&] {  // no manifest names them; a tier that stopped answering keeps them
+    for (int32_t l = 0; l < written; ++l) {
+      try {
+        shared_->remove(shared_layer_key(stem, generation, l));
+      } catch (...) {
+        break;
+      }
+    }
+  };
+  bool dropped = false;
   try {
     for (int32_t l = 0; l < n_layers; ++l) {
       const std::vector<std::byte> blob = layer_blob(seq, l, generation);
@@ -757,23 +1152,34 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta) {
       sizes.push_back(blob.size());
     }
     const std::vector<std::byte> manifest = manifest_bytes(meta, DiskRecord{stem, generation}, sizes);
-    shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    if (job != nullptr) {
+      std::lock_guard<std::mutex> wlock(wmu_);  // a drop of this id marks the job under it
+      dropped = job->dropped;
+      if (!dropped) shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    } else {
+      shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+    }
   } catch (...) {
-    for (int32_t l = 0; l < written; ++l) {  // no manifest names them; a tier that stopped answering keeps them
-      try {
-        shared_->remove(shared_layer_key(stem, generation, l));
-      } catch (...) {
-        break;
-      }
+    remove_written();
+    if (job != nullptr) {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      if (job->dropped) return 0;  // not a failure: the session was dropped meanwhile
     }
     throw;
+  }
+  if (dropped) {
+    remove_written();
+    return 0;
   }
   if (old && old->generation != generation)
     for (size_t l = 0; l < old->sizes.size(); ++l) {
       try {
         shared_->remove(shared_layer_key(stem, old->generation, static_cast<int32_t>(l)));
       } catch (...) {
-        keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+        if (job == nullptr)
+          keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+        else if (!job->cleanup)
+          job->cleanup = std::current_exception();
       }
     }
   return generation;

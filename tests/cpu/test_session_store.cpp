@@ -9,16 +9,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
+#include "session/blob_tier.hpp"
+#include "session/session_store.hpp"
 #include "test_util.hpp"
 
 using namespace kvret::test;
@@ -116,6 +123,7 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DRAM);
     KVRET_ASSERT_OK(kvret_session_save(b.s, "conversation-b"));
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);  // evicted (least recently used)
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));                 // its files are written in the background
     EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_DRAM);
     kvret_stats st = context_stats(ctx.get());
     EXPECT_EQ(st.session_saves, 2);
@@ -226,6 +234,34 @@ TEST_F(SessionStore, PreRopeKeysRoundTripThroughDisk) {
   }
 }
 
+/// The path of the file of layer `layer`'s blob in a disk tier holding one session (file names are "b", the hex of
+/// the key, ".kvb"; a layer's key ends in ".l<layer>").
+fs::path layer_file(const fs::path& dir, int32_t layer) {
+  const std::string suffix = ".l" + std::to_string(layer);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 5 || name[0] != 'b') continue;
+    std::string key;
+    for (size_t i = 1; i + 1 < name.size() - 4; i += 2)
+      key += static_cast<char>(std::stoi(name.substr(i, 2), nullptr, 16));
+    if (key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return e.path();
+  }
+  ADD_FAILURE() << "no file of layer " << layer << " in " << dir;
+  return {};
+}
+
+void flip_byte(const fs::path& file) {
+  const auto size = fs::file_size(file);
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(size / 2));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(size / 2));
+  f.write(&c, 1);
+}
+
 TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
   for (const bool truncate : {false, true}) {
     TempDir dir;
@@ -236,23 +272,13 @@ TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
     fill_session(s.s, 0);
     KVRET_ASSERT_OK(kvret_session_save(s.s, "x"));
     ASSERT_EQ(where(ctx.get(), "x"), KVRET_TIER_DISK);
-    // The largest file is a layer blob.
-    fs::path largest;
-    uintmax_t largest_size = 0;
-    for (const auto& e : fs::directory_iterator(dir.path))
-      if (e.file_size() > largest_size) largest_size = e.file_size(), largest = e.path();
-    ASSERT_GT(largest_size, 1000u);
-    if (truncate) {
-      fs::resize_file(largest, largest_size - 100);
-    } else {
-      std::fstream f(largest, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(static_cast<std::streamoff>(largest_size / 2));
-      char c = 0;
-      f.read(&c, 1);
-      c = static_cast<char>(c ^ 0x10);
-      f.seekp(static_cast<std::streamoff>(largest_size / 2));
-      f.write(&c, 1);
-    }
+    // Layer 0's file: the open reads it before returning (a later layer fails later: SessionLoad).
+    const fs::path layer0 = layer_file(dir.path, 0);
+    ASSERT_GT(fs::file_size(layer0), 1000u);
+    if (truncate)
+      fs::resize_file(layer0, fs::file_size(layer0) - 100);
+    else
+      flip_byte(layer0);
     kvret_seq* out = nullptr;
     EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT);
     EXPECT_NE(std::string(kvret_last_error()).find("corrupt"), std::string::npos) << kvret_last_error();
@@ -288,7 +314,7 @@ TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
   EXPECT_TRUE(fs::is_empty(dir.path));
 }
 
-TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
+TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysInDram) {
   TempDir dir;
   const int64_t size = one_session();
   const fs::path disk = dir.path / "disk";
@@ -303,22 +329,35 @@ TEST_F(SessionStore, UnwritableDiskIsIoAndKeepsDram) {
   // The directory is replaced by a file: every write fails (as root, permissions would not stop one).
   fs::rename(disk, dir.path / "moved");
   std::ofstream(disk.string()) << "not a directory";
-  EXPECT_EQ(kvret_session_save(b.s, "b"), KVRET_ERR_IO);  // A would have to go to disk
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // A's eviction to disk is the background writer's
+  EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
   EXPECT_NE(std::string(kvret_last_error()).find("disk tier"), std::string::npos) << kvret_last_error();
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
-  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_NONE);
-  Seq ra(open_session(ctx.get(), "a"));
-  EXPECT_EQ(read_layers(ra.s), raw_a);
+  EXPECT_NE(std::string(kvret_last_error()).find("stays in DRAM"), std::string::npos) << kvret_last_error();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));    // reported once
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);  // placed on disk, served from its DRAM copy
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  {
+    Seq ra(open_session(ctx.get(), "a"));
+    EXPECT_EQ(read_layers(ra.s), raw_a);  // nothing lost
+  }
   kvret_stats st = context_stats(ctx.get());
-  EXPECT_EQ(st.session_saves, 1);
-  EXPECT_EQ(st.session_evictions, 0);
-  // The disk back: the same save goes through.
+  EXPECT_EQ(st.session_saves, 2);
+  EXPECT_EQ(st.session_evictions, 1);
+  EXPECT_EQ(st.disk_bytes, 0);
+  // The disk back: saving A again puts it in DRAM and evicts B, whose files are written.
   fs::remove(disk);
   fs::rename(dir.path / "moved", disk);
-  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
-  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  const std::vector<float> raw_b = read_layers(b.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DISK);
+  EXPECT_GT(context_stats(ctx.get()).disk_bytes, 0);
+  // A new context finds B on disk.
+  ctx.reset();
+  auto next = make_context(config);
+  Seq rb(open_session(next.get(), "b"));
+  EXPECT_EQ(read_layers(rb.s), raw_b);
 }
 
 TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
@@ -597,6 +636,471 @@ TEST_F(SessionStore, BadInputsAreRefusedAndChangeNothing) {
   Seq cs(cctx.get());
   fill_session(cs.s, 0);
   expect(kvret_session_save(cs.s, "c"), KVRET_ERR_UNSUPPORTED, "hamming_fraction");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Layer-wise loading: a session opened from disk returns with layer 0 in; a loader brings in the others
+
+/// The loader hook of these tests: records the layers it is called for and holds the loader before `block_layer`
+/// until `release` is set.
+std::atomic<int> g_block_layer{-1};
+std::atomic<bool> g_release{false};
+std::atomic<int> g_max_layer_seen{-1};
+std::atomic<int> g_hook_calls{0};
+
+void blocking_hook(const char*, int32_t layer) {
+  ++g_hook_calls;
+  int seen = g_max_layer_seen.load();
+  while (layer > seen && !g_max_layer_seen.compare_exchange_weak(seen, layer)) {
+  }
+  if (layer != g_block_layer.load()) return;
+  while (!g_release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+/// Installs blocking_hook holding the loader before `layer` (-1: never), and removes it at scope exit.
+struct LoadHook {
+  explicit LoadHook(int layer) {
+    g_block_layer = layer;
+    g_release = false;
+    g_max_layer_seen = -1;
+    g_hook_calls = 0;
+    kvret::session::g_layer_load_hook = &blocking_hook;
+  }
+  ~LoadHook() {
+    g_release = true;
+    kvret::session::g_layer_load_hook = nullptr;
+  }
+};
+
+class SessionLoad : public SessionStore {
+ protected:
+  static constexpr int32_t kLoadLayers = 6;
+  SessionLoad() {
+    config.n_layers = kLoadLayers;
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = 1;  // every session goes to disk
+  }
+  /// Saves a session "x" of every layer (layer l holds tokens [40 l, 40 l + 300 + 20 l)) to disk; returns its bytes
+  /// as read_layers sees them.
+  std::vector<float> save_x(kvret_context* ctx) {
+    Seq s(ctx);
+    for (int32_t layer = 0; layer < kLoadLayers; ++layer)
+      prefill(s.s, layer, k, v, 40 * layer, 40 * layer + 300 + 20 * layer);
+    EXPECT_EQ(kvret_session_save(s.s, "x"), KVRET_OK) << kvret_last_error();
+    EXPECT_EQ(where(ctx, "x"), KVRET_TIER_DISK);
+    return read_layers(s.s, kLoadLayers);
+  }
+  static int64_t read_status(kvret_seq* s, int32_t layer) {
+    F32 kk({4, kHeads, kDim}), vv({4, kHeads, kDim});
+    return kvret_seq_read(s, layer, 0, 4, &kk, &vv);
+  }
+  TempDir dir;
+};
+
+TEST_F(SessionLoad, CallsOnALayerWaitForItAndTheSessionArrivesWhole) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  for (const int32_t blocked : {1, 4}) {
+    LoadHook hook(blocked);
+    Seq r(open_session(ctx.get(), "x"));
+    // The layers before the held one are in (or arrive) and answer; the held one and those after it wait.
+    for (int32_t layer = 0; layer < blocked; ++layer) EXPECT_EQ(read_status(r.s, layer), KVRET_OK) << layer;
+    std::atomic<bool> done{false};
+    kvret_status status = KVRET_ERR_INTERNAL;
+    std::thread waiter([&] {
+      F32 kk({4, kHeads, kDim}), vv({4, kHeads, kDim});
+      status = kvret_seq_read(r.s, blocked, 0, 4, &kk, &vv);
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    EXPECT_FALSE(done.load()) << "a call on layer " << blocked << " returned before the layer was loaded";
+    EXPECT_EQ(g_max_layer_seen.load(), blocked);  // the loader goes in layer order and is held there
+    g_release = true;
+    waiter.join();
+    EXPECT_EQ(status, KVRET_OK) << kvret_last_error();
+    KVRET_ASSERT_OK(kvret_wait_index(r.s, -1));
+    EXPECT_EQ(read_layers(r.s, kLoadLayers), raw);    // byte for byte
+    EXPECT_EQ(g_hook_calls.load(), kLoadLayers - 1);  // layer 0 came with the open
+    kvret_stats st;
+    kvret_stats_init(&st);
+    KVRET_ASSERT_OK(kvret_seq_stats(r.s, &st));
+    int64_t tokens = 0;
+    for (int32_t layer = 0; layer < kLoadLayers; ++layer) tokens += 300 + 20 * layer;
+    EXPECT_EQ(st.tokens_stored, tokens);
+  }
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 2);
+}
+
+TEST_F(SessionLoad, ClosingALoadingSequenceStopsItsLoader) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  const int64_t host_before = context_stats(ctx.get()).host_bytes;
+  {
+    LoadHook hook(2);
+    kvret_seq* r = open_session(ctx.get(), "x");
+    ASSERT_NE(r, nullptr);
+    while (g_max_layer_seen.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // held at 2
+    std::atomic<bool> closed{false};
+    std::thread closer([&] {
+      EXPECT_EQ(kvret_seq_close(r), KVRET_OK);
+      closed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_release = true;  // the loader finishes layer 2, then sees the close
+    closer.join();
+    EXPECT_TRUE(closed.load());
+    EXPECT_EQ(g_max_layer_seen.load(), 2) << "the loader went on after the sequence was closed";
+  }
+  EXPECT_EQ(context_stats(ctx.get()).host_bytes, host_before);  // what it had loaded is freed
+  // The session is untouched: it opens again, whole.
+  Seq again(open_session(ctx.get(), "x"));
+  EXPECT_EQ(read_layers(again.s, kLoadLayers), raw);
+}
+
+TEST_F(SessionLoad, DestroyingTheContextStopsALoader) {
+  auto ctx = make_context(config);
+  save_x(ctx.get());
+  LoadHook hook(3);
+  kvret_seq* r = open_session(ctx.get(), "x");
+  ASSERT_NE(r, nullptr);
+  std::thread releaser([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_release = true;
+  });
+  ctx.reset();  // closes r, stopping its loader
+  releaser.join();
+  EXPECT_LE(g_max_layer_seen.load(), 4);
+}
+
+TEST_F(SessionLoad, ACorruptLayerAfterOpenFailsItsCallsAndDropsTheSession) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  flip_byte(layer_file(dir.path, 4));
+  Seq r(open_session(ctx.get(), "x"));  // layer 0 is whole: the open succeeds
+  for (int32_t layer = 0; layer < 4; ++layer) EXPECT_EQ(read_status(r.s, layer), KVRET_OK) << layer;
+  for (int32_t layer = 4; layer < kLoadLayers; ++layer) {
+    EXPECT_EQ(read_status(r.s, layer), KVRET_ERR_CORRUPT) << layer;
+    EXPECT_NE(std::string(kvret_last_error()).find("layer 4"), std::string::npos) << kvret_last_error();
+  }
+  EXPECT_EQ(kvret_wait_index(r.s, -1), KVRET_ERR_CORRUPT);
+  EXPECT_EQ(kvret_session_save(r.s, "y"), KVRET_ERR_CORRUPT);  // a sequence missing layers cannot be saved
+  kvret_seq* fork = nullptr;
+  EXPECT_EQ(kvret_seq_fork(r.s, &fork), KVRET_ERR_CORRUPT);
+  // Dropped before the calls heard of it: the next open is a miss.
+  kvret_seq* out = nullptr;
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(where(ctx.get(), "y"), KVRET_TIER_NONE);
+  EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 1);
+  EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // its files are gone
+  // A damaged layer 0 is reported by the open itself.
+  save_x(ctx.get());
+  flip_byte(layer_file(dir.path, 0));
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+  EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 2);
+}
+
+TEST_F(SessionLoad, FilesALoaderReadsOutliveADropAndAResave) {
+  auto ctx = make_context(config);
+  const std::vector<float> raw = save_x(ctx.get());
+  {
+    LoadHook hook(2);
+    Seq r(open_session(ctx.get(), "x"));
+    KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));  // while layers 2.. are still to read
+    EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+    const std::vector<float> raw2 = save_x(ctx.get());  // a new save of the same id: other files
+    g_release = true;
+    KVRET_ASSERT_OK(kvret_wait_index(r.s, -1));
+    EXPECT_EQ(read_layers(r.s, kLoadLayers), raw);  // the old save, whole
+    Seq again(open_session(ctx.get(), "x"));
+    EXPECT_EQ(read_layers(again.s, kLoadLayers), raw2);
+  }
+  KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));
+  EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // the dropped save's files went once its loader ended
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The write-through to a shared tier runs on a background writer (a test tier in memory stands in for Redis)
+
+/// Blobs in memory shared by every context of a test; puts wait while `hold` is set and fail while `fail` is.
+struct MemoryTierState {
+  std::mutex mu;
+  std::map<std::string, std::vector<std::byte>> blobs;
+  std::atomic<bool> hold{false};
+  std::atomic<bool> fail{false};
+  std::atomic<int> puts_waiting{0};
+};
+MemoryTierState* g_memory_tier = nullptr;
+
+class MemoryTier final : public kvret::session::BlobTier {
+ public:
+  const char* name() const noexcept override { return "memory"; }
+  void put(const std::string& key, const std::byte* data, size_t size, int64_t) override {
+    MemoryTierState& s = *g_memory_tier;
+    ++s.puts_waiting;
+    while (s.hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    --s.puts_waiting;
+    if (s.fail.load()) throw kvret::Error(KVRET_ERR_IO, "memory tier: the test fails its writes");
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.blobs[key].assign(data, data + size);
+  }
+  std::optional<std::vector<std::byte>> get(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(g_memory_tier->mu);
+    const auto it = g_memory_tier->blobs.find(key);
+    if (it == g_memory_tier->blobs.end()) return std::nullopt;
+    return it->second;
+  }
+  bool remove(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(g_memory_tier->mu);
+    return g_memory_tier->blobs.erase(key) != 0;
+  }
+};
+
+class SessionWriter : public SessionStore {
+ protected:
+  SessionWriter() {
+    g_memory_tier = &state;
+    kvret::session::g_shared_tier_factory = [] { return std::unique_ptr<kvret::session::BlobTier>(new MemoryTier); };
+    config.session_shared_url = "redis://127.0.0.1:1";  // replaced by the memory tier
+  }
+  ~SessionWriter() override {
+    state.hold = false;
+    kvret::session::g_shared_tier_factory = nullptr;
+  }
+  size_t manifests() {
+    std::lock_guard<std::mutex> lock(state.mu);
+    size_t n = 0;
+    for (const auto& [key, blob] : state.blobs) n += key.size() > 2 && key.compare(key.size() - 2, 2, ".m") == 0;
+    return n;
+  }
+  MemoryTierState state;
+};
+
+TEST_F(SessionWriter, ASaveReturnsBeforeItsWriteThroughAndFlushWaitsForIt) {
+  auto a = make_context(config);
+  auto b = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 0);
+  const std::vector<float> raw = read_layers(s.s);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "w"));  // returns with the writer held at its first put
+  EXPECT_EQ(where(a.get(), "w"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_NONE);  // not in the shared tier yet
+  {
+    Seq local(open_session(a.get(), "w"));  // the local copy serves meanwhile
+    EXPECT_EQ(read_layers(local.s), raw);
+  }
+  std::atomic<bool> flushed{false};
+  kvret_status flush_status = KVRET_ERR_INTERNAL;
+  std::thread flusher([&] {
+    flush_status = kvret_session_flush(a.get());
+    flushed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the write-through";
+  state.hold = false;
+  flusher.join();
+  EXPECT_EQ(flush_status, KVRET_OK) << kvret_last_error();
+  EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_SHARED);
+  Seq other(open_session(b.get(), "w"));
+  EXPECT_EQ(read_layers(other.s), raw);
+}
+
+TEST_F(SessionWriter, AFailedWriteThroughIsReportedByFlushAndTheSessionStaysInDram) {
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 1);
+  const std::vector<float> raw = read_layers(s.s);
+  state.fail = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
+  EXPECT_EQ(kvret_session_flush(a.get()), KVRET_ERR_IO);
+  EXPECT_NE(std::string(kvret_last_error()).find("write-through"), std::string::npos) << kvret_last_error();
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));  // reported once
+  EXPECT_EQ(manifests(), 0u);
+  EXPECT_EQ(where(a.get(), "f"), KVRET_TIER_DRAM);
+  Seq local(open_session(a.get(), "f"));
+  EXPECT_EQ(read_layers(local.s), raw);
+  state.fail = false;  // the next save writes through
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(manifests(), 1u);
+}
+
+TEST_F(SessionWriter, ADropWhileTheWriterRunsLeavesNothingInTheSharedTier) {
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 2);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d1"));  // running, held
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "d2"));  // queued behind it
+  while (state.puts_waiting.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  KVRET_ASSERT_OK(kvret_session_drop(a.get(), "d1"));
+  KVRET_ASSERT_OK(kvret_session_drop(a.get(), "d2"));
+  state.hold = false;
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(where(a.get(), "d1"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(a.get(), "d2"), KVRET_TIER_NONE);
+  std::lock_guard<std::mutex> lock(state.mu);
+  EXPECT_TRUE(state.blobs.empty()) << state.blobs.size() << " blobs left";
+}
+
+TEST_F(SessionWriter, TheWritersCopiesAreBoundedBySessionDramBytes) {
+  const int64_t one = one_session();
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.blobs.clear();  // one_session's own save
+  }
+  config.session_dram_bytes = one + one / 2;  // the writer may hold one session, then a second that goes past
+  auto a = make_context(config);
+  Seq s(a.get());
+  fill_session(s.s, 3);
+  state.hold = true;
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "b1"));  // pending: one session (below the bound)
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "b2"));  // pending: two (past it)
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    EXPECT_EQ(kvret_session_save(s.s, "b3"), KVRET_OK) << kvret_last_error();
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
+  state.hold = false;
+  saver.join();
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  EXPECT_EQ(manifests(), 3u);
+}
+
+TEST_F(SessionWriter, DestroyingTheContextFinishesTheQueuedWrites) {
+  {
+    auto a = make_context(config);
+    Seq s(a.get());
+    fill_session(s.s, 4);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "q1"));
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "q2"));
+  }
+  EXPECT_EQ(manifests(), 2u);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Evictions to disk run on the background writer
+
+std::atomic<bool> g_hold_disk{false};
+std::atomic<int> g_disk_writes_seen{0};
+void holding_disk_hook(const char*) {
+  ++g_disk_writes_seen;
+  while (g_hold_disk.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+class SessionEviction : public SessionStore {
+ protected:
+  SessionEviction() {
+    size = one_session();
+    config.disk_path = dir.path.c_str();
+    config.session_dram_bytes = size + size / 2;  // DRAM holds one session
+    g_hold_disk = true;
+    g_disk_writes_seen = 0;
+    kvret::session::g_disk_write_hook = &holding_disk_hook;
+  }
+  ~SessionEviction() override {
+    g_hold_disk = false;
+    kvret::session::g_disk_write_hook = nullptr;
+  }
+  size_t files() const {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir.path)) n += e.path().extension() == ".kvb";
+    return n;
+  }
+  int64_t size = 0;
+  TempDir dir;
+};
+
+TEST_F(SessionEviction, AnEvictedSessionServesFromDramUntilItsFilesAreWritten) {
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  const std::vector<float> raw_a = read_layers(a.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // evicts A; returns with its write held
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
+  EXPECT_EQ(files(), 0u);  // nothing of A on disk yet
+  {
+    Seq ra(open_session(ctx.get(), "a"));  // its DRAM copy
+    EXPECT_EQ(read_layers(ra.s), raw_a);
+  }
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
+    flushed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the eviction was written";
+  g_hold_disk = false;
+  flusher.join();
+  EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
+  Seq ra(open_session(ctx.get(), "a"));  // from its files now
+  EXPECT_EQ(read_layers(ra.s), raw_a);
+  EXPECT_EQ(context_stats(ctx.get()).disk_reads, kLayers + 1);
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 2);
+}
+
+TEST_F(SessionEviction, ADropOrAResaveWhileTheWriteRunsLeavesNoStaleFiles) {
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get()), c(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  fill_session(c.s, 2);
+  const std::vector<float> raw_a = read_layers(a.s), raw_b = read_layers(b.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // A's eviction: held
+  while (g_disk_writes_seen.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "a"));  // dropped while its write runs
+  KVRET_ASSERT_OK(kvret_session_save(c.s, "c"));        // evicts B (queued)
+  std::thread release([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g_hold_disk = false;
+  });
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // waits for the writer's room; B saved again: to DRAM, C evicted
+  release.join();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "c"), KVRET_TIER_DISK);
+  EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));  // C's only
+  Seq rb(open_session(ctx.get(), "b"));
+  EXPECT_EQ(read_layers(rb.s), raw_b);
+  // A new context finds C alone.
+  const std::vector<float> raw_c = read_layers(c.s);
+  ctx.reset();
+  auto next = make_context(config);
+  EXPECT_EQ(where(next.get(), "a"), KVRET_TIER_NONE);
+  EXPECT_EQ(where(next.get(), "b"), KVRET_TIER_NONE);
+  Seq rc(open_session(next.get(), "c"));
+  EXPECT_EQ(read_layers(rc.s), raw_c);
+}
+
+TEST_F(SessionEviction, ASaveWaitsWhileTheWritersCopiesReachSessionDramBytes) {
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 3);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s1"));
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s2"));  // evicts s1: the writer holds one session (below the bound)
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "s3"));  // evicts s2: two (past it)
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    EXPECT_EQ(kvret_session_save(s.s, "s4"), KVRET_OK) << kvret_last_error();
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
+  g_hold_disk = false;
+  saver.join();
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  for (const char* id : {"s1", "s2", "s3"}) EXPECT_EQ(where(ctx.get(), id), KVRET_TIER_DISK) << id;
+  EXPECT_EQ(where(ctx.get(), "s4"), KVRET_TIER_DRAM);
+  EXPECT_EQ(files(), static_cast<size_t>(3 * (kLayers + 1)));
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -353,10 +353,10 @@ TEST_F(SharedStorePersistent, KillingTheServerMidSaveLeavesTheOldVersionOrAMiss)
     }
   });
   const kvret_status saved = kvret_session_save(new_turn.s, "killed");
+  EXPECT_EQ(saved, KVRET_OK) << kvret_last_error();           // the local tier has it whatever the server did
+  const kvret_status flushed = kvret_session_flush(a.get());  // the write-through runs in the background till here
   stop = true;
   killer.join();
-  EXPECT_EQ(saved, KVRET_OK) << kvret_last_error();  // the local tier has it whatever the server did
-  const kvret_status flushed = kvret_session_flush(a.get());
   EXPECT_TRUE(flushed == KVRET_OK || flushed == KVRET_ERR_IO) << kvret_status_string(flushed);
   ASSERT_TRUE(killed) << "the server was not killed during the save";
 

@@ -161,8 +161,10 @@ class Context(Resource):
             raise KvretError(Status.INTERNAL, f"kvret_session_where gave an unknown tier {tier}") from None
 
     def flush_sessions(self):
-        """Raises the first failure, since the last flush, of the work the session store does after a call has
-        returned (removing the files of a dropped, replaced or expired session), which no call reports itself."""
+        """Waits until the session store's background writer has written every earlier save through to the shared
+        tier, then raises the first failure, since the last flush, of the work the store does after a call has
+        returned (a write-through to the shared tier; removing the files of a dropped, replaced or expired
+        session), which no call reports itself."""
         _c.kvret_session_flush(self._live())
 
     # ---- calls ----

@@ -123,8 +123,10 @@ impl Context {
         SessionTier::from_code(tier)
     }
 
-    /// The first failure, since the last flush, of the work the session store does after a call has returned
-    /// (removing the files of a dropped, replaced or expired session), which no call reports itself.
+    /// Waits until the session store's background writer has written every earlier save through to the shared
+    /// tier, then returns the first failure, since the last flush, of the work the store does after a call has
+    /// returned (a write-through to the shared tier; removing the files of a dropped, replaced or expired
+    /// session), which no call reports itself.
     pub fn flush_sessions(&self) -> Result<()> {
         check(unsafe { sys::kvret_session_flush(self.raw()) })
     }

@@ -252,8 +252,10 @@ public final class Context implements AutoCloseable {
   }
 
   /**
-   * Throws the first failure, since the last flush, of the work the session store does after a call has returned
-   * (removing the files of a dropped, replaced or expired session), which no call reports itself.
+   * Waits until the session store's background writer has written every earlier save through to the shared tier,
+   * then throws the first failure, since the last flush, of the work the store does after a call has returned (a
+   * write-through to the shared tier; removing the files of a dropped, replaced or expired session), which no call
+   * reports itself.
    */
   public void flushSessions() {
     state.lifetime.readLock().lock();
