@@ -475,7 +475,9 @@ KVRET_API kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_t
  *  >= count]), aligned with out_positions: the folded score the index ranked it by, higher first (for
  *  KVRET_FOLD_SUM_PROB the group's summed softmax probability, estimated by the index: a PQ cell's or a page's
  *  tokens share their cell's or page's score; for KVRET_FOLD_MAX_LOGIT the largest scaled logit). Scores compare
- *  within one call; a caller may weight, merge or threshold a selection with them. With config.hamming_fraction
+ *  within one call; a caller may weight, merge or threshold a selection with them. The quant index with
+ *  config.quant_rerank > 1 scores with the exact keys of its candidates (KVRET_FOLD_SUM_PROB: a softmax over the
+ *  candidates, so a token's score depends on the budget). With config.hamming_fraction
  *  > 0, the KVCrush representatives score -infinity (they were not ranked by the query). */
 KVRET_API kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                            const kvret_tensor* out_positions, const kvret_tensor* out_scores,

@@ -119,7 +119,7 @@ int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r,
                                float* const* out_scores) const {
   require_covers(r, "quant");
   const int64_t n = r.mid_end - r.mid_begin;
-  // Candidates for the exact re-ranking: rerank_ x budget, at most the middle (then it is EXACT's ranking).
+  // Candidates for the exact re-ranking: rerank_ x budget, at most the middle (then it is EXACT's ranking and scores).
   const int64_t candidates = rerank_ > 1 ? std::min(n, r.budget * rerank_) : r.budget;
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
@@ -128,7 +128,7 @@ int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r,
     heads_[static_cast<size_t>(h)].logits(qh, r.group, r.scale, logits.data(), n);
     std::vector<float> folded(static_cast<size_t>(n));
     fold_logits(logits.data(), r.group, n, r.fold, folded.data());
-    if (candidates == r.budget) {
+    if (rerank_ == 1) {
       take_top_tokens(folded.data(), n, r.budget, r.mid_begin, out_rows[h],
                       out_scores != nullptr ? out_scores[h] : nullptr);
       return;

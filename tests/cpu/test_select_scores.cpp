@@ -1,7 +1,9 @@
 // kvret_select_scored: the same positions as kvret_select, each with the score the index ranked it by. Properties:
-// scores do not depend on the budget; every selected token scores at least as high as every token left out; the
-// exact index's scores are the exact folded scores; with the sum-of-probabilities fold every index's scores over
-// the whole middle sum to the group size (a probability per query head); bad arguments change nothing.
+// scores do not depend on the budget (for the quant index, without its exact re-ranking); every selected token
+// scores at least as high as every token left out; the exact index's scores are the exact folded scores; with the
+// sum-of-probabilities fold every index's scores over the whole middle sum to the group size (a probability per
+// query head); bad arguments change nothing.
+// head); bad arguments change nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,6 +49,7 @@ TEST_P(SelectScores, RankTheSelectionAndDoNotDependOnTheBudget) {
   const auto [kind, fold] = GetParam();
   kvret_config config = small_config(kind);
   config.gqa_fold = fold;
+  config.quant_rerank = 1;  // re-ranked scores depend on the candidates, hence on the budget (test_quant.cpp)
   auto ctx = make_context(config);
   Seq seq(ctx.get());
   F32 k({kTokens, kHeads, kDim}), v({kTokens, kHeads, kDim});
