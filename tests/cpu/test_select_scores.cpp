@@ -3,7 +3,6 @@
 // scores at least as high as every token left out; the exact index's scores are the exact folded scores; with the
 // sum-of-probabilities fold every index's scores over the whole middle sum to the group size (a probability per
 // query head); bad arguments change nothing.
-// head); bad arguments change nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
