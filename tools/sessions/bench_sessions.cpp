@@ -34,6 +34,7 @@ struct Options {
   bool drop_cache = true;
   bool json = false;
   uint64_t seed = 1;
+  std::string shared_url;  // non-empty: also time the shared tier (Redis) through the store
 };
 
 void usage() {
@@ -45,6 +46,9 @@ void usage() {
       "  --dir PATH            the disk tier's directory (default: a new one under $TMPDIR, removed after)\n"
       "  --keep-cache          do not evict the session's files from the page cache before opening from disk\n"
       "  --seed N              (default 1)\n"
+      "  --shared-url URL      also time the shared tier: a save written through to the Redis server at URL\n"
+      "                        (config.session_shared_url) and flushed, and an open from it in a context without\n"
+      "                        a disk tier\n"
       "  --json                one JSON object instead of the table\n");
 }
 
@@ -181,6 +185,8 @@ int run(int argc, char** argv) {
       o.drop_cache = false;
     } else if (a == "--seed") {
       o.seed = std::stoull(value());
+    } else if (a == "--shared-url") {
+      o.shared_url = value();
     } else if (a == "--json") {
       o.json = true;
     } else {
@@ -261,6 +267,32 @@ int run(int argc, char** argv) {
     open_disk_all_s = seconds_since(t0);
     kvret_destroy(ctx);
   }
+  // Shared tier: a DRAM-only context whose saves are written through to Redis; a second one without a disk tier
+  // opens the session from Redis (every layer read before the call returns).
+  double save_shared_s = -1, flush_shared_s = -1, open_shared_s = -1;
+  if (!o.shared_url.empty()) {
+    kvret_config c = make_config(o, nullptr, 0);
+    c.session_shared_url = o.shared_url.c_str();
+    kvret_context* ctx = nullptr;
+    check(kvret_create(&c, &ctx), "kvret_create (shared tier)");
+    kvret_seq* seq = nullptr;
+    prefill(ctx, o, &seq);
+    auto t0 = std::chrono::steady_clock::now();
+    check(kvret_session_save(seq, "bench-shared"), "kvret_session_save (shared)");
+    save_shared_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    check(kvret_session_flush(ctx), "kvret_session_flush (the write-through)");
+    flush_shared_s = seconds_since(t0);
+    kvret_context* reader = nullptr;
+    check(kvret_create(&c, &reader), "kvret_create (shared tier reader)");
+    kvret_seq* opened = nullptr;
+    t0 = std::chrono::steady_clock::now();
+    check(kvret_session_open(reader, "bench-shared", &opened), "kvret_session_open (shared)");
+    open_shared_s = seconds_since(t0);
+    check(kvret_session_drop(reader, "bench-shared"), "kvret_session_drop (shared)");
+    kvret_destroy(reader);
+    kvret_destroy(ctx);
+  }
   if (own_dir) remove_dir(o.dir);
 
   const double mib = 1024.0 * 1024.0;
@@ -270,10 +302,12 @@ int run(int argc, char** argv) {
         "\"kv_bytes\": %.0f, \"session_bytes\": %lld, \"prefill_s\": %.6f, \"save_dram_s\": %.6f, "
         "\"open_dram_s\": %.6f, \"save_evicting_s\": %.6f, \"flush_eviction_s\": %.6f, \"save_disk_s\": %.6f, "
         "\"open_disk_s\": %.6f, \"open_disk_all_layers_s\": %.6f, "
-        "\"disk_bytes\": %lld, \"page_cache_dropped\": %s}\n",
+        "\"disk_bytes\": %lld, \"page_cache_dropped\": %s, \"save_shared_s\": %.6f, \"flush_shared_s\": %.6f, "
+        "\"open_shared_s\": %.6f}\n",
         o.layers, o.q_heads, o.kv_heads, o.head_dim, static_cast<long long>(o.tokens), index_name(o.index), kv_bytes,
         static_cast<long long>(session_bytes), prefill_s, save_dram_s, open_dram_s, save_evict_s, flush_evict_s,
-        save_disk_s, open_disk_s, open_disk_all_s, static_cast<long long>(disk_bytes), o.drop_cache ? "true" : "false");
+        save_disk_s, open_disk_s, open_disk_all_s, static_cast<long long>(disk_bytes), o.drop_cache ? "true" : "false",
+        save_shared_s, flush_shared_s, open_shared_s);
   } else {
     std::printf("%d layers, %d KV heads of %d, f16, %lld tokens, index %s: %.1f MiB of KV, %.1f MiB saved\n", o.layers,
                 o.kv_heads, o.head_dim, static_cast<long long>(o.tokens), index_name(o.index), kv_bytes / mib,
@@ -288,6 +322,11 @@ int run(int argc, char** argv) {
     std::printf("  open from disk: every layer ready  %10.3f s\n", open_disk_all_s);
     std::printf("  bytes on disk                      %10.1f MiB%s\n", static_cast<double>(disk_bytes) / mib,
                 o.drop_cache ? "" : " (page cache kept)");
+    if (!o.shared_url.empty()) {
+      std::printf("  save written through to Redis: returns %7.3f ms\n", save_shared_s * 1e3);
+      std::printf("  then flush (in Redis)              %10.3f s\n", flush_shared_s);
+      std::printf("  open from Redis (another context)  %10.3f s\n", open_shared_s);
+    }
   }
   return 0;
 }
