@@ -793,6 +793,12 @@ typedef struct kvret_stats {
   int64_t session_dram_bytes; /**< bytes of the sessions held in DRAM now */
   int64_t session_dram_count; /**< sessions held in DRAM now */
   int64_t session_disk_count; /**< sessions held on disk now */
+  /* The session store's shared tier and background writes (appended; context stats only; docs/sessions.md) */
+  int64_t session_hits_shared;    /**< kvret_session_open served from the shared tier (config.session_shared_url) */
+  int64_t session_shared_writes;  /**< saves written through to the shared tier */
+  int64_t session_write_failures; /**< writes below DRAM that failed: evictions to disk (the session stays in DRAM)
+                                       and write-throughs to the shared tier; kvret_session_flush reports the
+                                       first */
 } kvret_stats;
 
 /** Sets struct_size and zeroes the rest. */

@@ -739,8 +739,10 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
     }
     try {
       m.shared = write_shared(seq, m);
+      ++counters_.shared_writes;
     } catch (...) {
       m.shared = kSharedBehind;
+      ++counters_.write_failures;
       keep_failure(std::current_exception(), "kvret_session_save: the write-through to the shared tier");
     }
   }
@@ -753,7 +755,9 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
   if (it == ids_.end() || placement_.where(it->second) == Tier::miss) {
     if (shared_) {
       try {
-        return read_shared(id);
+        std::unique_ptr<Sequence> seq = read_shared(id);
+        ++counters_.hits_shared;
+        return seq;
       } catch (const Error& e) {
         if (e.status() == KVRET_ERR_NOT_FOUND) ++counters_.misses;
         throw;
@@ -775,6 +779,7 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
       try {
         std::unique_ptr<Sequence> seq = read_shared(id);
         if (meta_.at(sid).shared != kSharedUnknown) drop_session(sid);  // a copy of an older save
+        ++counters_.hits_shared;
         return seq;
       } catch (const Error& e) {
         if (e.status() != KVRET_ERR_NOT_FOUND) throw;  // gone meanwhile: the local copy serves
@@ -949,6 +954,7 @@ void SessionStore::commit_disk_write(const std::shared_ptr<DiskWrite>& job, cons
   const auto e = evicting_.find(job->sid);
   const bool current = e != evicting_.end() && e->second == job;
   if (failure) {  // nothing of it is on disk; a current one stays in DRAM
+    ++counters_.write_failures;
     if (current) keep_failure(failure, "session store: writing a session evicted from DRAM to disk (it stays in DRAM)");
     return;
   }
@@ -1007,7 +1013,12 @@ void SessionStore::writer_loop() {
     job->copy.reset();  // its pages and index go
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (failure) keep_failure(failure, "kvret_session_save: the write-through to the shared tier");
+      if (failure) {
+        ++counters_.write_failures;
+        keep_failure(failure, "kvret_session_save: the write-through to the shared tier");
+      } else if (generation != 0) {
+        ++counters_.shared_writes;
+      }
       if (job->cleanup) keep_failure(job->cleanup, "session store cleanup (shared tier)");
       if (generation != 0)
         if (const auto id = ids_.find(job->id); id != ids_.end())
@@ -1293,6 +1304,9 @@ void SessionStore::add_stats(kvret_stats* out) const {
   KVRET_SET(session_dram_bytes, dram_bytes);
   KVRET_SET(session_dram_count, dram_sessions);
   KVRET_SET(session_disk_count, disk_sessions);
+  KVRET_SET(session_hits_shared, counters_.hits_shared);
+  KVRET_SET(session_shared_writes, counters_.shared_writes);
+  KVRET_SET(session_write_failures, counters_.write_failures);
 #undef KVRET_SET
 }
 

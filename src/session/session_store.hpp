@@ -65,7 +65,10 @@ struct SessionCounters {
   int64_t misses = 0;
   int64_t evictions = 0;  ///< sessions moved out of DRAM to disk, or dropped from a tier, to make room
   int64_t expired = 0;
-  int64_t corrupt = 0;  ///< sessions dropped because their bytes failed a check
+  int64_t corrupt = 0;         ///< sessions dropped because their bytes failed a check
+  int64_t hits_shared = 0;     ///< opens served from the shared tier
+  int64_t shared_writes = 0;   ///< saves written through to the shared tier
+  int64_t write_failures = 0;  ///< writes below DRAM that failed (evictions to disk, write-throughs)
 };
 
 class SessionStore {

@@ -344,6 +344,7 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   EXPECT_EQ(st.session_saves, 2);
   EXPECT_EQ(st.session_evictions, 1);
   EXPECT_EQ(st.disk_bytes, 0);
+  EXPECT_EQ(st.session_write_failures, 1);
   // The disk back: saving A again puts it in DRAM and evicts B, whose files are written.
   fs::remove(disk);
   fs::rename(dir.path / "moved", disk);
@@ -903,9 +904,14 @@ TEST_F(SessionWriter, ASaveReturnsBeforeItsWriteThroughAndFlushWaitsForIt) {
   state.hold = false;
   flusher.join();
   EXPECT_EQ(flush_status, KVRET_OK) << kvret_last_error();
+  EXPECT_EQ(context_stats(a.get()).session_shared_writes, 1);
+  EXPECT_EQ(context_stats(a.get()).session_write_failures, 0);
   EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_SHARED);
+  EXPECT_EQ(context_stats(b.get()).session_hits_shared, 0);
   Seq other(open_session(b.get(), "w"));
   EXPECT_EQ(read_layers(other.s), raw);
+  EXPECT_EQ(context_stats(b.get()).session_hits_shared, 1);
+  EXPECT_EQ(context_stats(b.get()).session_hits_dram + context_stats(b.get()).session_hits_disk, 0);
 }
 
 TEST_F(SessionWriter, AFailedWriteThroughIsReportedByFlushAndTheSessionStaysInDram) {
@@ -917,6 +923,8 @@ TEST_F(SessionWriter, AFailedWriteThroughIsReportedByFlushAndTheSessionStaysInDr
   KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
   EXPECT_EQ(kvret_session_flush(a.get()), KVRET_ERR_IO);
   EXPECT_NE(std::string(kvret_last_error()).find("write-through"), std::string::npos) << kvret_last_error();
+  EXPECT_EQ(context_stats(a.get()).session_write_failures, 1);
+  EXPECT_EQ(context_stats(a.get()).session_shared_writes, 0);
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));  // reported once
   EXPECT_EQ(manifests(), 0u);
   EXPECT_EQ(where(a.get(), "f"), KVRET_TIER_DRAM);
@@ -926,6 +934,8 @@ TEST_F(SessionWriter, AFailedWriteThroughIsReportedByFlushAndTheSessionStaysInDr
   KVRET_ASSERT_OK(kvret_session_save(s.s, "f"));
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));
   EXPECT_EQ(manifests(), 1u);
+  EXPECT_EQ(context_stats(a.get()).session_shared_writes, 1);
+  EXPECT_EQ(context_stats(a.get()).session_write_failures, 1);
 }
 
 TEST_F(SessionWriter, ADropWhileTheWriterRunsLeavesNothingInTheSharedTier) {

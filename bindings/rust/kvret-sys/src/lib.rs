@@ -254,6 +254,9 @@ pub struct kvret_stats {
     pub session_dram_bytes: i64,
     pub session_dram_count: i64,
     pub session_disk_count: i64,
+    pub session_hits_shared: i64,
+    pub session_shared_writes: i64,
+    pub session_write_failures: i64,
 }
 
 extern "C" {

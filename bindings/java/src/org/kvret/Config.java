@@ -227,19 +227,31 @@ public final class Config {
     return fields.getHost_bytes_limit();
   }
 
-  /** kvret_config.block_tokens: tokens per cache block; default 128 */
+  /**
+   * kvret_config.block_tokens: tokens per cache block (positions [b * block_tokens, (b+1) *
+   * block_tokens)); default 128; >= 1
+   */
   public int blockTokens() {
     return fields.getBlock_tokens();
   }
 
-  /** kvret_config.cache_policy: a kvret_cache_policy; default KVRET_CACHE_LRU */
+  /**
+   * kvret_config.cache_policy: a kvret_cache_policy: which cached block a newly admitted one
+   * replaces; default KVRET_CACHE_LRU
+   */
   public CachePolicy cachePolicy() {
     return CachePolicy.fromCode(fields.getCache_policy());
   }
 
   /**
-   * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head);
-   * default 4096
+   * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head) on the
+   * CUDA backend: cache_capacity_tokens / block_tokens slots (at most 2048; 0 slots = no cache) of
+   * keys and values in device memory, made at the layer's first fetch or prefetch, counted in
+   * stats.device_bytes and under device_bytes_limit (a layer whose cache does not fit runs without
+   * one). Fetches serve rows of cached blocks from it (stats.cache_hits) and admit the complete
+   * blocks holding the most selected rows; the still-growing last block is never cached. Results
+   * are the same with and without it. Ignored by the CPU backend, whose KV is already in host
+   * memory; default 4096; >= 0
    */
   public long cacheCapacityTokens() {
     return fields.getCache_capacity_tokens();
@@ -336,10 +348,13 @@ public final class Config {
 
   /**
    * kvret_config.device_bytes_limit: most bytes of device memory the context's sequences keep
-   * between calls (the working sets of kvret_seq_attend; stats.device_bytes); an allocation that
-   * would pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes anything. The
-   * temporaries of a call (gather lists, attention weights), freed before it returns, are not
-   * counted. 0 = unlimited (default); >= 0. Ignored by the CPU backend, which uses no device memory
+   * between calls (the working sets of kvret_seq_attend and the block caches; stats.device_bytes).
+   * A working set that would pass it is KVRET_ERR_CAPACITY, naming this field, before the call
+   * changes anything; a block cache that would pass it is not made (that layer's fetches read every
+   * row from host memory and succeed; a later fetch tries again), and a cache's block table that
+   * cannot grow stops admitting blocks past it. The temporaries of a call (gather lists, attention
+   * weights, the cache's bookkeeping), freed before it returns, are not counted. 0 = unlimited
+   * (default); >= 0. Ignored by the CPU backend, which uses no device memory
    */
   public long deviceBytesLimit() {
     return fields.getDevice_bytes_limit();
@@ -689,21 +704,33 @@ public final class Config {
       return this;
     }
 
-    /** kvret_config.block_tokens: tokens per cache block; default 128 */
+    /**
+     * kvret_config.block_tokens: tokens per cache block (positions [b * block_tokens, (b+1) *
+     * block_tokens)); default 128; >= 1
+     */
     public Builder blockTokens(int value) {
       fields.setBlock_tokens(value);
       return this;
     }
 
-    /** kvret_config.cache_policy: a kvret_cache_policy; default KVRET_CACHE_LRU */
+    /**
+     * kvret_config.cache_policy: a kvret_cache_policy: which cached block a newly admitted one
+     * replaces; default KVRET_CACHE_LRU
+     */
     public Builder cachePolicy(CachePolicy value) {
       fields.setCache_policy(value.code);
       return this;
     }
 
     /**
-     * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head);
-     * default 4096
+     * kvret_config.cache_capacity_tokens: block cache capacity per (sequence, layer, KV head) on
+     * the CUDA backend: cache_capacity_tokens / block_tokens slots (at most 2048; 0 slots = no
+     * cache) of keys and values in device memory, made at the layer's first fetch or prefetch,
+     * counted in stats.device_bytes and under device_bytes_limit (a layer whose cache does not fit
+     * runs without one). Fetches serve rows of cached blocks from it (stats.cache_hits) and admit
+     * the complete blocks holding the most selected rows; the still-growing last block is never
+     * cached. Results are the same with and without it. Ignored by the CPU backend, whose KV is
+     * already in host memory; default 4096; >= 0
      */
     public Builder cacheCapacityTokens(long value) {
       fields.setCache_capacity_tokens(value);
@@ -811,10 +838,13 @@ public final class Config {
 
     /**
      * kvret_config.device_bytes_limit: most bytes of device memory the context's sequences keep
-     * between calls (the working sets of kvret_seq_attend; stats.device_bytes); an allocation that
-     * would pass it is KVRET_ERR_CAPACITY, naming this field, before the call changes anything. The
-     * temporaries of a call (gather lists, attention weights), freed before it returns, are not
-     * counted. 0 = unlimited (default); >= 0. Ignored by the CPU backend, which uses no device
+     * between calls (the working sets of kvret_seq_attend and the block caches;
+     * stats.device_bytes). A working set that would pass it is KVRET_ERR_CAPACITY, naming this
+     * field, before the call changes anything; a block cache that would pass it is not made (that
+     * layer's fetches read every row from host memory and succeed; a later fetch tries again), and
+     * a cache's block table that cannot grow stops admitting blocks past it. The temporaries of a
+     * call (gather lists, attention weights, the cache's bookkeeping), freed before it returns, are
+     * not counted. 0 = unlimited (default); >= 0. Ignored by the CPU backend, which uses no device
      * memory
      */
     public Builder deviceBytesLimit(long value) {
