@@ -859,6 +859,22 @@ class MemoryTier final : public kvret::session::BlobTier {
   }
 };
 
+/// Saves `seq` as `id` on another thread and checks that the save waits (the writer's copies are past their
+/// bound) until `release` lets the writer go on; then the save succeeds.
+template <class Release>
+void expect_save_waits(kvret_seq* seq, const char* id, Release release) {
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    EXPECT_EQ(kvret_session_save(seq, id), KVRET_OK) << kvret_last_error();
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
+  release();
+  saver.join();
+  EXPECT_TRUE(saved.load());
+}
+
 class SessionWriter : public SessionStore {
  protected:
   SessionWriter() {
@@ -969,15 +985,7 @@ TEST_F(SessionWriter, TheWritersCopiesAreBoundedBySessionDramBytes) {
   state.hold = true;
   KVRET_ASSERT_OK(kvret_session_save(s.s, "b1"));  // pending: one session (below the bound)
   KVRET_ASSERT_OK(kvret_session_save(s.s, "b2"));  // pending: two (past it)
-  std::atomic<bool> saved{false};
-  std::thread saver([&] {
-    EXPECT_EQ(kvret_session_save(s.s, "b3"), KVRET_OK) << kvret_last_error();
-    saved = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
-  state.hold = false;
-  saver.join();
+  expect_save_waits(s.s, "b3", [&] { state.hold = false; });
   KVRET_ASSERT_OK(kvret_session_flush(a.get()));
   EXPECT_EQ(manifests(), 3u);
 }
@@ -1098,15 +1106,7 @@ TEST_F(SessionEviction, ASaveWaitsWhileTheWritersCopiesReachSessionDramBytes) {
   KVRET_ASSERT_OK(kvret_session_save(s.s, "s1"));
   KVRET_ASSERT_OK(kvret_session_save(s.s, "s2"));  // evicts s1: the writer holds one session (below the bound)
   KVRET_ASSERT_OK(kvret_session_save(s.s, "s3"));  // evicts s2: two (past it)
-  std::atomic<bool> saved{false};
-  std::thread saver([&] {
-    EXPECT_EQ(kvret_session_save(s.s, "s4"), KVRET_OK) << kvret_last_error();
-    saved = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(saved.load()) << "a save went past the writer's bound";
-  g_hold_disk = false;
-  saver.join();
+  expect_save_waits(s.s, "s4", [&] { g_hold_disk = false; });
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
   for (const char* id : {"s1", "s2", "s3"}) EXPECT_EQ(where(ctx.get(), id), KVRET_TIER_DISK) << id;
   EXPECT_EQ(where(ctx.get(), "s4"), KVRET_TIER_DRAM);
