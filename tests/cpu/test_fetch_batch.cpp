@@ -400,7 +400,9 @@ TEST_F(Refusal, AFailingGatherCountsNothing) {
 TEST(FetchBatchStrong, EachFailedAllocationChangesNoSequence) {
   kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
   Batch batch(c, 3);
-  auto [positions, counts] = batch.select(30, 5);
+  auto selected = batch.select(30, 5);  // named members, not a structured binding: the lambdas below capture them
+  I32& positions = selected.first;
+  std::vector<int32_t>& counts = selected.second;
   positions.refresh();
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const F32 guess = query_of(3, 5, static_cast<int64_t>(i));  // the query of the select: every row a hit
