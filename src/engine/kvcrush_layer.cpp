@@ -161,10 +161,10 @@ float KvCrushLayer::importance(int h, int64_t t) const noexcept {
 void KvCrushLayer::importance_range(int h, int64_t begin, int64_t end, float* out) const noexcept {
   for (size_t d = 0; d < by_distance_.size(); ++d) {
     const std::vector<int32_t>& list = by_distance_[d];
-    const float* imp = importance_by_distance_[d].data() + h;
+    const std::vector<float>& imp = importance_by_distance_[d];  // [list.size(), heads_]: may be empty
     for (auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), begin) - list.begin());
          i < list.size() && list[i] < end; ++i)
-      out[list[i] - begin] = imp[i * static_cast<size_t>(heads_)];
+      out[list[i] - begin] = imp[i * static_cast<size_t>(heads_) + static_cast<size_t>(h)];
   }
 }
 
@@ -186,14 +186,15 @@ int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_
   uint64_t best = UINT64_MAX;
   for (size_t d = 0; d < by_distance_.size() && b < buckets; ++d) {
     const std::vector<int32_t>& list = by_distance_[d];
-    const float* imp = importance_by_distance_[d].data() + h;
+    const std::vector<float>& imp = importance_by_distance_[d];  // [list.size(), heads_]: may be empty
     auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), mid_begin) - list.begin());
     for (; i < list.size(); ++i) {
       const int32_t p = list[i];
       if (p >= mid_end) break;
       const int64_t off = p - mid_begin;
       if ((important[static_cast<size_t>(off / 64)] >> (off % 64)) & 1u) continue;
-      best = std::min(best, descending_key(imp[i * static_cast<size_t>(heads_)], static_cast<uint32_t>(p)));
+      best = std::min(best, descending_key(imp[i * static_cast<size_t>(heads_) + static_cast<size_t>(h)],
+                                           static_cast<uint32_t>(p)));
       if (++seen == end_b) {  // buckets are never empty: c >= buckets
         reps[static_cast<size_t>(b)] = static_cast<int32_t>(static_cast<uint32_t>(best));
         best = UINT64_MAX;
