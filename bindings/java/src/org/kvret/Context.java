@@ -333,6 +333,7 @@ public final class Context implements AutoCloseable {
    * head_dim]. Pass {@link Kvret#BUDGET_DEFAULT} for each sequence's default budget.
    */
   public List<Selection> selectBatch(List<Sequence> batch, int layer, Tensor q, int budget) {
+    java.util.Objects.requireNonNull(q, "kvret: q is null"); // before the native call converts any argument
     List<Sequence.State> ordered = lockOrder(batch);
     state.lifetime.readLock().lock();
     try {
@@ -425,6 +426,11 @@ public final class Context implements AutoCloseable {
     if (counts.length != batch.size() || outs.size() != batch.size()) {
       throw new IllegalArgumentException("kvret: " + batch.size() + " sequences, " + counts.length + " counts and "
           + outs.size() + " working sets");
+    }
+    // refused here, before the native call converts any argument
+    java.util.Objects.requireNonNull(positions, "kvret: positions is null");
+    for (int i = 0; i < outs.size(); ++i) {
+      java.util.Objects.requireNonNull(outs.get(i), "kvret: outs[" + i + "] is null");
     }
     List<Sequence.State> ordered = lockOrder(batch);
     state.lifetime.readLock().lock();

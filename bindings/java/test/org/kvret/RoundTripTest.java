@@ -218,6 +218,17 @@ public class RoundTripTest {
         assertEquals(rows[i], outs.get(i).rows());
         assertEquals(1, batch.get(i).stats().fetches());
       }
+      // a null working set or positions: refused before anything is converted or written
+      List<WorkingSet> withNull = new java.util.ArrayList<>(outs);
+      withNull.set(1, null);
+      NullPointerException npe = assertThrows(
+          NullPointerException.class, () -> ctx.fetchBatchInto(batch, 0, positions, counts, withNull, 0));
+      assertTrue(npe.getMessage(), npe.getMessage().contains("outs[1]"));
+      npe = assertThrows(NullPointerException.class, () -> ctx.fetchBatchInto(batch, 0, null, counts, outs, 0));
+      assertTrue(npe.getMessage(), npe.getMessage().contains("positions"));
+      npe = assertThrows(NullPointerException.class, () -> ctx.selectBatch(batch, 0, null, Kvret.BUDGET_DEFAULT));
+      assertTrue(npe.getMessage(), npe.getMessage().contains("q"));
+      for (Sequence seq : batch) assertEquals(1, seq.stats().fetches());
       // the same sequence twice
       e = assertThrows(KvretException.class,
           () -> ctx.fetchBatch(List.of(batch.get(0), batch.get(0)), 0, selections.subList(0, 2)));
