@@ -5,6 +5,7 @@
 
 #include "core/parallel.hpp"
 #include "index/retriever.hpp"
+#include "math/kvcrush_math.h"
 #include "select/kvcrush.hpp"
 #include "select/topk.hpp"
 
@@ -40,7 +41,7 @@ void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::ve
   std::vector<int> distance(static_cast<size_t>(count));
   std::vector<int64_t> per(static_cast<size_t>(sig_heads_) + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
-    distance[static_cast<size_t>(t)] = hamming_distance(bits + t * words_, anchor_.data(), words_);
+    distance[static_cast<size_t>(t)] = cuda::math::kvcrush_hamming(bits + t * words_, anchor_.data(), words_);
     ++per[static_cast<size_t>(distance[static_cast<size_t>(t)])];
   }
   // everything that may throw first: the room in every list
@@ -168,43 +169,102 @@ void KvCrushLayer::importance_range(int h, int64_t begin, int64_t end, float* ou
   }
 }
 
+KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t mid_end) const {
+  MiddleOrder o;
+  o.mid_begin = mid_begin;
+  o.mid_end = mid_end;
+  o.begin.resize(by_distance_.size());
+  o.prefix.assign(by_distance_.size() + 1, 0);
+  for (size_t d = 0; d < by_distance_.size(); ++d) {
+    const std::vector<int32_t>& list = by_distance_[d];
+    const auto size = static_cast<int64_t>(list.size());
+    // at most mid_begin entries lie before the middle, at most n_ - mid_end after it
+    const int64_t head = std::min(size, std::max<int64_t>(mid_begin, 0));
+    const int64_t tail = std::min(size, std::max<int64_t>(n_ - mid_end, 0));
+    const int64_t lo = std::lower_bound(list.begin(), list.begin() + head, mid_begin) - list.begin();
+    const int64_t hi = std::lower_bound(list.end() - tail, list.end(), mid_end) - list.begin();
+    o.begin[d] = lo;
+    o.prefix[d + 1] = o.prefix[d] + std::max<int64_t>(hi - lo, 0);
+  }
+  return o;
+}
+
 int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                                           int64_t n_important, int64_t n_rep) const {
-  const int64_t c = (mid_end - mid_begin) - n_important;  // the candidates
-  const int64_t buckets = std::min(n_rep, c);
-  if (buckets <= 0 || n_ < mid_end) return n_important;
-  thread_local std::vector<uint64_t> important;
+  if (n_ < mid_end || mid_end <= mid_begin) return n_important;
+  return add_representatives(h, middle_order(mid_begin, mid_end), row, scores, n_important, n_rep);
+}
+
+int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores,
+                                          int64_t n_important, int64_t n_rep) const {
+  (void)h;  // the representatives do not depend on the head beyond its important set
+  const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin;
+  const int64_t buckets = std::min(n_rep, m);
+  if (buckets <= 0 || n_ < order.mid_end || order.prefix.empty() || order.prefix.back() != m) return n_important;
+  // `taken` marks the row and the representatives chosen; `chosen` the representatives alone (read back ascending).
+  // Both are all zero between calls: what is set here is cleared before returning.
+  thread_local std::vector<uint64_t> taken, chosen;
   thread_local std::vector<int32_t> reps;
-  important.assign(static_cast<size_t>((mid_end - mid_begin + 63) / 64), 0);
-  for (int64_t i = 0; i < n_important; ++i) {
-    const int64_t off = row[i] - mid_begin;
-    important[static_cast<size_t>(off / 64)] |= uint64_t{1} << (off % 64);
+  const auto words = static_cast<size_t>((m + 63) / 64);
+  if (taken.size() < words) {
+    taken.resize(words, 0);
+    chosen.resize(words, 0);
   }
   reps.resize(static_cast<size_t>(buckets));
-  // one pass over the candidates in (distance, position) order; bucket b ends at candidate bucket_begin(b + 1)
-  int64_t seen = 0, b = 0, end_b = bucket_begin(1, c, buckets);
-  uint64_t best = UINT64_MAX;
-  for (size_t d = 0; d < by_distance_.size() && b < buckets; ++d) {
-    const std::vector<int32_t>& list = by_distance_[d];
-    const std::vector<float>& imp = importance_by_distance_[d];  // [list.size(), heads_]: may be empty
-    auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), mid_begin) - list.begin());
-    for (; i < list.size(); ++i) {
-      const int32_t p = list[i];
-      if (p >= mid_end) break;
-      const int64_t off = p - mid_begin;
-      if ((important[static_cast<size_t>(off / 64)] >> (off % 64)) & 1u) continue;
-      best = std::min(best, descending_key(imp[i * static_cast<size_t>(heads_) + static_cast<size_t>(h)],
-                                           static_cast<uint32_t>(p)));
-      if (++seen == end_b) {  // buckets are never empty: c >= buckets
-        reps[static_cast<size_t>(b)] = static_cast<int32_t>(static_cast<uint32_t>(best));
-        best = UINT64_MAX;
-        if (++b == buckets) break;
-        end_b = bucket_begin(b + 1, c, buckets);
-      }
+  auto is_set = [](const std::vector<uint64_t>& v, int64_t off) {
+    return ((v[static_cast<size_t>(off >> 6)] >> (off & 63)) & 1u) != 0;
+  };
+  auto set = [](std::vector<uint64_t>& v, int64_t off) {
+    v[static_cast<size_t>(off >> 6)] |= uint64_t{1} << (off & 63);
+  };
+  for (int64_t i = 0; i < n_important; ++i) set(taken, row[i] - mid_begin);
+  // the k-th middle token in (distance, position) order, k ascending: d follows k
+  size_t d = 0;
+  auto token = [&](int64_t k) {
+    while (order.prefix[d + 1] <= k) ++d;
+    return by_distance_[d][static_cast<size_t>(order.begin[d] + k - order.prefix[d])];
+  };
+  int64_t found = 0, missing = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    const int64_t hi = cuda::math::kvcrush_bucket_begin(b + 1, m, buckets);
+    int64_t k = cuda::math::kvcrush_bucket_begin(b, m, buckets);
+    for (; k < hi; ++k) {
+      const int64_t off = token(k) - mid_begin;
+      if (is_set(taken, off)) continue;
+      set(taken, off);
+      set(chosen, off);
+      ++found;
+      break;
+    }
+    if (k == hi) ++missing;
+  }
+  if (missing > 0) {  // the places of buckets without a candidate: the first candidates in the order not yet taken
+    d = 0;
+    for (int64_t k = 0; k < m && missing > 0; ++k) {
+      const int64_t off = token(k) - mid_begin;
+      if (is_set(taken, off)) continue;
+      set(taken, off);
+      set(chosen, off);
+      ++found;
+      --missing;
     }
   }
-  std::sort(reps.begin(), reps.begin() + b);
-  return merge_selection(row, scores, n_important, reps.data(), b, -std::numeric_limits<float>::infinity(), row,
+  // read the representatives back ascending, clearing `chosen` and their marks in `taken`
+  int64_t n = 0;
+  for (size_t w = 0; w < words && n < found; ++w) {
+    uint64_t bits = chosen[w];
+    if (bits == 0) continue;
+    chosen[w] = 0;
+    taken[w] &= ~bits;
+    for (; bits != 0; bits &= bits - 1)
+      reps[static_cast<size_t>(n++)] =
+          static_cast<int32_t>(mid_begin + static_cast<int64_t>(w) * 64 + __builtin_ctzll(bits));
+  }
+  for (int64_t i = 0; i < n_important; ++i) {
+    const int64_t off = row[i] - mid_begin;
+    taken[static_cast<size_t>(off >> 6)] = 0;
+  }
+  return merge_selection(row, scores, n_important, reps.data(), n, -std::numeric_limits<float>::infinity(), row,
                          scores);
 }
 
