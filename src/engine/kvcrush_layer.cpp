@@ -169,7 +169,7 @@ void KvCrushLayer::importance_range(int h, int64_t begin, int64_t end, float* ou
   }
 }
 
-KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t mid_end) const {
+KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t mid_end, int64_t buckets) const {
   MiddleOrder o;
   o.mid_begin = mid_begin;
   o.mid_end = mid_end;
@@ -186,13 +186,24 @@ KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t 
     o.begin[d] = lo;
     o.prefix[d + 1] = o.prefix[d] + std::max<int64_t>(hi - lo, 0);
   }
+  const int64_t m = mid_end - mid_begin;
+  if (buckets > 0 && n_ >= mid_end && o.prefix.back() == m) {
+    o.buckets = std::min(buckets, m);
+    o.first.resize(static_cast<size_t>(o.buckets));
+    size_t d = 0;
+    for (int64_t b = 0; b < o.buckets; ++b) {
+      const int64_t k = cuda::math::kvcrush_bucket_begin(b, m, o.buckets);
+      while (o.prefix[d + 1] <= k) ++d;
+      o.first[static_cast<size_t>(b)] = by_distance_[d][static_cast<size_t>(o.begin[d] + k - o.prefix[d])];
+    }
+  }
   return o;
 }
 
 int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                                           int64_t n_important, int64_t n_rep) const {
   if (n_ < mid_end || mid_end <= mid_begin) return n_important;
-  return add_representatives(h, middle_order(mid_begin, mid_end), row, scores, n_important, n_rep);
+  return add_representatives(h, middle_order(mid_begin, mid_end, n_rep), row, scores, n_important, n_rep);
 }
 
 int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores,
@@ -201,71 +212,98 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
   const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin;
   const int64_t buckets = std::min(n_rep, m);
   if (buckets <= 0 || n_ < order.mid_end || order.prefix.empty() || order.prefix.back() != m) return n_important;
-  // `taken` marks the row and the representatives chosen; `chosen` the representatives alone (read back ascending).
-  // Both are all zero between calls: what is set here is cleared before returning.
-  thread_local std::vector<uint64_t> taken, chosen;
-  thread_local std::vector<int32_t> reps;
+  // `taken` marks the row and the representatives chosen over the middle; `chosen` the representatives alone. Both
+  // are all zero between calls: the read-back below clears every word it set.
+  thread_local std::vector<uint64_t> tls_taken, tls_chosen;
+  std::vector<uint64_t>& taken_v = tls_taken;  // one lookup of each thread-local
+  std::vector<uint64_t>& chosen_v = tls_chosen;
   const auto words = static_cast<size_t>((m + 63) / 64);
-  if (taken.size() < words) {
-    taken.resize(words, 0);
-    chosen.resize(words, 0);
+  if (taken_v.size() < words) {
+    taken_v.resize(words, 0);
+    chosen_v.resize(words, 0);
   }
-  reps.resize(static_cast<size_t>(buckets));
-  auto is_set = [](const std::vector<uint64_t>& v, int64_t off) {
-    return ((v[static_cast<size_t>(off >> 6)] >> (off & 63)) & 1u) != 0;
-  };
-  auto set = [](std::vector<uint64_t>& v, int64_t off) {
-    v[static_cast<size_t>(off >> 6)] |= uint64_t{1} << (off & 63);
-  };
-  for (int64_t i = 0; i < n_important; ++i) set(taken, row[i] - mid_begin);
-  // the k-th middle token in (distance, position) order, k ascending: d follows k
+  uint64_t* const taken = taken_v.data();
+  uint64_t* const chosen = chosen_v.data();
+  for (int64_t i = 0; i < n_important; ++i) {
+    const int64_t off = row[i] - mid_begin;
+    taken[off >> 6] |= uint64_t{1} << (off & 63);
+  }
+  const int64_t* const prefix = order.prefix.data();
+  // the k-th middle token in (distance, position) order, k ascending: the list follows k
   size_t d = 0;
+  const int32_t* list = by_distance_[0].data() + order.begin[0];  // list[k - prefix[d]] is the k-th token
   auto token = [&](int64_t k) {
-    while (order.prefix[d + 1] <= k) ++d;
-    return by_distance_[d][static_cast<size_t>(order.begin[d] + k - order.prefix[d])];
+    if (k < prefix[d]) {  // back to the start
+      d = 0;
+      list = by_distance_[0].data() + order.begin[0];
+    }
+    if (prefix[d + 1] <= k) {
+      do ++d;
+      while (prefix[d + 1] <= k);
+      list = by_distance_[d].data() + order.begin[d];
+    }
+    return list[k - prefix[d]];
   };
+  // takes the token at offset `off` from mid_begin when it is not taken
+  auto take = [&](int64_t off) {
+    const uint64_t bit = uint64_t{1} << (off & 63);
+    if (taken[off >> 6] & bit) return false;
+    taken[off >> 6] |= bit;
+    chosen[off >> 6] |= bit;
+    return true;
+  };
+  // takes the first middle token of order index in [k, hi) that is not taken; false when there is none
+  auto take_first = [&](int64_t k, int64_t hi) {
+    for (; k < hi; ++k)
+      if (take(token(k) - mid_begin)) return true;
+    return false;
+  };
+  const bool firsts = order.buckets == buckets && static_cast<int64_t>(order.first.size()) == buckets;
   int64_t found = 0, missing = 0;
   for (int64_t b = 0; b < buckets; ++b) {
-    const int64_t hi = cuda::math::kvcrush_bucket_begin(b + 1, m, buckets);
-    int64_t k = cuda::math::kvcrush_bucket_begin(b, m, buckets);
-    for (; k < hi; ++k) {
-      const int64_t off = token(k) - mid_begin;
-      if (is_set(taken, off)) continue;
-      set(taken, off);
-      set(chosen, off);
-      ++found;
-      break;
-    }
-    if (k == hi) ++missing;
+    const int64_t lo = cuda::math::kvcrush_bucket_begin(b, m, buckets);
+    // the bucket's first token, from the order's table when it has one (the common case: not important)
+    const bool ok = (firsts && take(order.first[static_cast<size_t>(b)] - mid_begin)) ||
+                    take_first(firsts ? lo + 1 : lo, cuda::math::kvcrush_bucket_begin(b + 1, m, buckets));
+    ++(ok ? found : missing);
   }
-  if (missing > 0) {  // the places of buckets without a candidate: the first candidates in the order not yet taken
-    d = 0;
-    for (int64_t k = 0; k < m && missing > 0; ++k) {
-      const int64_t off = token(k) - mid_begin;
-      if (is_set(taken, off)) continue;
-      set(taken, off);
-      set(chosen, off);
+  // the places of buckets without a candidate: the first candidates in the order not yet taken
+  for (int64_t k = 0; k < m && missing > 0; ++k)
+    if (take_first(k, k + 1)) {
       ++found;
       --missing;
     }
+  // the row, ascending, from the marks, clearing them. Without scores from the front (row is not read); with them
+  // from the back, so that each important score is read before its place is written.
+  const int64_t count = n_important + found;
+  if (scores == nullptr) {
+    int64_t o = 0;
+    for (size_t w = 0; w < words && o < count; ++w) {
+      uint64_t bits = taken[w];
+      if (bits == 0) continue;
+      taken[w] = 0;
+      chosen[w] = 0;
+      const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+      for (; bits != 0; bits &= bits - 1) row[o++] = static_cast<int32_t>(base + __builtin_ctzll(bits));
+    }
+    return count;
   }
-  // read the representatives back ascending, clearing `chosen` and their marks in `taken`
-  int64_t n = 0;
-  for (size_t w = 0; w < words && n < found; ++w) {
-    uint64_t bits = chosen[w];
+  int64_t o = count, i = n_important;
+  for (size_t w = words; w-- > 0 && o > 0;) {
+    uint64_t bits = taken[w];
     if (bits == 0) continue;
+    const uint64_t reps = chosen[w];
+    taken[w] = 0;
     chosen[w] = 0;
-    taken[w] &= ~bits;
-    for (; bits != 0; bits &= bits - 1)
-      reps[static_cast<size_t>(n++)] =
-          static_cast<int32_t>(mid_begin + static_cast<int64_t>(w) * 64 + __builtin_ctzll(bits));
+    const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+    while (bits != 0) {
+      const int bit = 63 - __builtin_clzll(bits);
+      bits &= ~(uint64_t{1} << bit);
+      row[--o] = static_cast<int32_t>(base + bit);
+      scores[o] = ((reps >> bit) & 1u) != 0 ? -std::numeric_limits<float>::infinity() : scores[--i];
+    }
   }
-  for (int64_t i = 0; i < n_important; ++i) {
-    const int64_t off = row[i] - mid_begin;
-    taken[static_cast<size_t>(off >> 6)] = 0;
-  }
-  return merge_selection(row, scores, n_important, reps.data(), n, -std::numeric_limits<float>::infinity(), row,
-                         scores);
+  return count;
 }
 
 }  // namespace kvret

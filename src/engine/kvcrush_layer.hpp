@@ -44,23 +44,27 @@ class KvCrushLayer {
 
   /// Where the middle tokens [mid_begin, mid_end) lie in the distance lists: per Hamming distance d, the first of
   /// them in list d (begin[d]), and the count of middle tokens at distances below d (prefix[d], d = 0..sig_heads + 1;
-  /// prefix.back() is the middle's size). The same for every KV head: computed once per select.
+  /// prefix.back() is the middle's size); and, for `buckets` buckets (when > 0), the first token of each bucket
+  /// (first[b]). The same for every KV head: computed once per select.
   struct MiddleOrder {
-    int64_t mid_begin = 0, mid_end = 0;
+    int64_t mid_begin = 0, mid_end = 0, buckets = 0;
     std::vector<int64_t> begin, prefix;
+    std::vector<int32_t> first;
   };
   /// The middle's place in the lists: two short searches per distance (the tokens before mid_begin and from
-  /// mid_end on are at the lists' ends). Requires mid_end <= tokens().
-  MiddleOrder middle_order(int64_t mid_begin, int64_t mid_end) const;
+  /// mid_end on are at the lists' ends), and the first token of each of min(buckets, middle) buckets.
+  /// Requires mid_end <= tokens().
+  MiddleOrder middle_order(int64_t mid_begin, int64_t mid_end, int64_t buckets = 0) const;
 
   /// Adds the representatives of KV head h to its selection row[0..n_important) (distinct, ascending middle
   /// positions in [mid_begin, mid_end)), in place, by the rule of representatives() in select/kvcrush.hpp with the
   /// alternating anchor: the middle tokens in (Hamming distance, position) order cut into min(n_rep, middle)
   /// buckets by bucket_begin, from each its first token not in the row, and for each bucket of row tokens only the
   /// first candidate in that order not yet taken. O(n_important + n_rep + middle / 64) per call, from the lists:
-  /// nothing is scored. The row stays ascending; scores (when not null) follow their positions and representatives
-  /// score -infinity. Returns the row's new count, n_important + min(buckets, candidates) (the same for every head).
-  /// row and scores hold n_important + n_rep. `order` is middle_order(mid_begin, mid_end) of this state.
+  /// nothing is scored (fastest when `order` holds the first token of each of its buckets). The row stays ascending;
+  /// scores (when not null) follow their positions and representatives score -infinity. Returns the row's new count,
+  /// n_important + min(buckets, candidates) (the same for every head). row and scores hold n_important + n_rep. `order`
+  /// is middle_order(mid_begin, mid_end) of this state.
   int64_t add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores, int64_t n_important,
                               int64_t n_rep) const;
   /// The same, computing middle_order itself.
