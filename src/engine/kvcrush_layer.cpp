@@ -5,6 +5,7 @@
 
 #include "core/parallel.hpp"
 #include "index/retriever.hpp"
+#include "math/kvcrush_math.h"
 #include "select/kvcrush.hpp"
 #include "select/topk.hpp"
 
@@ -40,7 +41,7 @@ void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::ve
   std::vector<int> distance(static_cast<size_t>(count));
   std::vector<int64_t> per(static_cast<size_t>(sig_heads_) + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
-    distance[static_cast<size_t>(t)] = hamming_distance(bits + t * words_, anchor_.data(), words_);
+    distance[static_cast<size_t>(t)] = cuda::math::kvcrush_hamming(bits + t * words_, anchor_.data(), words_);
     ++per[static_cast<size_t>(distance[static_cast<size_t>(t)])];
   }
   // everything that may throw first: the room in every list
@@ -168,44 +169,141 @@ void KvCrushLayer::importance_range(int h, int64_t begin, int64_t end, float* ou
   }
 }
 
-int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
-                                          int64_t n_important, int64_t n_rep) const {
-  const int64_t c = (mid_end - mid_begin) - n_important;  // the candidates
-  const int64_t buckets = std::min(n_rep, c);
-  if (buckets <= 0 || n_ < mid_end) return n_important;
-  thread_local std::vector<uint64_t> important;
-  thread_local std::vector<int32_t> reps;
-  important.assign(static_cast<size_t>((mid_end - mid_begin + 63) / 64), 0);
-  for (int64_t i = 0; i < n_important; ++i) {
-    const int64_t off = row[i] - mid_begin;
-    important[static_cast<size_t>(off / 64)] |= uint64_t{1} << (off % 64);
-  }
-  reps.resize(static_cast<size_t>(buckets));
-  // one pass over the candidates in (distance, position) order; bucket b ends at candidate bucket_begin(b + 1)
-  int64_t seen = 0, b = 0, end_b = bucket_begin(1, c, buckets);
-  uint64_t best = UINT64_MAX;
-  for (size_t d = 0; d < by_distance_.size() && b < buckets; ++d) {
+KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t mid_end, int64_t buckets) const {
+  MiddleOrder o;
+  o.mid_begin = mid_begin;
+  o.mid_end = mid_end;
+  o.begin.resize(by_distance_.size());
+  o.prefix.assign(by_distance_.size() + 1, 0);
+  for (size_t d = 0; d < by_distance_.size(); ++d) {
     const std::vector<int32_t>& list = by_distance_[d];
-    const std::vector<float>& imp = importance_by_distance_[d];  // [list.size(), heads_]: may be empty
-    auto i = static_cast<size_t>(std::lower_bound(list.begin(), list.end(), mid_begin) - list.begin());
-    for (; i < list.size(); ++i) {
-      const int32_t p = list[i];
-      if (p >= mid_end) break;
-      const int64_t off = p - mid_begin;
-      if ((important[static_cast<size_t>(off / 64)] >> (off % 64)) & 1u) continue;
-      best = std::min(best, descending_key(imp[i * static_cast<size_t>(heads_) + static_cast<size_t>(h)],
-                                           static_cast<uint32_t>(p)));
-      if (++seen == end_b) {  // buckets are never empty: c >= buckets
-        reps[static_cast<size_t>(b)] = static_cast<int32_t>(static_cast<uint32_t>(best));
-        best = UINT64_MAX;
-        if (++b == buckets) break;
-        end_b = bucket_begin(b + 1, c, buckets);
-      }
+    const auto size = static_cast<int64_t>(list.size());
+    // at most mid_begin entries lie before the middle, at most n_ - mid_end after it
+    const int64_t head = std::min(size, std::max<int64_t>(mid_begin, 0));
+    const int64_t tail = std::min(size, std::max<int64_t>(n_ - mid_end, 0));
+    const int64_t lo = std::lower_bound(list.begin(), list.begin() + head, mid_begin) - list.begin();
+    const int64_t hi = std::lower_bound(list.end() - tail, list.end(), mid_end) - list.begin();
+    o.begin[d] = lo;
+    o.prefix[d + 1] = o.prefix[d] + std::max<int64_t>(hi - lo, 0);
+  }
+  const int64_t m = mid_end - mid_begin;
+  if (buckets > 0 && n_ >= mid_end && o.prefix.back() == m) {
+    o.buckets = std::min(buckets, m);
+    o.first.resize(static_cast<size_t>(o.buckets));
+    size_t d = 0;
+    for (int64_t b = 0; b < o.buckets; ++b) {
+      const int64_t k = cuda::math::kvcrush_bucket_begin(b, m, o.buckets);
+      while (o.prefix[d + 1] <= k) ++d;
+      o.first[static_cast<size_t>(b)] = by_distance_[d][static_cast<size_t>(o.begin[d] + k - o.prefix[d])];
     }
   }
-  std::sort(reps.begin(), reps.begin() + b);
-  return merge_selection(row, scores, n_important, reps.data(), b, -std::numeric_limits<float>::infinity(), row,
-                         scores);
+  return o;
+}
+
+int64_t KvCrushLayer::add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
+                                          int64_t n_important, int64_t n_rep) const {
+  if (n_ < mid_end || mid_end <= mid_begin) return n_important;
+  return add_representatives(h, middle_order(mid_begin, mid_end, n_rep), row, scores, n_important, n_rep);
+}
+
+int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores,
+                                          int64_t n_important, int64_t n_rep) const {
+  (void)h;  // the representatives do not depend on the head beyond its important set
+  const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin;
+  const int64_t buckets = std::min(n_rep, m);
+  if (buckets <= 0 || n_ < order.mid_end || order.prefix.empty() || order.prefix.back() != m) return n_important;
+  // `taken` marks the row and the representatives chosen over the middle; `chosen` the representatives alone. Both
+  // are all zero between calls: the read-back below clears every word it set.
+  thread_local std::vector<uint64_t> tls_taken, tls_chosen;
+  std::vector<uint64_t>& taken_v = tls_taken;  // one lookup of each thread-local
+  std::vector<uint64_t>& chosen_v = tls_chosen;
+  const auto words = static_cast<size_t>((m + 63) / 64);
+  if (taken_v.size() < words) {
+    taken_v.resize(words, 0);
+    chosen_v.resize(words, 0);
+  }
+  uint64_t* const taken = taken_v.data();
+  uint64_t* const chosen = chosen_v.data();
+  for (int64_t i = 0; i < n_important; ++i) {
+    const int64_t off = row[i] - mid_begin;
+    taken[off >> 6] |= uint64_t{1} << (off & 63);
+  }
+  const int64_t* const prefix = order.prefix.data();
+  // the k-th middle token in (distance, position) order, k ascending: the list follows k
+  size_t d = 0;
+  const int32_t* list = by_distance_[0].data() + order.begin[0];  // list[k - prefix[d]] is the k-th token
+  auto token = [&](int64_t k) {
+    if (k < prefix[d]) {  // back to the start
+      d = 0;
+      list = by_distance_[0].data() + order.begin[0];
+    }
+    if (prefix[d + 1] <= k) {
+      do ++d;
+      while (prefix[d + 1] <= k);
+      list = by_distance_[d].data() + order.begin[d];
+    }
+    return list[k - prefix[d]];
+  };
+  // takes the token at offset `off` from mid_begin when it is not taken
+  auto take = [&](int64_t off) {
+    const uint64_t bit = uint64_t{1} << (off & 63);
+    if (taken[off >> 6] & bit) return false;
+    taken[off >> 6] |= bit;
+    chosen[off >> 6] |= bit;
+    return true;
+  };
+  // takes the first middle token of order index in [k, hi) that is not taken; false when there is none
+  auto take_first = [&](int64_t k, int64_t hi) {
+    for (; k < hi; ++k)
+      if (take(token(k) - mid_begin)) return true;
+    return false;
+  };
+  const bool firsts = order.buckets == buckets && static_cast<int64_t>(order.first.size()) == buckets;
+  int64_t found = 0, missing = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    const int64_t lo = cuda::math::kvcrush_bucket_begin(b, m, buckets);
+    // the bucket's first token, from the order's table when it has one (the common case: not important)
+    const bool ok = (firsts && take(order.first[static_cast<size_t>(b)] - mid_begin)) ||
+                    take_first(firsts ? lo + 1 : lo, cuda::math::kvcrush_bucket_begin(b + 1, m, buckets));
+    ++(ok ? found : missing);
+  }
+  // the places of buckets without a candidate: the first candidates in the order not yet taken
+  for (int64_t k = 0; k < m && missing > 0; ++k)
+    if (take_first(k, k + 1)) {
+      ++found;
+      --missing;
+    }
+  // the row, ascending, from the marks, clearing them. Without scores from the front (row is not read); with them
+  // from the back, so that each important score is read before its place is written.
+  const int64_t count = n_important + found;
+  if (scores == nullptr) {
+    int64_t o = 0;
+    for (size_t w = 0; w < words && o < count; ++w) {
+      uint64_t bits = taken[w];
+      if (bits == 0) continue;
+      taken[w] = 0;
+      chosen[w] = 0;
+      const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+      for (; bits != 0; bits &= bits - 1) row[o++] = static_cast<int32_t>(base + __builtin_ctzll(bits));
+    }
+    return count;
+  }
+  int64_t o = count, i = n_important;
+  for (size_t w = words; w-- > 0 && o > 0;) {
+    uint64_t bits = taken[w];
+    if (bits == 0) continue;
+    const uint64_t reps = chosen[w];
+    taken[w] = 0;
+    chosen[w] = 0;
+    const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+    while (bits != 0) {
+      const int bit = 63 - __builtin_clzll(bits);
+      bits &= ~(uint64_t{1} << bit);
+      row[--o] = static_cast<int32_t>(base + bit);
+      scores[o] = ((reps >> bit) & 1u) != 0 ? -std::numeric_limits<float>::infinity() : scores[--i];
+    }
+  }
+  return count;
 }
 
 }  // namespace kvret

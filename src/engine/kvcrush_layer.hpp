@@ -42,13 +42,32 @@ class KvCrushLayer {
   /// update). Never throws.
   void truncate(int64_t length) noexcept;
 
+  /// Where the middle tokens [mid_begin, mid_end) lie in the distance lists: per Hamming distance d, the first of
+  /// them in list d (begin[d]), and the count of middle tokens at distances below d (prefix[d], d = 0..sig_heads + 1;
+  /// prefix.back() is the middle's size); and, for `buckets` buckets (when > 0), the first token of each bucket
+  /// (first[b]). The same for every KV head: computed once per select.
+  struct MiddleOrder {
+    int64_t mid_begin = 0, mid_end = 0, buckets = 0;
+    std::vector<int64_t> begin, prefix;
+    std::vector<int32_t> first;
+  };
+  /// The middle's place in the lists: two short searches per distance (the tokens before mid_begin and from
+  /// mid_end on are at the lists' ends), and the first token of each of min(buckets, middle) buckets.
+  /// Requires mid_end <= tokens().
+  MiddleOrder middle_order(int64_t mid_begin, int64_t mid_end, int64_t buckets = 0) const;
+
   /// Adds the representatives of KV head h to its selection row[0..n_important) (distinct, ascending middle
-  /// positions in [mid_begin, mid_end)), in place: the other middle tokens ordered by (Hamming distance of their
-  /// signature to the alternating anchor, position), cut into min(n_rep, their count) buckets by bucket_begin, and
-  /// from each its token of the largest importance for head h (ties to the lower position): the rule of
-  /// representatives() in select/kvcrush.hpp, from lists kept in that order. The row stays ascending; scores
-  /// (when not null) follow their positions and representatives score -infinity. Returns the row's new count.
-  /// row and scores hold n_important + n_rep.
+  /// positions in [mid_begin, mid_end)), in place, by the rule of representatives() in select/kvcrush.hpp with the
+  /// alternating anchor: the middle tokens in (Hamming distance, position) order cut into min(n_rep, middle)
+  /// buckets by bucket_begin, from each its first token not in the row, and for each bucket of row tokens only the
+  /// first candidate in that order not yet taken. O(n_important + n_rep + middle / 64) per call, from the lists:
+  /// nothing is scored (fastest when `order` holds the first token of each of its buckets). The row stays ascending;
+  /// scores (when not null) follow their positions and representatives score -infinity. Returns the row's new count,
+  /// n_important + min(buckets, candidates) (the same for every head). row and scores hold n_important + n_rep. `order`
+  /// is middle_order(mid_begin, mid_end) of this state.
+  int64_t add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores, int64_t n_important,
+                              int64_t n_rep) const;
+  /// The same, computing middle_order itself.
   int64_t add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                               int64_t n_important, int64_t n_rep) const;
 
@@ -83,7 +102,7 @@ class KvCrushLayer {
   std::vector<uint64_t> anchor_;  ///< [words]: the alternating anchor
   std::vector<uint64_t> bits_;    ///< [n, words]
   /// Per Hamming distance to the anchor (0..sig_heads): its tokens in ascending position, and their importance
-  /// ([count, heads]); one pass over them in distance order gives the candidates in the grouping's order.
+  /// ([count, heads]); read in distance order they are the tokens in the grouping's order.
   std::vector<std::vector<int32_t>> by_distance_;
   std::vector<std::vector<float>> importance_by_distance_;
   int64_t window_end_ = 0;  ///< the window is the keys [window_end_ - w, window_end_); 0: none yet

@@ -452,13 +452,15 @@ void Sequence::finish_select(PreparedSelect& p) {
   if (p.representatives > 0) {
     const KvCrushLayer& crush = crush_[static_cast<size_t>(p.layer)];
     const SelectRequest& r = p.job.request;
-    std::vector<int64_t> counts(static_cast<size_t>(ctx_.config().n_kv_heads));
-    parallel_for(ctx_.config().n_kv_heads, r.n_threads, r.parallel(), Schedule::kStatic, [&](int64_t h) {
+    const KvCrushLayer::MiddleOrder order = crush.middle_order(r.mid_begin, r.mid_end, p.representatives);
+    // the heads in turn: a few microseconds each, less than starting threads
+    int64_t count = p.job.count;
+    for (int h = 0; h < ctx_.config().n_kv_heads; ++h) {
       const auto i = static_cast<size_t>(h);
-      counts[i] = crush.add_representatives(static_cast<int>(h), r.mid_begin, r.mid_end, p.rows[i],
-                                            p.has_scores ? p.score_rows[i] : nullptr, p.job.count, p.representatives);
-    });
-    p.job.count = counts[0];  // the same for every head
+      count = crush.add_representatives(h, order, p.rows[i], p.has_scores ? p.score_rows[i] : nullptr, p.job.count,
+                                        p.representatives);  // the same for every head
+    }
+    p.job.count = count;
   }
   Backend& backend = ctx_.backend();
   backend.write_back(p.out_host, p.out);

@@ -6,9 +6,18 @@
 #include <limits>
 
 #include "core/vec_math.hpp"
+#include "math/kvcrush_math.h"
 #include "select/topk.hpp"
 
 namespace kvret {
+
+int hamming_distance(const uint64_t* a, const uint64_t* b, int words) noexcept {
+  return cuda::math::kvcrush_hamming(a, b, words);
+}
+
+int64_t bucket_begin(int64_t b, int64_t c, int64_t buckets) noexcept {
+  return cuda::math::kvcrush_bucket_begin(b, c, buckets);
+}
 
 int64_t signature_marked(int64_t n, float fraction) noexcept {
   if (n <= 0) return 0;
@@ -114,7 +123,7 @@ void make_anchor(Anchor kind, int heads, uint64_t seed, const uint64_t* bits, co
       break;
     }
     case Anchor::kAlternating:
-      for (int w = 0; w < words; ++w) anchor[w] = 0xaaaaaaaaaaaaaaaaull;  // bit h set for odd h
+      for (int w = 0; w < words; ++w) anchor[w] = cuda::math::kvcrush_alternating_word(w, heads);
       break;
     case Anchor::kMajority: {
       std::vector<int64_t> count(static_cast<size_t>(heads), 0);
@@ -127,7 +136,7 @@ void make_anchor(Anchor kind, int heads, uint64_t seed, const uint64_t* bits, co
       break;
     }
   }
-  if (heads % 64 != 0) anchor[words - 1] &= (uint64_t{1} << (heads % 64)) - 1;  // no bit past the heads
+  for (int w = 0; w < words; ++w) anchor[w] &= cuda::math::kvcrush_word_mask(w, heads);  // no bit past the heads
 }
 
 void order_by_distance(const uint64_t* bits, int words, int heads, const uint64_t* anchor, const int32_t* positions,
@@ -146,19 +155,35 @@ void order_by_distance(const uint64_t* bits, int words, int heads, const uint64_
   for (int64_t i = 0; i < c; ++i) ordered[start[distance[static_cast<size_t>(i)]]++] = positions[i];
 }
 
-int64_t representatives(const uint64_t* bits, int words, int heads, const uint64_t* anchor, const float* weight,
-                        const int32_t* positions, int64_t c, int64_t buckets, int32_t* ordered, int32_t* reps) {
-  if (c <= 0 || buckets <= 0) return 0;
-  order_by_distance(bits, words, heads, anchor, positions, c, ordered);
-  int64_t n = 0;
+int64_t representatives(const uint64_t* bits, int words, int heads, const uint64_t* anchor, int64_t begin, int64_t end,
+                        const int32_t* important, int64_t n_important, int64_t buckets, int32_t* ordered,
+                        int32_t* reps) {
+  const int64_t m = end - begin;
+  buckets = std::min(buckets, m);
+  if (buckets <= 0) return 0;
+  std::vector<int32_t> all(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(begin + i);
+  order_by_distance(bits, words, heads, anchor, all.data(), m, ordered);
+  std::vector<char> taken(static_cast<size_t>(m), 0);  // important, or already a representative
+  for (int64_t i = 0; i < n_important; ++i) taken[static_cast<size_t>(important[i] - begin)] = 1;
+  int64_t n = 0, missing = 0;
   for (int64_t b = 0; b < buckets; ++b) {
-    const int64_t lo = bucket_begin(b, c, buckets), hi = bucket_begin(b + 1, c, buckets);
-    if (lo == hi) continue;
-    uint64_t best = UINT64_MAX;
-    for (int64_t i = lo; i < hi; ++i)
-      best = std::min(best, descending_key(weight[ordered[i]], static_cast<uint32_t>(ordered[i])));
-    reps[n++] = static_cast<int32_t>(static_cast<uint32_t>(best));
+    const int64_t lo = bucket_begin(b, m, buckets), hi = bucket_begin(b + 1, m, buckets);
+    int64_t i = lo;
+    while (i < hi && taken[static_cast<size_t>(ordered[i] - begin)]) ++i;
+    if (i == hi) {
+      ++missing;
+      continue;
+    }
+    reps[n++] = ordered[i];
+    taken[static_cast<size_t>(ordered[i] - begin)] = 1;
   }
+  for (int64_t i = 0; i < m && missing > 0; ++i)  // the places of buckets without a candidate
+    if (!taken[static_cast<size_t>(ordered[i] - begin)]) {
+      reps[n++] = ordered[i];
+      taken[static_cast<size_t>(ordered[i] - begin)] = 1;
+      --missing;
+    }
   std::sort(reps, reps + n);
   return n;
 }
@@ -210,15 +235,13 @@ int64_t merge_selection(const int32_t* a, const float* a_scores, int64_t n_a, co
 }
 
 void crush_topk(const float* scores, int64_t n, int64_t budget, float share, int64_t max_buckets, const uint64_t* bits,
-                int heads, const uint64_t* anchor, const float* weight, int32_t* out) {
+                int heads, const uint64_t* anchor, int32_t* out) {
   budget = std::clamp<int64_t>(budget, 0, n);
   const BudgetSplit s = split_budget(budget, share, max_buckets);
   topk_positions(scores, n, s.important, 0, out);
   if (s.representatives == 0) return;
-  std::vector<int32_t> candidates(static_cast<size_t>(n - s.important)), ordered(candidates.size()),
-      reps(static_cast<size_t>(s.representatives));
-  const int64_t c = complement(0, n, out, s.important, candidates.data());
-  const int64_t r = representatives(bits, signature_words(heads), heads, anchor, weight, candidates.data(), c,
+  std::vector<int32_t> ordered(static_cast<size_t>(n)), reps(static_cast<size_t>(s.representatives));
+  const int64_t r = representatives(bits, signature_words(heads), heads, anchor, 0, n, out, s.important,
                                     s.representatives, ordered.data(), reps.data());
   merge_selection(out, nullptr, s.important, reps.data(), r, 0.0f, out, nullptr);
 }

@@ -1,8 +1,8 @@
 #pragma once
 // KVCrush: part of a selection budget spent on representatives of the tokens left out. Each token gets a signature,
 // one bit per head (set when the token is in that head's top fraction by importance); the tokens not otherwise
-// selected (the candidates) are ordered by the Hamming distance of their signature to an anchor, cut into buckets
-// of near-equal size, and each bucket sends one representative.
+// selected (the candidates) are grouped by the Hamming distance of their signature to an anchor: the range's tokens
+// in that order are cut into buckets of near-equal size, and each bucket sends its first candidate.
 #include <cstdint>
 #include <vector>
 
@@ -21,11 +21,8 @@ int64_t signature_marked(int64_t n, float fraction) noexcept;
 void signatures(const float* importance, int heads, int64_t n, float fraction, uint64_t* bits);
 
 /// The Hamming distance of two signatures of `words` words (popcount of their xor): 0..heads.
-inline int hamming_distance(const uint64_t* a, const uint64_t* b, int words) noexcept {
-  int d = 0;
-  for (int w = 0; w < words; ++w) d += __builtin_popcountll(a[w] ^ b[w]);
-  return d;
-}
+/// (kvcrush_hamming of kernels/math/kvcrush_math.h.)
+int hamming_distance(const uint64_t* a, const uint64_t* b, int words) noexcept;
 
 /// The unnormalised softmax of n > 0 logits in place: row[t] = exp(row[t] - max); returns the sum (in double) and
 /// writes the max to *max_out.
@@ -78,23 +75,26 @@ enum class Anchor {
 void make_anchor(Anchor kind, int heads, uint64_t seed, const uint64_t* bits, const int32_t* positions, int64_t n,
                  uint64_t* anchor);
 
-/// Bucket b of c ordered candidates cut into `buckets` buckets: [bucket_begin(b), bucket_begin(b + 1)), with
+/// Bucket b of c ordered tokens cut into `buckets` buckets: [bucket_begin(b), bucket_begin(b + 1)), with
 /// bucket_begin(b) = floor(b * c / buckets). Sizes differ by at most one; none is empty when c >= buckets.
-inline int64_t bucket_begin(int64_t b, int64_t c, int64_t buckets) noexcept {
-  return b * c / buckets;  // b, c < 2^31 (positions are int32): no overflow
-}
+/// (kvcrush_bucket_begin of kernels/math/kvcrush_math.h; b, c < 2^31 as positions are int32: no overflow.)
+int64_t bucket_begin(int64_t b, int64_t c, int64_t buckets) noexcept;
 
 /// Orders the candidates positions[0..c) (ascending) by (Hamming distance of their signature to `anchor`,
 /// position), writing them to `ordered` (a stable counting sort on the distance: O(c + heads)).
 void order_by_distance(const uint64_t* bits, int words, int heads, const uint64_t* anchor, const int32_t* positions,
                        int64_t c, int32_t* ordered);
 
-/// The grouping: the candidates (positions[0..c), ascending, rows of bits) ordered by order_by_distance, cut into
-/// `buckets` buckets (bucket_begin), and from each non-empty bucket its representative, the candidate of the largest
-/// weight[position] (NaN lowest, ties to the lower position). Writes the representatives ascending to reps and
-/// returns their count (min(c, buckets)). ordered: scratch of c entries, left holding the ordered candidates.
-int64_t representatives(const uint64_t* bits, int words, int heads, const uint64_t* anchor, const float* weight,
-                        const int32_t* positions, int64_t c, int64_t buckets, int32_t* ordered, int32_t* reps);
+/// The grouping over the tokens [begin, end) (rows of bits), given the important set (n_important distinct,
+/// ascending positions in [begin, end)): the range's tokens ordered by order_by_distance (distance to `anchor`, then
+/// position), cut into b = min(buckets, end - begin) buckets by bucket_begin over end - begin tokens, and from each
+/// bucket its first token in that order that is not important (a candidate). A bucket of important tokens only sends
+/// none; its place goes to the first candidate in the order not yet taken (one per such bucket, while there are
+/// candidates left), so the count is min(b, candidates). Writes the representatives ascending to reps and returns
+/// their count. ordered: scratch of end - begin entries, left holding the ordered tokens.
+int64_t representatives(const uint64_t* bits, int words, int heads, const uint64_t* anchor, int64_t begin, int64_t end,
+                        const int32_t* important, int64_t n_important, int64_t buckets, int32_t* ordered,
+                        int32_t* reps);
 
 /// The split of a budget: representatives = floor(share * budget) (the float share times the budget, in double), capped
 /// at max_buckets when max_buckets > 0; important = budget - representatives. share in [0, 1).
@@ -115,8 +115,9 @@ int64_t merge_selection(const int32_t* a, const float* a_scores, int64_t n_a, co
 
 /// The whole composition over scores (the base method: the top-k of scores, ascending positions): for budget B
 /// over positions [0, n), split_budget(B, share, max_buckets), the top `important` by score, then the
-/// representatives of the rest. share 0 gives topk_positions(scores, n, B) exactly. out: [B] ascending.
+/// representatives over [0, n) given that important set. share 0 gives topk_positions(scores, n, B) exactly.
+/// out: [B] ascending.
 void crush_topk(const float* scores, int64_t n, int64_t budget, float share, int64_t max_buckets, const uint64_t* bits,
-                int heads, const uint64_t* anchor, const float* weight, int32_t* out);
+                int heads, const uint64_t* anchor, int32_t* out);
 
 }  // namespace kvret

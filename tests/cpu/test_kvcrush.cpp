@@ -166,56 +166,90 @@ TEST(KvCrush, OrderByDistanceThenPosition) {
   EXPECT_EQ(ordered, ref);
 }
 
+/// The properties of the grouping over a range (representatives()), against a reference order (std::sort by
+/// (distance, position)): every candidate in exactly one bucket; each bucket that holds a candidate sends its first
+/// candidate in the order; the buckets of important tokens only give their places to the first candidates not yet
+/// taken; min(buckets, candidates) representatives, distinct, ascending, none important. `adversarial` makes the
+/// important set the first tokens of the order, so that whole buckets are important.
 TEST(KvCrush, RepresentativesCoverEveryBucket) {
   const int heads = 16;
   const int words = signature_words(heads);
+  int64_t filled_places = 0;  // buckets without a candidate seen (the second rule ran)
   for (int64_t n : {40, 333, 2000})
-    for (float share : {0.1f, 0.25f, 0.5f, 0.9f})
-      for (Anchor anchor_kind : {Anchor::kRandom, Anchor::kAlternating, Anchor::kMajority}) {
-        const auto imp = random_scores(heads * n, static_cast<uint64_t>(n) * 3 + 1);
-        const auto score = random_scores(n, static_cast<uint64_t>(n) * 5 + 2);
-        std::vector<float> weight(static_cast<size_t>(n), 0.0f);
-        for (int h = 0; h < heads; ++h)
-          for (int64_t t = 0; t < n; ++t) weight[static_cast<size_t>(t)] += imp[static_cast<size_t>(h * n + t)];
-        std::vector<uint64_t> bits(static_cast<size_t>(n * words)), anchor(static_cast<size_t>(words));
-        signatures(imp.data(), heads, n, 0.5f, bits.data());
-        const int64_t budget = n / 4;
-        const BudgetSplit s = split_budget(budget, share);
-        ASSERT_EQ(s.important + s.representatives, budget);
-        ASSERT_EQ(s.representatives,
-                  static_cast<int64_t>(std::floor(static_cast<double>(share) * static_cast<double>(budget))));
-        std::vector<int32_t> imp_set(static_cast<size_t>(s.important));
-        topk_positions(score.data(), n, s.important, 0, imp_set.data());
-        std::vector<int32_t> cand(static_cast<size_t>(n)), ordered(static_cast<size_t>(n)),
-            reps(static_cast<size_t>(s.representatives));
-        const int64_t c = complement(0, n, imp_set.data(), s.important, cand.data());
-        ASSERT_EQ(c, n - s.important);
-        make_anchor(anchor_kind, heads, 5, bits.data(), cand.data(), c, anchor.data());
-        const int64_t r = representatives(bits.data(), words, heads, anchor.data(), weight.data(), cand.data(), c,
-                                          s.representatives, ordered.data(), reps.data());
-        ASSERT_EQ(r, std::min(c, s.representatives));
-        reps.resize(static_cast<size_t>(r));
-        const std::set<int32_t> important(imp_set.begin(), imp_set.end());
-        EXPECT_TRUE(std::is_sorted(reps.begin(), reps.end()));
-        EXPECT_EQ(std::set<int32_t>(reps.begin(), reps.end()).size(), reps.size()) << "duplicate representative";
-        for (int32_t p : reps) EXPECT_EQ(important.count(p), 0u) << "representative " << p << " is important";
-        // every non-empty bucket has exactly one representative, its heaviest member (ties: lower position)
-        std::set<int32_t> rep_set(reps.begin(), reps.end());
-        for (int64_t b = 0; b < s.representatives; ++b) {
-          const int64_t lo = bucket_begin(b, c, s.representatives), hi = bucket_begin(b + 1, c, s.representatives);
-          if (lo == hi) continue;
-          int in_bucket = 0;
-          int32_t best = ordered[static_cast<size_t>(lo)];
-          for (int64_t i = lo; i < hi; ++i) {
-            const int32_t p = ordered[static_cast<size_t>(i)];
-            in_bucket += static_cast<int>(rep_set.count(p));
-            const float wp = weight[static_cast<size_t>(p)], wb = weight[static_cast<size_t>(best)];
-            if (wp > wb || (wp == wb && p < best)) best = p;
+    for (int64_t begin : {int64_t{0}, int64_t{7}})
+      for (float share : {0.1f, 0.25f, 0.5f, 0.9f})
+        for (bool adversarial : {false, true})
+          for (Anchor anchor_kind : {Anchor::kRandom, Anchor::kAlternating, Anchor::kMajority}) {
+            const int64_t end = begin + n;
+            const auto imp = random_scores(heads * end, static_cast<uint64_t>(n) * 3 + 1);
+            const auto score = random_scores(n, static_cast<uint64_t>(n) * 5 + 2);
+            std::vector<uint64_t> bits(static_cast<size_t>(end * words)), anchor(static_cast<size_t>(words));
+            signatures(imp.data(), heads, end, 0.5f, bits.data());
+            std::vector<int32_t> all(static_cast<size_t>(n));
+            std::iota(all.begin(), all.end(), static_cast<int32_t>(begin));
+            make_anchor(anchor_kind, heads, 5, bits.data(), all.data(), n, anchor.data());
+            auto dist = [&](int32_t p) { return hamming_distance(bits.data() + p * words, anchor.data(), words); };
+            std::vector<int32_t> ref = all;  // the reference order
+            std::sort(ref.begin(), ref.end(),
+                      [&](int32_t x, int32_t y) { return std::make_pair(dist(x), x) < std::make_pair(dist(y), y); });
+            const int64_t budget = n / 4;
+            const BudgetSplit s = split_budget(budget, share);
+            ASSERT_EQ(s.important + s.representatives, budget);
+            std::vector<int32_t> imp_set(static_cast<size_t>(s.important));
+            if (adversarial) {
+              std::copy_n(ref.begin(), s.important, imp_set.begin());
+              std::sort(imp_set.begin(), imp_set.end());
+            } else {
+              topk_positions(score.data(), n, s.important, static_cast<int32_t>(begin), imp_set.data());
+            }
+            std::vector<int32_t> ordered(static_cast<size_t>(n)), reps(static_cast<size_t>(s.representatives));
+            const int64_t r = representatives(bits.data(), words, heads, anchor.data(), begin, end, imp_set.data(),
+                                              s.important, s.representatives, ordered.data(), reps.data());
+            ASSERT_EQ(ordered, ref);
+            const int64_t c = n - s.important;
+            ASSERT_EQ(r, std::min(c, s.representatives));
+            reps.resize(static_cast<size_t>(r));
+            const std::set<int32_t> important(imp_set.begin(), imp_set.end());
+            EXPECT_TRUE(std::is_sorted(reps.begin(), reps.end()));
+            const std::set<int32_t> rep_set(reps.begin(), reps.end());
+            EXPECT_EQ(rep_set.size(), reps.size()) << "duplicate representative";
+            for (int32_t p : reps) {
+              EXPECT_GE(p, begin);
+              EXPECT_LT(p, end);
+              EXPECT_EQ(important.count(p), 0u) << "representative " << p << " is important";
+            }
+            // every token in exactly one bucket; each bucket holding a candidate sends its first one
+            std::vector<int> owner(static_cast<size_t>(n), -1);
+            std::set<int32_t> firsts;
+            int64_t places = 0;
+            for (int64_t b = 0; b < s.representatives; ++b) {
+              const int64_t lo = bucket_begin(b, n, s.representatives), hi = bucket_begin(b + 1, n, s.representatives);
+              int32_t first = -1;
+              for (int64_t i = lo; i < hi; ++i) {
+                ASSERT_EQ(owner[static_cast<size_t>(i)], -1);
+                owner[static_cast<size_t>(i)] = static_cast<int>(b);
+                const int32_t p = ref[static_cast<size_t>(i)];
+                if (first < 0 && important.count(p) == 0) first = p;
+              }
+              if (first < 0) {
+                ++places;
+                continue;
+              }
+              EXPECT_EQ(rep_set.count(first), 1u) << "bucket " << b << " does not send its first candidate";
+              firsts.insert(first);
+            }
+            for (int64_t i = 0; i < n; ++i) ASSERT_GE(owner[static_cast<size_t>(i)], 0) << "token in no bucket";
+            // the other representatives: the first candidates in the order not taken by a bucket
+            std::vector<int32_t> extra;
+            for (const int32_t p : ref)
+              if (static_cast<int64_t>(extra.size()) < places && important.count(p) == 0 && firsts.count(p) == 0)
+                extra.push_back(p);
+            std::set<int32_t> want = firsts;
+            want.insert(extra.begin(), extra.end());
+            EXPECT_EQ(rep_set, want);
+            filled_places += places;
           }
-          EXPECT_EQ(in_bucket, 1) << "bucket " << b;
-          EXPECT_EQ(rep_set.count(best), 1u) << "bucket " << b;
-        }
-      }
+  EXPECT_GT(filled_places, 0) << "no bucket of important tokens only: the second rule was not exercised";
 }
 
 TEST(KvCrush, ShareZeroIsTheBaseSelection) {
@@ -229,10 +263,10 @@ TEST(KvCrush, ShareZeroIsTheBaseSelection) {
       make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, anchor.data());
       std::vector<int32_t> base(static_cast<size_t>(budget)), crushed(static_cast<size_t>(budget), -1);
       topk_positions(score.data(), n, budget, 0, base.data());
-      crush_topk(score.data(), n, budget, 0.0f, 0, bits.data(), heads, anchor.data(), score.data(), crushed.data());
+      crush_topk(score.data(), n, budget, 0.0f, 0, bits.data(), heads, anchor.data(), crushed.data());
       EXPECT_EQ(crushed, base);
       // with a share: the same count, distinct, ascending, the important part kept
-      crush_topk(score.data(), n, budget, 0.5f, 0, bits.data(), heads, anchor.data(), score.data(), crushed.data());
+      crush_topk(score.data(), n, budget, 0.5f, 0, bits.data(), heads, anchor.data(), crushed.data());
       EXPECT_TRUE(std::is_sorted(crushed.begin(), crushed.end()));
       EXPECT_EQ(std::set<int32_t>(crushed.begin(), crushed.end()).size(), static_cast<size_t>(budget));
       const BudgetSplit s = split_budget(budget, 0.5f);
@@ -321,7 +355,7 @@ TEST(KvCrush, AttentionAccumulatorAddsSteps) {
 
 /// The sequence's per-layer state (engine/kvcrush_layer) against the library rules it keeps in lists: the
 /// signatures of the first update are signatures() of snapkv_importance over the last 32 keys, and
-/// add_representatives is complement + representatives() (alternating anchor) + merge_selection.
+/// add_representatives is representatives() over the middle (alternating anchor) + merge_selection.
 TEST(KvCrush, LayerStateFollowsTheLibraryRules) {
   const int heads = 8, d = 32;
   const int64_t total = 900, prefill = 700, mid_begin = 4, local = 16;
@@ -354,40 +388,51 @@ TEST(KvCrush, LayerStateFollowsTheLibraryRules) {
   auto check = [&](int64_t length, uint64_t seed) {
     const int64_t mid_end = length - local, mid = mid_end - mid_begin;
     std::mt19937_64 g(seed);
+    std::vector<int32_t> by_order(static_cast<size_t>(mid));  // the middle in (distance, position) order
+    std::iota(by_order.begin(), by_order.end(), static_cast<int32_t>(mid_begin));
+    auto dist = [&](int32_t p) { return hamming_distance(layer.bits().data() + p * words, anchor.data(), words); };
+    std::stable_sort(by_order.begin(), by_order.end(), [&](int32_t x, int32_t y) { return dist(x) < dist(y); });
+    const KvCrushLayer::MiddleOrder order = layer.middle_order(mid_begin, mid_end);
+    ASSERT_EQ(order.prefix.back(), mid);
     for (const int64_t budget : {int64_t{1}, int64_t{8}, int64_t{100}, mid})
       for (const float share : {0.25f, 0.5f, 0.9f})
-        for (int h = 0; h < heads; ++h) {
-          const BudgetSplit s = split_budget(budget, share);
-          std::vector<int32_t> all(static_cast<size_t>(mid));
-          std::iota(all.begin(), all.end(), static_cast<int32_t>(mid_begin));
-          std::shuffle(all.begin(), all.end(), g);
-          std::vector<int32_t> row(all.begin(), all.begin() + s.important);
-          std::sort(row.begin(), row.end());
-          std::vector<float> scores(row.size());
-          for (size_t i = 0; i < row.size(); ++i) scores[i] = static_cast<float>(i);
-          // the library's rule
-          std::vector<float> weight(static_cast<size_t>(length));
-          for (int64_t t = 0; t < length; ++t) weight[static_cast<size_t>(t)] = layer.importance(h, t);
-          std::vector<int32_t> cand(static_cast<size_t>(mid)), ordered(static_cast<size_t>(mid)),
-              reps(static_cast<size_t>(std::max<int64_t>(1, s.representatives)));
-          const int64_t c = complement(mid_begin, mid_end, row.data(), s.important, cand.data());
-          const int64_t r = representatives(layer.bits().data(), words, heads, anchor.data(), weight.data(),
-                                            cand.data(), c, s.representatives, ordered.data(), reps.data());
-          std::vector<int32_t> want(static_cast<size_t>(s.important + r));
-          std::vector<float> want_scores(want.size());
-          merge_selection(row.data(), scores.data(), s.important, reps.data(), r,
-                          -std::numeric_limits<float>::infinity(), want.data(), want_scores.data());
-          // the layer's
-          row.resize(static_cast<size_t>(budget));
-          scores.resize(static_cast<size_t>(budget));
-          const int64_t n = layer.add_representatives(h, mid_begin, mid_end, row.data(), scores.data(), s.important,
-                                                      s.representatives);
-          ASSERT_EQ(n, budget);
-          row.resize(static_cast<size_t>(n));
-          scores.resize(static_cast<size_t>(n));
-          ASSERT_EQ(row, want) << "length " << length << " budget " << budget << " share " << share << " head " << h;
-          ASSERT_EQ(scores, want_scores);
-        }
+        for (const bool adversarial : {false, true})  // the important set: random, or the first tokens of the order
+          for (int h = 0; h < heads; ++h) {
+            const BudgetSplit s = split_budget(budget, share);
+            std::vector<int32_t> all = by_order;
+            if (!adversarial) std::shuffle(all.begin(), all.end(), g);
+            std::vector<int32_t> row(all.begin(), all.begin() + s.important);
+            std::sort(row.begin(), row.end());
+            std::vector<float> scores(row.size());
+            for (size_t i = 0; i < row.size(); ++i) scores[i] = static_cast<float>(i);
+            // the library's rule
+            std::vector<int32_t> ordered(static_cast<size_t>(mid)),
+                reps(static_cast<size_t>(std::max<int64_t>(1, s.representatives)));
+            const int64_t r = representatives(layer.bits().data(), words, heads, anchor.data(), mid_begin, mid_end,
+                                              row.data(), s.important, s.representatives, ordered.data(), reps.data());
+            std::vector<int32_t> want(static_cast<size_t>(s.important + r));
+            std::vector<float> want_scores(want.size());
+            merge_selection(row.data(), scores.data(), s.important, reps.data(), r,
+                            -std::numeric_limits<float>::infinity(), want.data(), want_scores.data());
+            // the layer's, with its middle order and without
+            std::vector<int32_t> row2 = row;
+            row.resize(static_cast<size_t>(budget));
+            scores.resize(static_cast<size_t>(budget));
+            const int64_t n =
+                layer.add_representatives(h, order, row.data(), scores.data(), s.important, s.representatives);
+            ASSERT_EQ(n, budget);
+            row.resize(static_cast<size_t>(n));
+            scores.resize(static_cast<size_t>(n));
+            ASSERT_EQ(row, want) << "length " << length << " budget " << budget << " share " << share << " head " << h
+                                 << " adversarial " << adversarial;
+            ASSERT_EQ(scores, want_scores);
+            row2.resize(static_cast<size_t>(budget));
+            ASSERT_EQ(
+                layer.add_representatives(h, mid_begin, mid_end, row2.data(), nullptr, s.important, s.representatives),
+                budget);
+            row2.resize(static_cast<size_t>(budget));
+            ASSERT_EQ(row2, want);
+          }
   };
   check(prefill, 1);
   // decode tokens: scored against the same window and thresholds

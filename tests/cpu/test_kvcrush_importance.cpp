@@ -308,30 +308,38 @@ TEST(KvCrushImportance, AttendAddsItsSoftmaxOverTheWorkingSet) {
   }
 }
 
-/// Reference representatives of KV head h (docs/kvcrush.md): candidates (middle minus `important`) ordered by
-/// (Hamming distance of the query-head bits to the alternating anchor, position), `reps` buckets, each its token
-/// of largest weight (ties to the lower position).
-std::vector<int32_t> reference_reps(const std::vector<std::vector<bool>>& marks, const std::vector<float>& weight,
-                                    int64_t mid_begin, int64_t mid_end, const std::vector<int32_t>& important,
-                                    int64_t reps) {
+/// Reference representatives of KV head h (docs/kvcrush.md): the middle tokens ordered by (Hamming distance of the
+/// query-head bits to the alternating anchor, position), cut into `reps` buckets of near-equal size, each sending its
+/// first token not in `important`; a bucket of important tokens only gives its place to the first such token in the
+/// order not yet taken.
+std::vector<int32_t> reference_reps(const std::vector<std::vector<bool>>& marks, int64_t mid_begin, int64_t mid_end,
+                                    const std::vector<int32_t>& important, int64_t reps) {
   std::vector<std::pair<int, int32_t>> c;
   for (int64_t p = mid_begin; p < mid_end; ++p) {
-    if (std::binary_search(important.begin(), important.end(), p)) continue;
     int d = 0;
     for (size_t i = 0; i < marks.size(); ++i) d += marks[i][static_cast<size_t>(p)] != (i % 2 == 1);
     c.emplace_back(d, static_cast<int32_t>(p));
   }
   std::sort(c.begin(), c.end());
   const auto cn = static_cast<int64_t>(c.size());
+  std::set<int32_t> taken(important.begin(), important.end());
   std::vector<int32_t> out;
+  int64_t missing = 0;
   for (int64_t b = 0; b < reps; ++b) {
-    int32_t best = -1;
-    for (int64_t i = b * cn / reps; i < (b + 1) * cn / reps; ++i) {
-      const int32_t p = c[static_cast<size_t>(i)].second;
-      if (best < 0 || weight[static_cast<size_t>(p)] > weight[static_cast<size_t>(best)]) best = p;
+    int64_t i = b * cn / reps;
+    while (i < (b + 1) * cn / reps && taken.count(c[static_cast<size_t>(i)].second) != 0) ++i;
+    if (i == (b + 1) * cn / reps) {
+      ++missing;
+      continue;
     }
-    out.push_back(best);
+    out.push_back(c[static_cast<size_t>(i)].second);
+    taken.insert(out.back());
   }
+  for (size_t i = 0; i < c.size() && missing > 0; ++i)
+    if (taken.insert(c[i].second).second) {
+      out.push_back(c[i].second);
+      --missing;
+    }
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -368,7 +376,7 @@ TEST(KvCrushImportance, SignaturesAndRepresentativesComeFromTheSums) {
       for (int g = 1; g < 4; ++g) w += sums[static_cast<size_t>((h * 4 + g) * n + t)];
       weight[static_cast<size_t>(t)] = w;
     }
-    const auto reps = reference_reps(marks, weight, 4, n - 16, important[static_cast<size_t>(h)], 10);
+    const auto reps = reference_reps(marks, 4, n - 16, important[static_cast<size_t>(h)], 10);
     std::vector<int32_t> want = important[static_cast<size_t>(h)];
     want.insert(want.end(), reps.begin(), reps.end());
     std::sort(want.begin(), want.end());
@@ -384,7 +392,7 @@ TEST(KvCrushImportance, SignaturesAndRepresentativesComeFromTheSums) {
     std::sort(top.begin(), top.end());
     EXPECT_EQ(retained(*base, 30)[static_cast<size_t>(h)], top);
     std::vector<int32_t> kept = top;
-    const auto kept_reps = reference_reps(marks, weight, 4, n - 16, top, 10);
+    const auto kept_reps = reference_reps(marks, 4, n - 16, top, 10);
     kept.insert(kept.end(), kept_reps.begin(), kept_reps.end());
     std::sort(kept.begin(), kept.end());
     EXPECT_EQ(retained(*s, 40)[static_cast<size_t>(h)], kept);

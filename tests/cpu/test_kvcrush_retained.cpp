@@ -439,7 +439,7 @@ void report_eviction_mass(int n_q_heads, int n_kv_heads) {
       for (int h = 0; h < n_kv_heads; ++h) {
         const float* imp = importance.data() + h * n + mb;
         kvret::crush_topk(imp, m, budget, share, 0, bits.data() + mb * kvret::signature_words(n_kv_heads), n_kv_heads,
-                          anchor.data(), imp, out.data());
+                          anchor.data(), out.data());
         for (const int32_t p : out) r.member[static_cast<size_t>(h)][static_cast<size_t>(p + mb)] = 1;
       }
       sets.push_back(std::move(r));
