@@ -9,19 +9,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/backend.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
+#include "engine/context.hpp"
+#include "engine/sequence.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "session/blob_tier.hpp"
@@ -927,6 +933,84 @@ TEST_F(SessionLoad, FilesALoaderReadsOutliveADropAndAResave) {
   KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "x"));
   EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);  // the dropped save's files went once its loader ended
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+}
+
+/// Host pages, counted: the allocator of PageCountingBackend.
+class CountedPages final : public kvret::PageAllocator {
+ public:
+  std::byte* allocate(size_t bytes) noexcept override {
+    live += static_cast<int64_t>(bytes);
+    return kvret::host_page_allocator().allocate(bytes);
+  }
+  void deallocate(std::byte* p, size_t bytes) noexcept override {
+    live -= static_cast<int64_t>(bytes);
+    kvret::host_page_allocator().deallocate(p, bytes);
+  }
+  std::atomic<int64_t> live{0};
+};
+
+/// The CPU backend with its pages counted (as the CUDA backend's pages are its pinned allocations).
+class PageCountingBackend final : public kvret::CpuBackend {
+ public:
+  kvret::PageAllocator& pages() noexcept override { return *counted; }
+  std::shared_ptr<CountedPages> counted = std::make_shared<CountedPages>();
+};
+
+TEST(SessionBackend, ARestoredSessionsLayersArriveOneByOneInTheBackendsPages) {
+  if (device_type() != KVRET_DEVICE_CPU) GTEST_SKIP() << "a backend of the test's own, on the CPU";
+  TempDir dir;
+  constexpr int32_t kLayersHere = 5;
+  kvret_config c = small_config(KVRET_INDEX_PQ);
+  c.n_layers = kLayersHere;
+  c.disk_path = dir.path.c_str();
+  c.session_dram_bytes = 1;  // to disk
+  std::string disk;
+  const kvret_config config = kvret::read_config(&c, &disk);
+  auto backend = std::make_unique<PageCountingBackend>();
+  const std::shared_ptr<CountedPages> pages = backend->counted;  // outlives the context
+  F32 k({900, kHeads, kDim}), v({900, kHeads, kDim});
+  clustered_kv(900, kHeads, kDim, 4, k, v);
+  {
+    kvret::Context ctx(config, disk, std::move(backend));
+    kvret::session::SessionStore store(ctx);
+    std::vector<int64_t> layer_bytes;
+    {
+      kvret::Sequence* seq = ctx.open_sequence();
+      for (int32_t l = 0; l < kLayersHere; ++l) {
+        const int64_t n = 300 + 100 * l;  // layers of different sizes
+        F32 kl({n, kHeads, kDim}), vl({n, kHeads, kDim});
+        std::copy(k.data.begin(), k.data.begin() + static_cast<std::ptrdiff_t>(kl.data.size()), kl.data.begin());
+        std::copy(v.data.begin(), v.data.begin() + static_cast<std::ptrdiff_t>(vl.data.size()), vl.data.begin());
+        seq->append_prefill(l, &kl.t, &vl.t);
+        layer_bytes.push_back(seq->store(l).bytes());
+      }
+      store.save(*seq, "x");
+      ctx.close_sequence(seq);
+    }
+    ASSERT_EQ(store.where("x"), KVRET_TIER_DISK);
+    ASSERT_EQ(pages->live.load(), 0) << "the session is on disk only";
+    for (int32_t held = 1; held < kLayersHere; ++held) {
+      SCOPED_TRACE(held);
+      std::unique_ptr<kvret::Sequence> opened;
+      {
+        LoadHook hook(held);  // the loader stops before layer `held`
+        opened = store.open("x");
+        while (g_max_layer_seen.load() < held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        int64_t in = 0;
+        for (int32_t l = 0; l < held; ++l) in += layer_bytes[static_cast<size_t>(l)];
+        EXPECT_EQ(pages->live.load(), in) << "layers 0.." << held - 1 << " in, each in the backend's pages";
+      }  // released
+      opened->wait_loaded();
+      int64_t all = 0;
+      for (int32_t l = 0; l < kLayersHere; ++l) {
+        EXPECT_EQ(opened->store(l).bytes(), layer_bytes[static_cast<size_t>(l)]);
+        all += layer_bytes[static_cast<size_t>(l)];
+      }
+      EXPECT_EQ(pages->live.load(), all);
+      opened.reset();
+      EXPECT_EQ(pages->live.load(), 0) << "closing it gave the pages back to the backend";
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
