@@ -472,6 +472,48 @@ TEST_F(SessionStore, AFailedEvictionIsTriedAtMostThreeTimesAndStaysWholeInDram) 
   EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));
 }
 
+TEST_F(SessionStore, AFailedWriteOfASaveSentToDiskKeepsTheNewSaveInDramAndTheOldOnDisk) {
+  TempDir dir;
+  const int64_t size = one_session();
+  BreakableDisk d(dir.path);
+  config.disk_path = d.disk.c_str();
+  config.session_dram_bytes = size + size / 2;
+  config.session_policy = KVRET_SESSION_SCHEDULER_AWARE;  // q queued, s not: s goes to disk itself
+  std::vector<float> raw2;
+  {
+    auto ctx = make_context(config);
+    Seq q(ctx.get()), s(ctx.get());
+    fill_session(q.s, 0);
+    fill_session(s.s, 1);
+    KVRET_ASSERT_OK(kvret_session_save(q.s, "q"));
+    const char* queue[] = {"q"};
+    KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 1));
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    ASSERT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    decode(s.s, 1, k, v, 900, 910);
+    raw2 = read_layers(s.s);
+    d.break_it();
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));  // returns: the writer's write fails
+    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DRAM);
+    {
+      Seq rs(open_session(ctx.get(), "s"));  // the new save, from DRAM
+      EXPECT_EQ(read_layers(rs.s), raw2);
+    }
+    d.repair();
+    EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));  // the first save's files, whole
+    KVRET_ASSERT_OK(kvret_session_save(q.s, "q"));           // the retry
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));  // the new save's only
+    EXPECT_EQ(context_stats(ctx.get()).session_write_failures, 1);
+  }
+  auto next = make_context(config);
+  Seq rs(open_session(next.get(), "s"));
+  EXPECT_EQ(read_layers(rs.s), raw2);
+}
+
 TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
   TempDir dir;
   config.disk_path = dir.path.c_str();
