@@ -595,10 +595,14 @@ typedef enum kvret_session_tier {
  *  into DRAM, evicting to disk (and from disk, dropping) the sessions config.session_policy ranks first; one that
  *  fits no tier is not stored (KVRET_ERR_CAPACITY, nothing changed). The files of the sessions it evicts to disk
  *  are written by the store's background writer: they stay in DRAM, and open from there, until their files are
- *  complete; a failed write is reported by kvret_session_flush and leaves the session in DRAM. The writer's copies
- *  hold at most config.session_dram_bytes (when set) as a save starts: a save finding more waits. When the session
- *  itself goes to disk, its write is done before the call returns: a full disk or another write error is
- *  KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then queued for
+ *  complete; a failed write is reported by kvret_session_flush and leaves the session in DRAM, and the next
+ *  kvret_session_save or kvret_session_schedule queues it again (3 writes in all; then it stays in DRAM until it
+ *  is dropped, saved again, moved back or expires). The writer's copies hold at most config.session_dram_bytes
+ *  (when set) as a save starts: a save finding more waits. When the session itself goes to disk because the policy
+ *  ranks it first, the writer writes it too, from a fork of the sequence (the call returns before; the fork serves
+ *  it meanwhile; until its files are complete the disk holds the previous save of the id, if any). One larger than
+ *  the DRAM tier (config.session_dram_bytes) is written before the call returns: a full disk or another write
+ *  error is then KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then queued for
  *  the background writer too, which writes it through (from a fork of the sequence; the call returns before;
  *  kvret_session_flush waits for it). A failure there (the server unreachable: KVRET_ERR_IO) does not fail the
  *  save, which the local tiers hold: the next kvret_session_flush reports it, and the shared tier keeps the
@@ -634,8 +638,16 @@ KVRET_API kvret_status kvret_session_drop(kvret_context* ctx, const char* sessio
  *  needed soonest, and the sessions of the look-ahead window that are on disk are read into DRAM before the call
  *  returns (evicting to disk only sessions needed later). Replaces the previous queue. */
 KVRET_API kvret_status kvret_session_schedule(kvret_context* ctx, const char* const* session_ids, int32_t n);
-/** The tier a session is in now (a kvret_session_tier), KVRET_TIER_NONE when none. With a shared tier, a session
- *  in no local tier is looked up there (KVRET_TIER_SHARED; KVRET_ERR_IO when the server cannot be reached). */
+/** The tier that serves a session now (a kvret_session_tier), KVRET_TIER_NONE when none:
+ *  - KVRET_TIER_DRAM: a copy in host memory serves it. That is a session in the DRAM tier, and also one placed on
+ *    disk whose files are not complete: its write queued or running on the background writer, or failed (and
+ *    waiting for a retry, or out of tries); its DRAM copy serves the opens until its manifest is written.
+ *  - KVRET_TIER_DISK: its files are complete and its DRAM copy released; an open reads them.
+ *  - KVRET_TIER_SHARED: in no local tier; the shared tier names it (looked up there; KVRET_ERR_IO when the server
+ *    cannot be reached).
+ *  A session evicted to disk thus goes from DRAM to DISK when the writer is done (kvret_session_flush waits for
+ *  that); the stats' session_dram_count and session_disk_count count placement's tiers, where it is on disk from
+ *  the save on. */
 KVRET_API kvret_status kvret_session_where(kvret_context* ctx, const char* session_id, int32_t* out_tier);
 /** Waits until the store's background writer has written everything queued before the call (the files of sessions
  *  evicted to disk, the write-through to the shared tier), then reports the first failure since the last flush of

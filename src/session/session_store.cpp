@@ -318,8 +318,20 @@ SessionStore::DiskRecord SessionStore::next_record(SessionId sid, const std::vec
   const Meta& meta = meta_.at(sid);
   DiskRecord rec;
   if (meta.disk) {
+    // The next generation of its stem, past the writes of it still in flight (cancelled ones included: their
+    // layer files may be on their way).
     rec.stem = meta.disk->stem;
-    rec.generation = meta.disk->generation + 1;
+    uint64_t generation = meta.disk->generation;
+    const auto past = [&](const std::shared_ptr<DiskWrite>& job) {
+      if (job && job->rec.stem == rec.stem) generation = std::max(generation, job->rec.generation);
+    };
+    for (const auto& [other, job] : evicting_) past(job);
+    {
+      std::lock_guard<std::mutex> wlock(wmu_);
+      past(disk_writing_);
+      for (const auto& job : disk_writes_) past(job);
+    }
+    rec.generation = generation + 1;
     return rec;
   }
   // A stem no other session uses (the hash of the id, with a suffix on a collision).
@@ -340,8 +352,21 @@ SessionStore::DiskRecord SessionStore::next_record(SessionId sid, const std::vec
   return rec;
 }
 
-void SessionStore::write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec,
-                               std::exception_ptr* cleanup) {
+void SessionStore::remove_layers(const DiskRecord& rec, int32_t count, std::exception_ptr* cleanup) {
+  for (int32_t l = 0; l < count; ++l) {
+    try {
+      disk_->remove(layer_key(rec.stem, rec.generation, l));
+    } catch (...) {
+      if (cleanup == nullptr)
+        keep_failure(std::current_exception());
+      else if (!*cleanup)
+        *cleanup = std::current_exception();
+    }
+  }
+}
+
+std::vector<uint64_t> SessionStore::write_layers(const Sequence& seq, const DiskRecord& rec,
+                                                 std::exception_ptr* cleanup) {
   const int32_t n_layers = ctx_.config().n_layers;
   // Only the layer sizes are kept for the manifest: each layer's bytes go to disk and are freed before the next.
   std::vector<uint64_t> sizes;
@@ -353,19 +378,21 @@ void SessionStore::write_blobs(const Sequence& seq, const Meta& meta, const Disk
       ++written;
       sizes.push_back(out.size());
     }
+  } catch (...) {
+    remove_layers(rec, written, cleanup);
+    throw;
+  }
+  return sizes;
+}
+
+void SessionStore::write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec,
+                               std::exception_ptr* cleanup) {
+  const std::vector<uint64_t> sizes = write_layers(seq, rec, cleanup);
+  try {
     const std::vector<std::byte> manifest = manifest_bytes(meta, rec, sizes);
     disk_->put(manifest_key(rec.stem), manifest.data(), manifest.size(), 0);
   } catch (...) {
-    for (int32_t l = 0; l < written; ++l) {
-      try {
-        disk_->remove(layer_key(rec.stem, rec.generation, l));
-      } catch (...) {
-        if (cleanup == nullptr)
-          keep_failure(std::current_exception());
-        else if (!*cleanup)
-          *cleanup = std::current_exception();
-      }
-    }
+    remove_layers(rec, ctx_.config().n_layers, cleanup);
     throw;
   }
 }
@@ -592,10 +619,16 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
     }
   }
   // Evictions DRAM -> disk go to the background writer: their DRAM copies serve them until their files are
-  // written. In the call when the writer cannot start.
+  // written. So does the saved session when it goes to disk itself and is not larger than the DRAM tier (its copy
+  // then counts in the writer's bound as an eviction's does); a larger one, or any when the writer cannot start,
+  // is written in the call.
+  const bool saved_to_disk = saved && next.where(*saved) == Tier::disk;
+  const uint64_t dram_bytes = static_cast<uint64_t>(std::max<int64_t>(0, ctx_.config().session_dram_bytes));
+  bool saved_by_writer = saved_to_disk && copy && dram_bytes > 0 && next.bytes_of(*saved) <= dram_bytes;
   std::vector<std::shared_ptr<DiskWrite>> evictions;
+  std::shared_ptr<DiskWrite> saved_job;
   std::vector<std::string> eviction_stems;
-  if (!to_write.empty()) {
+  if (!to_write.empty() || saved_by_writer) {
     bool writer = false;
     {
       std::lock_guard<std::mutex> wlock(wmu_);
@@ -612,13 +645,21 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
         evictions.push_back(std::move(job));
       }
       to_write.clear();
+      if (saved_by_writer) {
+        saved_job = std::make_shared<DiskWrite>();
+        saved_job->sid = *saved;
+        saved_job->meta = meta_.at(*saved);
+        saved_job->rec = next_record(*saved, eviction_stems);
+        saved_job->bytes = next.bytes_of(*saved);
+      }
+    } else {
+      saved_by_writer = false;
     }
   }
   std::vector<std::pair<SessionId, DiskRecord>> written;
   try {
     for (const SessionId s : to_write) written.emplace_back(s, write_session(s, *dram_.at(s)));
-    if (saved && next.where(*saved) == Tier::disk)
-      written.emplace_back(*saved, write_session(*saved, *copy, eviction_stems));
+    if (saved_to_disk && !saved_by_writer) written.emplace_back(*saved, write_session(*saved, *copy, eviction_stems));
   } catch (...) {
     for (const auto& [s, rec] : written) remove_blobs(rec, ctx_.config().n_layers, true);
     throw;
@@ -646,6 +687,12 @@ void SessionStore::apply(Placement next, std::optional<SessionId> saved, std::un
     dram_.erase(job->sid);
     evicting_[job->sid] = job;
     ++counters_.evictions;
+  }
+  if (saved_job) {  // its copy serves it until its files are written; an older disk copy stays until then
+    saved_job->copy = std::move(copy);
+    dram_.erase(*saved);
+    evicting_[*saved] = saved_job;
+    evictions.push_back(saved_job);
   }
   if (!evictions.empty()) {
     {
@@ -720,6 +767,7 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
     throw;
   }
   ++counters_.saves;
+  retry_failed_writes();
   if (shared_) {
     // Write-through, now that the local tiers hold the session: by the background writer, on a fork of the
     // sequence; now, when the fork or the writer cannot be had. A failure leaves the local tiers so and is kept
@@ -796,7 +844,7 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
     // On disk for placement, its files not written yet (or their write failed): its DRAM copy serves.
     std::unique_ptr<Sequence> seq = e->second->copy->fork();
     placement_.access(sid);
-    ++counters_.hits_disk;
+    ++counters_.hits_dram;
     return seq;
   }
   std::unique_ptr<Sequence> seq;
@@ -865,6 +913,7 @@ void SessionStore::schedule(const std::vector<std::string>& ids) {
       next.prefetch(queue);
       apply(std::move(next), std::nullopt, nullptr);
     }
+    retry_failed_writes();
   } catch (...) {
     for (const std::string& id : added) {
       const auto it = ids_.find(id);
@@ -891,7 +940,9 @@ kvret_session_tier SessionStore::where(const std::string& id) {
   if (it != ids_.end()) {
     const Tier tier = placement_.where(it->second);
     if (tier == Tier::dram) return KVRET_TIER_DRAM;
-    if (tier == Tier::disk) return KVRET_TIER_DISK;
+    // On disk for placement, but its files are not complete (the writer has not written them, or failed to): its
+    // DRAM copy is what serves it.
+    if (tier == Tier::disk) return evicting_.count(it->second) != 0 ? KVRET_TIER_DRAM : KVRET_TIER_DISK;
   }
   if (shared_) {
     try {
@@ -949,21 +1000,45 @@ bool SessionStore::start_writer() {
   return true;
 }
 
-void SessionStore::commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure,
-                                     bool wrote) {
+void SessionStore::commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure) {
   const auto e = evicting_.find(job->sid);
   const bool current = e != evicting_.end() && e->second == job;
-  if (failure) {  // nothing of it is on disk; a current one stays in DRAM
+  if (failure) {  // nothing of it is on disk; a current one stays in DRAM, for a retry
     ++counters_.write_failures;
-    if (current) keep_failure(failure, "session store: writing a session evicted from DRAM to disk (it stays in DRAM)");
+    if (current) {
+      job->failed = true;
+      ++job->tries;
+      keep_failure(failure, job->tries < kEvictionTries
+                                ? "session store: writing a session's files to the disk tier (it stays in DRAM; "
+                                  "the next save or schedule tries again)"
+                                : "session store: writing a session's files to the disk tier (it stays in DRAM; "
+                                  "no more tries)");
+    }
     return;
   }
-  if (!current) {  // dropped, saved again or moved back meanwhile: its files go
-    if (wrote) remove_blobs(job->rec, ctx_.config().n_layers, true);
-    return;
-  }
-  meta_.at(job->sid).disk = job->rec;
+  if (!current) return;  // dropped, saved again or moved back meanwhile: the writer wrote no manifest
+  Meta& m = meta_.at(job->sid);
+  // The older save's layers (its manifest is replaced by this one's when the stem is the same).
+  if (m.disk) remove_blobs(*m.disk, ctx_.config().n_layers, m.disk->stem != job->rec.stem);
+  m.disk = job->rec;
   evicting_.erase(e);  // its DRAM copy goes with the job
+}
+
+void SessionStore::retry_failed_writes() {
+  std::vector<std::shared_ptr<DiskWrite>> again;
+  for (const auto& [sid, job] : evicting_)
+    if (job->failed && job->tries < kEvictionTries) again.push_back(job);
+  if (again.empty()) return;
+  {
+    std::lock_guard<std::mutex> wlock(wmu_);
+    if (!start_writer()) return;
+    for (const std::shared_ptr<DiskWrite>& job : again) {
+      disk_writes_.push_back(job);  // the same files: a failed write left none of them
+      pending_bytes_ += job->bytes;
+      job->failed = false;
+    }
+  }
+  wcv_.notify_all();
 }
 
 void SessionStore::writer_loop() {
@@ -976,20 +1051,35 @@ void SessionStore::writer_loop() {
       disk_writing_ = job;
       wlock.unlock();
       std::exception_ptr failure, cleanup;
-      bool wrote = false;
+      std::optional<std::vector<uint64_t>> sizes;  // the layers written
       if (const DiskWriteHook hook = g_disk_write_hook.load()) hook(job->meta.id.c_str());
       if (!job->cancelled) {
         try {
-          write_blobs(*job->copy, job->meta, job->rec, &cleanup);
-          wrote = true;
+          sizes = write_layers(*job->copy, job->rec, &cleanup);
         } catch (...) {
           failure = std::current_exception();
         }
       }
       {
+        // The manifest under the lock, and only for the current write of the session: a drop, a re-save or a
+        // prefetch of it (which take the lock) come wholly before or wholly after.
         std::lock_guard<std::mutex> lock(mu_);
         if (cleanup) keep_failure(cleanup);
-        commit_disk_write(job, failure, wrote);
+        if (sizes) {
+          const auto e = evicting_.find(job->sid);
+          if (e != evicting_.end() && e->second == job) {
+            try {
+              const std::vector<std::byte> manifest = manifest_bytes(job->meta, job->rec, *sizes);
+              disk_->put(manifest_key(job->rec.stem), manifest.data(), manifest.size(), 0);
+            } catch (...) {
+              failure = std::current_exception();
+              remove_layers(job->rec, ctx_.config().n_layers, nullptr);
+            }
+          } else {
+            remove_layers(job->rec, ctx_.config().n_layers, nullptr);  // superseded: no manifest names them
+          }
+        }
+        commit_disk_write(job, failure);
       }
       wlock.lock();
       pending_bytes_ -= job->bytes;

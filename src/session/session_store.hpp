@@ -8,9 +8,13 @@
 // loader thread (a LayerLoad) brings in, in layer order; the sequence's calls on a layer wait for it. The layer
 // blobs a loader reads are pinned: removing them (a re-save, an eviction, a drop) is deferred until it ends.
 //
-// Every public call takes the store's lock and has the strong guarantee: the disk writes a decision needs (the
-// sessions it demotes, the saved one) are done before anything is committed, and a failed one is undone. Disk
-// writes are synchronous (flush only reports what a cleanup left).
+// Every public call takes the store's lock and has the strong guarantee. The files of a session a decision puts on
+// disk (one it evicts from DRAM, or the saved one when it is not larger than the DRAM tier) are written by the
+// background writer from a DRAM copy, which serves the session until its manifest is written (under the lock, so a
+// drop or a re-save meanwhile never races it); where() reports DRAM until then. A failed write leaves the session
+// on that copy and is queued again by the next save or schedule, kEvictionTries writes in all. A saved session
+// larger than the DRAM tier (or any, when the writer cannot start) is written in the call, and a failure there is
+// undone. flush waits for the writer and reports its failures and the cleanups'.
 //
 // The shared tier (config.session_shared_url: a RedisTier; docs/redis.md) is outside placement: a save writes the
 // session through to it once the local tiers hold it (synchronously, before the save returns; a failure there is
@@ -124,7 +128,12 @@ class SessionStore {
     std::unique_ptr<Sequence> copy;
     uint64_t bytes = 0;
     std::atomic<bool> cancelled{false};  ///< dropped, saved again or moved back to DRAM meanwhile
+    bool failed = false;                 ///< its last write failed and it is not queued again (guarded by mu_)
+    int tries = 0;                       ///< the writes of it that failed (guarded by mu_)
   };
+  /// How many times the writer tries to write a session's files before it leaves it in DRAM for good (until it is
+  /// dropped, saved again, moved back or expires).
+  static constexpr int kEvictionTries = 3;
   /// A write-through the background writer does: a fork of the saved sequence and the save's Meta.
   struct SharedWrite {
     uint64_t serial = 0;
@@ -158,6 +167,10 @@ class SessionStore {
   /// Writes the layer blobs of `seq`, then the manifest, as `rec`; on failure removes the layers it wrote.
   /// `cleanup` null: a removal failure is kept for flush (the lock held); else it is stored there.
   void write_blobs(const Sequence& seq, const Meta& meta, const DiskRecord& rec, std::exception_ptr* cleanup);
+  /// The layer blobs of write_blobs alone; returns their sizes (for the manifest).
+  std::vector<uint64_t> write_layers(const Sequence& seq, const DiskRecord& rec, std::exception_ptr* cleanup);
+  /// Removes layers [0, count) of `rec` now (not deferred: no loader reads a save without its manifest).
+  void remove_layers(const DiskRecord& rec, int32_t count, std::exception_ptr* cleanup);
   std::unique_ptr<Sequence> read_session(SessionId sid);
   /// The layer sizes the disk manifest of `sid` names, after checking it (KVRET_ERR_CORRUPT).
   std::vector<uint64_t> read_manifest(SessionId sid);
@@ -201,8 +214,11 @@ class SessionStore {
   void writer_loop();
   /// Starts the writer thread if it is not running (wmu_ held); false when it cannot start or is stopping.
   bool start_writer();
-  /// The end of an eviction the writer ran (the lock held): the session's record, or its files removed.
-  void commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure, bool wrote);
+  /// The end of a disk write the writer ran (the lock held; its manifest written when it succeeded): the session's
+  /// record (its older save's layers removed), or, failed, the session left on its DRAM copy for a retry.
+  void commit_disk_write(const std::shared_ptr<DiskWrite>& job, const std::exception_ptr& failure);
+  /// Queues again the writes that failed fewer than kEvictionTries times (the lock held).
+  void retry_failed_writes();
   /// Forgets an eviction of `sid` still in flight (its files are removed when the writer is done with it).
   void cancel_eviction(SessionId sid);
   /// Waits until the writer has nothing queued or running (the lock not held).

@@ -9,19 +9,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/backend.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
+#include "engine/context.hpp"
+#include "engine/sequence.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "session/blob_tier.hpp"
@@ -122,8 +128,8 @@ TEST_P(SessionRoundTrip, ThroughDramAndDiskWithEvictionsAndANewContext) {
     KVRET_ASSERT_OK(kvret_session_save(a.s, "conversation-a"));
     EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DRAM);
     KVRET_ASSERT_OK(kvret_session_save(b.s, "conversation-b"));
-    EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);  // evicted (least recently used)
     KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));                 // its files are written in the background
+    EXPECT_EQ(where(ctx.get(), "conversation-a"), KVRET_TIER_DISK);  // evicted (least recently used)
     EXPECT_EQ(where(ctx.get(), "conversation-b"), KVRET_TIER_DRAM);
     kvret_stats st = context_stats(ctx.get());
     EXPECT_EQ(st.session_saves, 2);
@@ -334,7 +340,7 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   EXPECT_NE(std::string(kvret_last_error()).find("disk tier"), std::string::npos) << kvret_last_error();
   EXPECT_NE(std::string(kvret_last_error()).find("stays in DRAM"), std::string::npos) << kvret_last_error();
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));    // reported once
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);  // placed on disk, served from its DRAM copy
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);  // its files failed: its DRAM copy serves it
   EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
   {
     Seq ra(open_session(ctx.get(), "a"));
@@ -359,6 +365,153 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   auto next = make_context(config);
   Seq rb(open_session(next.get(), "b"));
   EXPECT_EQ(read_layers(rb.s), raw_b);
+}
+
+/// A disk tier whose directory the test can make unwritable (replaced by a file: every write fails, even as root)
+/// and writable again.
+struct BreakableDisk {
+  explicit BreakableDisk(const fs::path& parent) : disk(parent / "disk"), moved(parent / "moved") {}
+  void break_it() {
+    fs::rename(disk, moved);
+    std::ofstream(disk.string()) << "not a directory";
+  }
+  void repair() {
+    fs::remove(disk);
+    fs::rename(moved, disk);
+  }
+  size_t files() const {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(disk)) n += e.path().extension() == ".kvb";
+    return n;
+  }
+  fs::path disk, moved;
+};
+
+TEST_F(SessionStore, AFailedEvictionIsRetriedByTheNextSaveAndLandsOnDisk) {
+  TempDir dir;
+  const int64_t size = one_session();
+  BreakableDisk d(dir.path);
+  config.disk_path = d.disk.c_str();
+  config.session_dram_bytes = size + size / 2;  // DRAM holds one session
+  std::vector<float> raw_a;
+  {
+    auto ctx = make_context(config);
+    Seq a(ctx.get()), b(ctx.get());
+    fill_session(a.s, 0);
+    fill_session(b.s, 1);
+    raw_a = read_layers(a.s);
+    KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+    d.break_it();
+    KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // evicts A: its write fails
+    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
+    EXPECT_NE(std::string(kvret_last_error()).find("tries again"), std::string::npos) << kvret_last_error();
+    EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+    d.repair();
+    EXPECT_EQ(d.files(), 0u);
+    KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // B stays in DRAM; A's write is queued again
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
+    EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DRAM);
+    EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));
+    const kvret_stats st = context_stats(ctx.get());
+    EXPECT_EQ(st.session_write_failures, 1);
+    EXPECT_EQ(st.session_evictions, 1);
+    Seq ra(open_session(ctx.get(), "a"));  // from its files
+    EXPECT_EQ(read_layers(ra.s), raw_a);
+    EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 1);
+  }
+  // A new context finds it.
+  auto next = make_context(config);
+  EXPECT_EQ(where(next.get(), "a"), KVRET_TIER_DISK);
+  Seq ra(open_session(next.get(), "a"));
+  EXPECT_EQ(read_layers(ra.s), raw_a);
+}
+
+TEST_F(SessionStore, AFailedEvictionIsTriedAtMostThreeTimesAndStaysWholeInDram) {
+  TempDir dir;
+  const int64_t size = one_session();
+  BreakableDisk d(dir.path);
+  config.disk_path = d.disk.c_str();
+  config.session_dram_bytes = size + size / 2;
+  auto ctx = make_context(config);
+  Seq a(ctx.get()), b(ctx.get());
+  fill_session(a.s, 0);
+  fill_session(b.s, 1);
+  const std::vector<float> raw_a = read_layers(a.s);
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  d.break_it();
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // the first try
+  // Each save or schedule queues the write again while it has failed fewer than 3 times; flush hears each try.
+  std::vector<kvret_status> heard{kvret_session_flush(ctx.get())};
+  for (int i = 0; i < 5; ++i) {
+    if (i % 2 == 0)
+      KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
+    else
+      KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), nullptr, 0));
+    heard.push_back(kvret_session_flush(ctx.get()));
+    EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM) << i;
+  }
+  EXPECT_EQ(heard, (std::vector<kvret_status>{KVRET_ERR_IO, KVRET_ERR_IO, KVRET_ERR_IO, KVRET_OK, KVRET_OK, KVRET_OK}));
+  EXPECT_EQ(context_stats(ctx.get()).session_write_failures, 3);
+  // No more tries, even with the disk back; nothing lost: it serves from DRAM, whole.
+  d.repair();
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+  EXPECT_EQ(d.files(), 0u);
+  EXPECT_EQ(context_stats(ctx.get()).session_write_failures, 3);
+  {
+    Seq ra(open_session(ctx.get(), "a"));
+    EXPECT_EQ(read_layers(ra.s), raw_a);
+  }
+  // Saving it again starts afresh: into DRAM, B evicted and written.
+  KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
+  KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);
+  EXPECT_EQ(where(ctx.get(), "b"), KVRET_TIER_DISK);
+  EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));
+}
+
+TEST_F(SessionStore, AFailedWriteOfASaveSentToDiskKeepsTheNewSaveInDramAndTheOldOnDisk) {
+  TempDir dir;
+  const int64_t size = one_session();
+  BreakableDisk d(dir.path);
+  config.disk_path = d.disk.c_str();
+  config.session_dram_bytes = size + size / 2;
+  config.session_policy = KVRET_SESSION_SCHEDULER_AWARE;  // q queued, s not: s goes to disk itself
+  std::vector<float> raw2;
+  {
+    auto ctx = make_context(config);
+    Seq q(ctx.get()), s(ctx.get());
+    fill_session(q.s, 0);
+    fill_session(s.s, 1);
+    KVRET_ASSERT_OK(kvret_session_save(q.s, "q"));
+    const char* queue[] = {"q"};
+    KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 1));
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    ASSERT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    decode(s.s, 1, k, v, 900, 910);
+    raw2 = read_layers(s.s);
+    d.break_it();
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));  // returns: the writer's write fails
+    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DRAM);
+    {
+      Seq rs(open_session(ctx.get(), "s"));  // the new save, from DRAM
+      EXPECT_EQ(read_layers(rs.s), raw2);
+    }
+    d.repair();
+    EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));  // the first save's files, whole
+    KVRET_ASSERT_OK(kvret_session_save(q.s, "q"));           // the retry
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    EXPECT_EQ(d.files(), static_cast<size_t>(kLayers + 1));  // the new save's only
+    EXPECT_EQ(context_stats(ctx.get()).session_write_failures, 1);
+  }
+  auto next = make_context(config);
+  Seq rs(open_session(next.get(), "s"));
+  EXPECT_EQ(read_layers(rs.s), raw2);
 }
 
 TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
@@ -496,11 +649,13 @@ class SessionPolicy : public SessionStore {
       KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 2));
     }
     KVRET_ASSERT_OK(kvret_session_save(c.s, "c"));
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));  // the evicted session's files are written
     tiers = {where(ctx.get(), "a"), where(ctx.get(), "b"), where(ctx.get(), "c")};
     if (policy == KVRET_SESSION_SCHEDULER_AWARE) {
       // Prefetch: a queued session on disk comes back to DRAM, evicting one needed later.
       const char* queue[] = {"a", "b"};
       KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 2));
+      KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
       prefetched = {where(ctx.get(), "a"), where(ctx.get(), "b"), where(ctx.get(), "c")};
       Seq ra(open_session(ctx.get(), "a"));
       EXPECT_EQ(read_layers(ra.s), read_layers(a.s));
@@ -822,6 +977,84 @@ TEST_F(SessionLoad, FilesALoaderReadsOutliveADropAndAResave) {
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
 }
 
+/// Host pages, counted: the allocator of PageCountingBackend.
+class CountedPages final : public kvret::PageAllocator {
+ public:
+  std::byte* allocate(size_t bytes) noexcept override {
+    live += static_cast<int64_t>(bytes);
+    return kvret::host_page_allocator().allocate(bytes);
+  }
+  void deallocate(std::byte* p, size_t bytes) noexcept override {
+    live -= static_cast<int64_t>(bytes);
+    kvret::host_page_allocator().deallocate(p, bytes);
+  }
+  std::atomic<int64_t> live{0};
+};
+
+/// The CPU backend with its pages counted (as the CUDA backend's pages are its pinned allocations).
+class PageCountingBackend final : public kvret::CpuBackend {
+ public:
+  kvret::PageAllocator& pages() noexcept override { return *counted; }
+  std::shared_ptr<CountedPages> counted = std::make_shared<CountedPages>();
+};
+
+TEST(SessionBackend, ARestoredSessionsLayersArriveOneByOneInTheBackendsPages) {
+  if (device_type() != KVRET_DEVICE_CPU) GTEST_SKIP() << "a backend of the test's own, on the CPU";
+  TempDir dir;
+  constexpr int32_t kLayersHere = 5;
+  kvret_config c = small_config(KVRET_INDEX_PQ);
+  c.n_layers = kLayersHere;
+  c.disk_path = dir.path.c_str();
+  c.session_dram_bytes = 1;  // to disk
+  std::string disk;
+  const kvret_config config = kvret::read_config(&c, &disk);
+  auto backend = std::make_unique<PageCountingBackend>();
+  const std::shared_ptr<CountedPages> pages = backend->counted;  // outlives the context
+  F32 k({900, kHeads, kDim}), v({900, kHeads, kDim});
+  clustered_kv(900, kHeads, kDim, 4, k, v);
+  {
+    kvret::Context ctx(config, disk, std::move(backend));
+    kvret::session::SessionStore store(ctx);
+    std::vector<int64_t> layer_bytes;
+    {
+      kvret::Sequence* seq = ctx.open_sequence();
+      for (int32_t l = 0; l < kLayersHere; ++l) {
+        const int64_t n = 300 + 100 * l;  // layers of different sizes
+        F32 kl({n, kHeads, kDim}), vl({n, kHeads, kDim});
+        std::copy(k.data.begin(), k.data.begin() + static_cast<std::ptrdiff_t>(kl.data.size()), kl.data.begin());
+        std::copy(v.data.begin(), v.data.begin() + static_cast<std::ptrdiff_t>(vl.data.size()), vl.data.begin());
+        seq->append_prefill(l, &kl.t, &vl.t);
+        layer_bytes.push_back(seq->store(l).bytes());
+      }
+      store.save(*seq, "x");
+      ctx.close_sequence(seq);
+    }
+    ASSERT_EQ(store.where("x"), KVRET_TIER_DISK);
+    ASSERT_EQ(pages->live.load(), 0) << "the session is on disk only";
+    for (int32_t held = 1; held < kLayersHere; ++held) {
+      SCOPED_TRACE(held);
+      std::unique_ptr<kvret::Sequence> opened;
+      {
+        LoadHook hook(held);  // the loader stops before layer `held`
+        opened = store.open("x");
+        while (g_max_layer_seen.load() < held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        int64_t in = 0;
+        for (int32_t l = 0; l < held; ++l) in += layer_bytes[static_cast<size_t>(l)];
+        EXPECT_EQ(pages->live.load(), in) << "layers 0.." << held - 1 << " in, each in the backend's pages";
+      }  // released
+      opened->wait_loaded();
+      int64_t all = 0;
+      for (int32_t l = 0; l < kLayersHere; ++l) {
+        EXPECT_EQ(opened->store(l).bytes(), layer_bytes[static_cast<size_t>(l)]);
+        all += layer_bytes[static_cast<size_t>(l)];
+      }
+      EXPECT_EQ(pages->live.load(), all);
+      opened.reset();
+      EXPECT_EQ(pages->live.load(), 0) << "closing it gave the pages back to the backend";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The write-through to a shared tier runs on a background writer (a test tier in memory stands in for Redis)
 
@@ -1041,12 +1274,14 @@ TEST_F(SessionEviction, AnEvictedSessionServesFromDramUntilItsFilesAreWritten) {
   fill_session(b.s, 1);
   const std::vector<float> raw_a = read_layers(a.s);
   KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
-  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // evicts A; returns with its write held
-  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);
-  EXPECT_EQ(files(), 0u);  // nothing of A on disk yet
+  KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));              // evicts A; returns with its write held
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DRAM);          // on its way to disk, served from DRAM
+  EXPECT_EQ(context_stats(ctx.get()).session_disk_count, 1);  // placed on disk
+  EXPECT_EQ(files(), 0u);                                     // nothing of A on disk yet
   {
     Seq ra(open_session(ctx.get(), "a"));  // its DRAM copy
     EXPECT_EQ(read_layers(ra.s), raw_a);
+    EXPECT_EQ(context_stats(ctx.get()).session_hits_dram, 1);
   }
   std::atomic<bool> flushed{false};
   std::thread flusher([&] {
@@ -1058,10 +1293,12 @@ TEST_F(SessionEviction, AnEvictedSessionServesFromDramUntilItsFilesAreWritten) {
   g_hold_disk = false;
   flusher.join();
   EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
-  Seq ra(open_session(ctx.get(), "a"));  // from its files now
+  EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);  // its files complete, its DRAM copy released
+  Seq ra(open_session(ctx.get(), "a"));               // from its files now
   EXPECT_EQ(read_layers(ra.s), raw_a);
   EXPECT_EQ(context_stats(ctx.get()).disk_reads, kLayers + 1);
-  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 2);
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_disk, 1);
+  EXPECT_EQ(context_stats(ctx.get()).session_hits_dram, 1);
 }
 
 TEST_F(SessionEviction, ADropOrAResaveWhileTheWriteRunsLeavesNoStaleFiles) {
@@ -1113,32 +1350,130 @@ TEST_F(SessionEviction, ASaveWaitsWhileTheWritersCopiesReachSessionDramBytes) {
   EXPECT_EQ(files(), static_cast<size_t>(3 * (kLayers + 1)));
 }
 
+TEST_F(SessionEviction, ASessionSavedStraightToDiskIsWrittenByTheWriter) {
+  // Scheduler-aware: q is queued, s is not, and DRAM holds one of them: s goes to disk itself.
+  config.session_policy = KVRET_SESSION_SCHEDULER_AWARE;
+  std::vector<float> raw_s2;
+  {
+    auto ctx = make_context(config);
+    Seq q(ctx.get()), s(ctx.get());
+    fill_session(q.s, 0);
+    fill_session(s.s, 1);
+    const std::vector<float> raw_s = read_layers(s.s);
+    KVRET_ASSERT_OK(kvret_session_save(q.s, "q"));
+    const char* queue[] = {"q"};
+    KVRET_ASSERT_OK(kvret_session_schedule(ctx.get(), queue, 1));
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));  // returns with its write held
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DRAM);
+    EXPECT_EQ(where(ctx.get(), "q"), KVRET_TIER_DRAM);
+    EXPECT_EQ(context_stats(ctx.get()).session_disk_count, 1);
+    EXPECT_EQ(context_stats(ctx.get()).session_evictions, 0);
+    EXPECT_EQ(files(), 0u);
+    {
+      Seq rs(open_session(ctx.get(), "s"));  // its DRAM copy
+      EXPECT_EQ(read_layers(rs.s), raw_s);
+    }
+    std::atomic<bool> flushed{false};
+    std::thread flusher([&] {
+      EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
+      flushed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the save's files were written";
+    g_hold_disk = false;
+    flusher.join();
+    EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    {
+      Seq rs(open_session(ctx.get(), "s"));  // from its files
+      EXPECT_EQ(read_layers(rs.s), raw_s);
+    }
+    // A re-save while its write is held: the older files stay (a crash finds them whole), the new copy serves.
+    g_hold_disk = true;
+    decode(s.s, 1, k, v, 900, 920);
+    raw_s2 = read_layers(s.s);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "s"));
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DRAM);
+    EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));  // the first save's
+    {
+      Seq rs(open_session(ctx.get(), "s"));
+      EXPECT_EQ(read_layers(rs.s), raw_s2);
+    }
+    g_hold_disk = false;
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
+    EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));  // one generation left
+    EXPECT_EQ(context_stats(ctx.get()).session_write_failures, 0);
+  }
+  auto next = make_context(config);
+  Seq rs(open_session(next.get(), "s"));
+  EXPECT_EQ(read_layers(rs.s), raw_s2);
+}
+
+TEST_F(SessionEviction, ASessionLargerThanTheDramTierIsWrittenInTheSave) {
+  config.session_dram_bytes = 1;  // a copy for the writer would need more DRAM than the tier has
+  auto ctx = make_context(config);
+  Seq s(ctx.get());
+  fill_session(s.s, 2);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "big"));  // the writer is held, but not asked
+  EXPECT_EQ(g_disk_writes_seen.load(), 0);
+  EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
+  EXPECT_EQ(where(ctx.get(), "big"), KVRET_TIER_DISK);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Crash safety: a writer killed mid-save
 
 /// The writer: saves one of three versions of session "s" again and again into $KVRET_SESSION_WRITER_DIR (every
-/// save to disk), touching "<dir>.ready" after the first. Run by SessionCrash as a child process; skipped otherwise.
+/// save to disk), touching "<dir>.ready" after the first. With $KVRET_SESSION_WRITER_BACKGROUND set, the saves go
+/// through the background writer (a queued session "pin" holds DRAM, scheduler-aware placement sends "s" to disk
+/// itself, and DRAM would hold it: the save returns before its files are written), each followed by a flush;
+/// else DRAM holds 1 byte and each save writes in the call. Run by SessionCrash as a child process; skipped
+/// otherwise.
 TEST(SessionWriterChild, SavesInALoop) {
   const char* dir = std::getenv("KVRET_SESSION_WRITER_DIR");
   if (dir == nullptr) GTEST_SKIP() << "run by SessionCrash.KilledWriterLeavesOldVersionOrMiss";
+  const bool background = std::getenv("KVRET_SESSION_WRITER_BACKGROUND") != nullptr;
   kvret_config config = small_config(KVRET_INDEX_EXACT);
-  config.disk_path = dir;
-  config.session_dram_bytes = 1;
   F32 k({3000, kHeads, kDim}), v({3000, kHeads, kDim});
   clustered_kv(3000, kHeads, kDim, 5, k, v);
+  config.disk_path = dir;
+  config.session_dram_bytes = 1;
+  if (background) {
+    const int64_t largest = session_size(config, k, v, 0, 2800);
+    config.session_dram_bytes = largest + largest / 2;  // holds any version, not the pin and a version together
+    config.session_policy = KVRET_SESSION_SCHEDULER_AWARE;
+  }
   auto ctx = make_context(config);
   std::vector<std::unique_ptr<Seq>> versions;
   for (int i = 0; i < 3; ++i) {
     versions.push_back(std::make_unique<Seq>(ctx.get()));
     fill(versions.back()->s, k, v, 0, 2000 + 400 * i);
   }
+  static std::atomic<int> writer_writes{0};  // the background writer's disk writes
+  if (background) {
+    kvret::session::g_disk_write_hook = [](const char*) { ++writer_writes; };
+    ASSERT_EQ(kvret_session_save(versions[2]->s, "pin"), KVRET_OK) << kvret_last_error();
+    const char* queue[] = {"pin"};
+    ASSERT_EQ(kvret_session_schedule(ctx.get(), queue, 1), KVRET_OK) << kvret_last_error();
+  }
   for (int i = 0;; ++i) {
     ASSERT_EQ(kvret_session_save(versions[static_cast<size_t>(i % 3)]->s, "s"), KVRET_OK) << kvret_last_error();
+    if (background) {
+      ASSERT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
+      int32_t tier = -1;
+      ASSERT_EQ(kvret_session_where(ctx.get(), "s", &tier), KVRET_OK);
+      ASSERT_EQ(tier, KVRET_TIER_DISK) << "the save did not go to disk";
+      ASSERT_EQ(writer_writes.load(), i + 1) << "the save was not written by the background writer";
+    }
     if (i == 0) std::ofstream(std::string(dir) + ".ready") << "1";
   }
 }
 
-TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
+class SessionCrash : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
+  const bool background = GetParam();
   TempDir dir;
   const std::string disk = (dir.path / "disk").string();
   kvret_config config = small_config(KVRET_INDEX_EXACT);
@@ -1167,6 +1502,7 @@ TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::setenv("KVRET_SESSION_WRITER_DIR", disk.c_str(), 1);
+      if (background) ::setenv("KVRET_SESSION_WRITER_BACKGROUND", "1", 1);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 1);
       ::execl(self.c_str(), self.c_str(), "--gtest_filter=SessionWriterChild.SavesInALoop", nullptr);
@@ -1220,10 +1556,13 @@ TEST(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     }
     EXPECT_EQ(files, st == KVRET_OK ? static_cast<size_t>(kLayers + 1) : 0u);
   }
-  std::printf("[ SessionCrash ] 8 kills, %d of them mid-save: %d hits (versions %d/%d/%d), %d clean misses\n", mid_save,
-              hits, seen[0], seen[1], seen[2], misses);
+  std::printf("[ SessionCrash ] %s: 8 kills, %d of them mid-save: %d hits (versions %d/%d/%d), %d clean misses\n",
+              background ? "background writer" : "in the save", mid_save, hits, seen[0], seen[1], seen[2], misses);
   EXPECT_EQ(hits + misses, 8);
   EXPECT_GE(mid_save, 1) << "no kill landed inside a save: the test did not test anything";
 }
+
+std::string crash_mode(const ::testing::TestParamInfo<bool>& p) { return p.param ? "BackgroundWriter" : "InTheSave"; }
+INSTANTIATE_TEST_SUITE_P(InTheSaveAndByTheWriter, SessionCrash, ::testing::Bool(), crash_mode);
 
 }  // namespace

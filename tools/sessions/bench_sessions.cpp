@@ -3,11 +3,19 @@
 // before the background writer has written the evicted one; then kvret_session_flush waits for it), save to disk (a
 // context whose DRAM tier holds nothing), open from disk (a new context on the same directory: until the first layer is
 // ready, and until every layer is), and the bytes on disk. docs/sessions.md, "Timings".
+//
+// --io-compare R: instead, the disk tier's block I/O alone, its buffered writes and reads (DiskTier::put and get,
+// the store's own code) against the same files written and read with O_DIRECT, in the same run, R rounds
+// alternating which goes first: a session's layer blobs (the shape's KV bytes per layer) written (fsync'd,
+// renamed), then read back with the page cache dropped (buffered) or bypassed (O_DIRECT), and, buffered, read again
+// from the page cache. docs/sessions.md, "O_DIRECT".
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -19,7 +27,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/checksum.hpp"
 #include "kvret.h"
+#include "session/disk_tier.hpp"
 
 namespace {
 
@@ -35,6 +45,7 @@ struct Options {
   bool json = false;
   uint64_t seed = 1;
   std::string shared_url;  // non-empty: also time the shared tier (Redis) through the store
+  int io_compare = 0;      // > 0: compare buffered and O_DIRECT block I/O over this many rounds instead
 };
 
 void usage() {
@@ -49,6 +60,8 @@ void usage() {
       "  --shared-url URL      also time the shared tier: a save written through to the Redis server at URL\n"
       "                        (config.session_shared_url) and flushed, and an open from it in a context without\n"
       "                        a disk tier\n"
+      "  --io-compare R        instead: the disk tier's buffered block I/O against O_DIRECT, R rounds (a\n"
+      "                        session's layer blobs written, read cold, read warm)\n"
       "  --json                one JSON object instead of the table\n");
 }
 
@@ -149,6 +162,177 @@ void remove_dir(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
+// ---- --io-compare: buffered (DiskTier, the store's code) against O_DIRECT ---------------------------------------
+
+constexpr size_t kAlign = 4096;  // the logical block size O_DIRECT needs (offsets, lengths, buffer addresses)
+constexpr size_t kHeader = 32;   // DiskTier's blob header
+
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct AlignedBuffer {
+  std::byte* p = nullptr;
+  explicit AlignedBuffer(size_t n) {
+    void* q = nullptr;
+    if (::posix_memalign(&q, kAlign, std::max<size_t>(n, kAlign)) != 0) throw std::bad_alloc();
+    p = static_cast<std::byte*>(q);
+  }
+  ~AlignedBuffer() { std::free(p); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+};
+
+[[noreturn]] void sys_error(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) sys_error("opening " + dir);
+  ::fsync(fd);
+  ::close(fd);
+}
+
+/// The blob as DiskTier::put writes it (the same header: magic, version, size, expiry, CRC-32s), with O_DIRECT:
+/// header and payload copied into an aligned buffer padded to the block size, written, truncated to the blob's
+/// size, fsync'd, renamed over the old file, the directory fsync'd.
+void direct_put(const std::string& dir, const std::string& name, const std::byte* data, size_t size) {
+  const size_t total = kHeader + size;
+  AlignedBuffer buf(round_up(total));
+  std::byte* h = buf.p;
+  const uint32_t magic = 0x4253564bu, version = 1, zero = 0;
+  const uint64_t n = size;
+  const int64_t expires = 0;
+  std::memcpy(h, &magic, 4);
+  std::memcpy(h + 4, &version, 4);
+  std::memcpy(h + 8, &n, 8);
+  std::memcpy(h + 16, &expires, 8);
+  const uint32_t crc = kvret::crc32_of(data, size);
+  std::memcpy(h + 24, &crc, 4);
+  std::memcpy(h + 28, &zero, 4);
+  const uint32_t hcrc = kvret::crc32_of(h, 28);
+  std::memcpy(h + 28, &hcrc, 4);
+  std::memcpy(h + kHeader, data, size);
+  std::memset(h + total, 0, round_up(total) - total);
+  const std::string path = dir + "/" + name, tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) sys_error("opening " + tmp + " with O_DIRECT");
+  size_t done = 0;
+  while (done < round_up(total)) {
+    const ssize_t w = ::write(fd, h + done, round_up(total) - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      sys_error("writing " + tmp);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) sys_error("truncating " + tmp);
+  if (::fsync(fd) != 0) sys_error("syncing " + tmp);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) sys_error("renaming " + tmp);
+  fsync_dir(dir);
+}
+
+/// The blob's payload read with O_DIRECT into an aligned buffer, its CRC-32s checked (as DiskTier::get does), and
+/// copied out.
+std::vector<std::byte> direct_get(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) sys_error("opening " + path + " with O_DIRECT");
+  struct stat st {};
+  ::fstat(fd, &st);
+  const auto total = static_cast<size_t>(st.st_size);
+  AlignedBuffer buf(round_up(total));
+  size_t done = 0;
+  while (done < total) {
+    const ssize_t r = ::read(fd, buf.p + done, round_up(total) - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      sys_error("reading " + path);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (done < total || total < kHeader) throw std::runtime_error(path + ": short read");
+  uint32_t hcrc = 0, crc = 0;
+  std::memcpy(&hcrc, buf.p + 28, 4);
+  std::memcpy(&crc, buf.p + 24, 4);
+  if (hcrc != kvret::crc32_of(buf.p, 28) || crc != kvret::crc32_of(buf.p + kHeader, total - kHeader))
+    throw std::runtime_error(path + ": checksum mismatch");
+  return std::vector<std::byte>(buf.p + kHeader, buf.p + total);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// --io-compare: o.layers blobs of `layer_bytes` each (random bytes), written and read back by both ways.
+void io_compare(const Options& o, size_t layer_bytes) {
+  std::vector<std::byte> payload(layer_bytes);
+  Random rng{o.seed * 0x9e3779b97f4a7c15ull + 7};
+  for (size_t i = 0; i < payload.size(); i += 4) {
+    const float f = rng.next();
+    std::memcpy(payload.data() + i, &f, std::min<size_t>(4, payload.size() - i));
+  }
+  const std::string bdir = o.dir + "/buffered", ddir = o.dir + "/direct";
+  ::mkdir(bdir.c_str(), 0755);
+  ::mkdir(ddir.c_str(), 0755);
+  kvret::session::DiskTier tier(bdir);
+  std::vector<std::string> keys;  // "l<layer>"
+  for (int32_t l = 0; l < o.layers; ++l) keys.push_back(std::string(1, 'l').append(std::to_string(l)));
+  const auto key = [&](int32_t l) -> const std::string& { return keys[static_cast<size_t>(l)]; };
+  std::vector<double> bw, bcold, bwarm, dw, dcold;
+  uint64_t checksum = 0;  // of what was read, so no read is optimized away
+  for (int round = 0; round < o.io_compare; ++round) {
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool direct = (round + turn) % 2 == 1;  // alternate which goes first
+      if (!direct) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int32_t l = 0; l < o.layers; ++l) tier.put(key(l), payload.data(), payload.size(), 0);
+        bw.push_back(seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();  // warm: the page cache holds what was just written
+        for (int32_t l = 0; l < o.layers; ++l) checksum += static_cast<uint64_t>((*tier.get(key(l)))[7]);
+        bwarm.push_back(seconds_since(t0));
+        drop_cache(bdir);
+        t0 = std::chrono::steady_clock::now();
+        for (int32_t l = 0; l < o.layers; ++l) checksum += static_cast<uint64_t>((*tier.get(key(l)))[7]);
+        bcold.push_back(seconds_since(t0));
+      } else {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int32_t l = 0; l < o.layers; ++l) direct_put(ddir, key(l), payload.data(), payload.size());
+        dw.push_back(seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        for (int32_t l = 0; l < o.layers; ++l) checksum += static_cast<uint64_t>(direct_get(ddir, key(l))[7]);
+        dcold.push_back(seconds_since(t0));
+      }
+    }
+  }
+  const double total = static_cast<double>(layer_bytes) * o.layers, gib = 1024.0 * 1024.0 * 1024.0;
+  const auto rate = [&](double s) { return total / gib / s; };
+  if (o.json) {
+    std::printf(
+        "{\"layers\": %d, \"layer_bytes\": %zu, \"rounds\": %d, \"buffered_write_s\": %.4f, "
+        "\"direct_write_s\": %.4f, \"buffered_read_cold_s\": %.4f, \"direct_read_s\": %.4f, "
+        "\"buffered_read_warm_s\": %.4f, \"checksum\": %llu}\n",
+        o.layers, layer_bytes, o.io_compare, median(bw), median(dw), median(bcold), median(dcold), median(bwarm),
+        static_cast<unsigned long long>(checksum));
+    return;
+  }
+  std::printf("%d layer blobs of %.1f MiB (%.1f MiB), medians of %d rounds\n", o.layers,
+              static_cast<double>(layer_bytes) / 1048576.0, total / 1048576.0, o.io_compare);
+  std::printf(
+      "  write (fsync'd, renamed)   buffered %.3f s (%.2f GiB/s)   O_DIRECT %.3f s (%.2f GiB/s)   direct/buffered "
+      "%.2f\n",
+      median(bw), rate(median(bw)), median(dw), rate(median(dw)), median(dw) / median(bw));
+  std::printf(
+      "  read, cold                 buffered %.3f s (%.2f GiB/s)   O_DIRECT %.3f s (%.2f GiB/s)   direct/buffered "
+      "%.2f\n",
+      median(bcold), rate(median(bcold)), median(dcold), rate(median(dcold)), median(dcold) / median(bcold));
+  std::printf("  read, warm (page cache)    buffered %.3f s (%.2f GiB/s)   (O_DIRECT has no warm case)\n",
+              median(bwarm), rate(median(bwarm)));
+  std::printf("  each round: %s\n", "buffered write, warm read, cold read; O_DIRECT write, read (order alternating)");
+  (void)checksum;
+}
+
 kvret_stats stats_of(kvret_context* ctx) {
   kvret_stats s;
   kvret_stats_init(&s);
@@ -189,6 +373,8 @@ int run(int argc, char** argv) {
       o.shared_url = value();
     } else if (a == "--json") {
       o.json = true;
+    } else if (a == "--io-compare") {
+      o.io_compare = std::stoi(value());
     } else {
       usage();
       throw std::invalid_argument("unknown option " + std::string(a));
@@ -205,6 +391,13 @@ int run(int argc, char** argv) {
   }
   const double kv_bytes =
       2.0 * static_cast<double>(o.tokens) * o.layers * o.kv_heads * o.head_dim * 2.0;  // K and V, f16
+  if (o.io_compare > 0) {
+    io_compare(o, static_cast<size_t>(kv_bytes / o.layers));
+    remove_dir(o.dir + "/buffered");
+    remove_dir(o.dir + "/direct");
+    if (own_dir) remove_dir(o.dir);
+    return 0;
+  }
 
   // DRAM: a context whose DRAM tier holds one session (1.5 x the KV bytes), its disk tier in a subdirectory.
   double prefill_s = 0, save_dram_s = 0, open_dram_s = 0, save_evict_s = 0, flush_evict_s = 0;
