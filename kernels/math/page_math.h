@@ -2,8 +2,9 @@
 // Per-element and decision math of the PAGE index (Quest; src/index/page_retriever.*), shared by the CPU retriever
 // and the device select of the CUDA backend (src/backend/page_select_ops.hpp), so that both compute the same bits:
 //
-// - the bound of a page for a query q: sum_i max(q_i min_i, q_i max_i), written as the dot product of
-//   [min(q, 0), max(q, 0)] with the page's [min, max] row in eight partial sums (vec_math's dot order), then scaled;
+// - the bound of a page for a query q: sum_i max(q_i min_i, q_i max_i), written as the dot product of the split
+//   query [min(q, 0), max(q, 0)] with the page's [min, max] row in eight partial sums (vec_math's dot order), then
+//   scaled;
 // - the fold over a KV group's query heads: KVRET_FOLD_MAX_LOGIT the largest logit (NaN ignored);
 //   KVRET_FOLD_SUM_PROB, per head, a softmax over pages weighted by their token counts (the maximum, exp_nonpositive
 //   terms, the normaliser in eight float partial sums then double, its inverse) accumulated in head order;
@@ -36,23 +37,25 @@ KVRET_HD double dmul_rn(double a, double b) {
 KVRET_HD float page_neg_part(float q) { return 0.0f < q ? 0.0f : q; }
 KVRET_HD float page_pos_part(float q) { return q < 0.0f ? 0.0f : q; }
 
-/// The unscaled bound of one page for one query: q [d], row [2d] (the page's element-wise min, then max).
-KVRET_HD float page_bound(const float* q, const float* row, int d) {
+/// The query split for the bound: split [2d] = [min(q, 0), max(q, 0)].
+KVRET_HD void page_split(const float* q, int d, float* split) {
+  for (int i = 0; i < d; ++i) {
+    split[i] = page_neg_part(q[i]);
+    split[d + i] = page_pos_part(q[i]);
+  }
+}
+
+/// The unscaled bound of one page: the split query [2d] against the page's row [2d] (its element-wise min, then
+/// max), in eight partial sums over whole blocks of eight, then the tail (vec_math.hpp's dot order).
+KVRET_HD float page_bound(const float* split, const float* row, int d) {
   const int n = 2 * d;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) {
-      const int j = i + l;
-      const float a = j < d ? page_neg_part(q[j]) : page_pos_part(q[j - d]);
-      acc[l] = add_rn(acc[l], mul_rn(a, row[j]));
-    }
+    for (int l = 0; l < 8; ++l) acc[l] = add_rn(acc[l], mul_rn(split[i + l], row[i + l]));
   float s = add_rn(add_rn(add_rn(acc[0], acc[4]), add_rn(acc[1], acc[5])),
                    add_rn(add_rn(acc[2], acc[6]), add_rn(acc[3], acc[7])));
-  for (; i < n; ++i) {
-    const float a = i < d ? page_neg_part(q[i]) : page_pos_part(q[i - d]);
-    s = add_rn(s, mul_rn(a, row[i]));
-  }
+  for (; i < n; ++i) s = add_rn(s, mul_rn(split[i], row[i]));
   return s;
 }
 
@@ -93,26 +96,29 @@ struct PageSoftmax {
   bool used = false;  ///< false: the head adds nothing (no finite maximum, or a normaliser <= 0)
 };
 
-/// The softmax of logits l [n_pages] weighted by the pages' token counts: the maximum (NaN ignored), the
-/// normaliser z = sum_p weight_p e^(l_p - max) in eight float partial sums (whole blocks of eight), added in lane
-/// order in double, then the tail in double, and inv = (float)(1 / z).
-KVRET_HD PageSoftmax page_softmax(const float* l, int64_t n_pages, int64_t tokens, int32_t page_size) {
+/// The softmax of one head's logits l [n_pages], weighted by the pages' token counts, in place: the maximum (NaN
+/// ignored), then l_p replaced by its term e^(l_p - max), the normaliser z = sum_p weight_p e_p in eight float
+/// partial sums (whole blocks of eight) added in lane order in double, then the tail in double, and
+/// inv = (float)(1 / z). Without a finite maximum l is left as it was and the head is not used.
+KVRET_HD PageSoftmax page_softmax_terms(float* l, int64_t n_pages, int64_t tokens, int32_t page_size) {
   PageSoftmax s;
   float mx = neg_inf();
   for (int64_t p = 0; p < n_pages; ++p) mx = page_max_step(mx, l[p]);
   if (!(mx > neg_inf())) return s;
+  for (int64_t p = 0; p < n_pages; ++p) l[p] = page_exp(sub_rn(l[p], mx));
   float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const auto full = static_cast<float>(page_size);
   int64_t p = 0;
   for (; p + 8 <= n_pages; p += 8)
     for (int i = 0; i < 8; ++i) {
-      const float w = static_cast<float>(page_weight(p + i, n_pages, tokens, page_size));
-      zf[i] = add_rn(zf[i], mul_rn(w, page_exp(sub_rn(l[p + i], mx))));
+      const float w = p + i + 1 < n_pages ? full : static_cast<float>(page_weight(p + i, n_pages, tokens, page_size));
+      zf[i] = add_rn(zf[i], mul_rn(w, l[p + i]));
     }
   double z = 0;
   for (int i = 0; i < 8; ++i) z = dadd_rn(z, static_cast<double>(zf[i]));
   for (; p < n_pages; ++p) {
     const double w = static_cast<double>(page_weight(p, n_pages, tokens, page_size));
-    z = dadd_rn(z, dmul_rn(w, static_cast<double>(page_exp(sub_rn(l[p], mx)))));
+    z = dadd_rn(z, dmul_rn(w, static_cast<double>(l[p])));
   }
   if (z <= 0) return s;
   s.max = mx;
@@ -121,9 +127,10 @@ KVRET_HD PageSoftmax page_softmax(const float* l, int64_t n_pages, int64_t token
   return s;
 }
 
-/// The SUM_PROB fold's step for one page and one head: acc + e^(l - max) * inv (start from 0; heads in order).
-KVRET_HD float page_sum_prob_step(float acc, float l, const PageSoftmax& s) {
-  return s.used ? add_rn(acc, mul_rn(page_exp(sub_rn(l, s.max)), s.inv)) : acc;
+/// The SUM_PROB fold's step for one page and one head: acc + e * inv, e the page's term from page_softmax_terms
+/// (start from 0; heads in order).
+KVRET_HD float page_sum_prob_step(float acc, float e, const PageSoftmax& s) {
+  return s.used ? add_rn(acc, mul_rn(e, s.inv)) : acc;
 }
 
 /// The order of pages as one ascending integer: score descending (NaN lowest, as -inf; -0 as +0), ties to the

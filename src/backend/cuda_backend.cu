@@ -583,7 +583,9 @@ class CudaBackend final : public Backend {
     }
     const PageMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    page_select_passes(*page, *mirror, r, q.get(), *job.out, job.scores, stream);
+    const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
+    for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
+    page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
   }
 
@@ -631,8 +633,8 @@ class CudaBackend final : public Backend {
   }
 
   /// The select's passes (page_select_ops.hpp) over the mirror, ordered on `stream`.
-  void page_select_passes(const PageRetriever& page, const PageMirror& mirror, const SelectRequest& r, const float* q,
-                          const TensorView& out, const TensorView* scores, kvret_stream stream) {
+  void page_select_passes(const PageRetriever& page, const PageMirror& mirror, const SelectRequest& r,
+                          const float* split, const TensorView& out, const TensorView* scores, kvret_stream stream) {
     const int64_t n = page.pages();
     const int64_t tokens = page.size();
     const int32_t d = page.head_dim();
@@ -649,7 +651,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<int64_t> index(keys.size()), head(keys.size()), weight(keys.size()), upto(keys.size()),
         taken(keys.size()), offset(keys.size());
     for_each_index(stream, threads, q_heads * n,
-                   dm::PageLogits{q, mirror.bounds->get(), logits.get(), n, mirror.capacity, d, group, r.scale});
+                   dm::PageLogits{split, mirror.bounds->get(), logits.get(), n, mirror.capacity, d, group, r.scale});
     if (!max_logit)
       for_each_index(stream, threads, q_heads, dm::PageSoftmaxes{logits.get(), softmax.get(), n, tokens, page_size});
     for_each_index(

@@ -5,9 +5,10 @@
 //
 // One select of one (sequence, layer), over n pages of the device mirror of the page bounds, is these passes:
 //   PageLoadQuery   q from the caller's tensor (any float type, any strides) into f32 [n_q_heads, d]
+//   PageSplitQuery  per query head [min(q, 0), max(q, 0)]
 //   PageLogits      the scaled bound of every (query head, page)
-//   PageSoftmaxes   KVRET_FOLD_SUM_PROB: per query head the maximum and the inverse normaliser (one thread each, the
-//                   CPU's order)
+//   PageSoftmaxes   KVRET_FOLD_SUM_PROB: per query head the maximum, the terms (in place of the logits) and the
+//                   inverse normaliser (one thread each, the CPU's order)
 //   PageFold        per (KV head, page) the folded score, its order key and its index
 //   (stable sort of the indices by key, then stably by KV head: per head the pages best first)
 //   PageSortedWeights  the tokens of each page in that order
@@ -32,13 +33,21 @@ struct PageLoadQuery {
   KVRET_BACKEND_HD void operator()(int64_t i) const { out[i] = load_f32(q.at(i / d, i % d), q.type, 0); }
 };
 
+/// The split query of every head: [n_q_heads, 2d].
+struct PageSplitQuery {
+  const float* q;  ///< [n_q_heads, d]
+  float* split;
+  int32_t d;
+  KVRET_BACKEND_HD void operator()(int64_t hq) const { pm::page_split(q + hq * d, d, split + hq * 2 * d); }
+};
+
 /// True for NaN and +-Inf.
 struct PageNonFinite {
   KVRET_BACKEND_HD bool operator()(float x) const { return (pm::float_bits(x) & 0x7f800000u) == 0x7f800000u; }
 };
 
 struct PageLogits {
-  const float* q;       ///< [n_kv_heads * group, d]
+  const float* split;   ///< [n_kv_heads * group, 2d]
   const float* bounds;  ///< the mirror: [n_kv_heads, capacity, 2d]
   float* logits;        ///< [n_kv_heads * group, n]
   int64_t n, capacity;
@@ -46,22 +55,22 @@ struct PageLogits {
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t hg = i / n, p = i % n, h = hg / group;
-    logits[i] = pm::page_logit(scale, pm::page_bound(q + hg * d, bounds + (h * capacity + p) * 2 * d, d));
+    logits[i] = pm::page_logit(scale, pm::page_bound(split + hg * 2 * d, bounds + (h * capacity + p) * 2 * d, d));
   }
 };
 
 struct PageSoftmaxes {
-  const float* logits;   ///< [n_q_heads, n]
+  float* logits;         ///< [n_q_heads, n]: replaced by the softmax's terms
   pm::PageSoftmax* out;  ///< [n_q_heads]
   int64_t n, tokens;
   int32_t page_size;
   KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    out[hq] = pm::page_softmax(logits + hq * n, n, tokens, page_size);
+    out[hq] = pm::page_softmax_terms(logits + hq * n, n, tokens, page_size);
   }
 };
 
 struct PageFold {
-  const float* logits;
+  const float* logits;             ///< MAX_LOGIT: the logits; SUM_PROB: the softmax's terms
   const pm::PageSoftmax* softmax;  ///< [n_q_heads] (SUM_PROB)
   float* folded;                   ///< [n_kv_heads, n]
   uint64_t* keys;                  ///< [n_kv_heads * n]

@@ -10,6 +10,7 @@
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "math/page_math.h"
+#include "select/gqa_fold.hpp"
 
 namespace kvret {
 
@@ -151,8 +152,10 @@ void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
 }
 
 void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
+  std::vector<float> split(2 * static_cast<size_t>(d_));
+  cuda::math::page_split(q, d_, split.data());
   const int64_t n = pages();
-  for (int64_t p = 0; p < n; ++p) out[p] = cuda::math::page_bound(q, bounds(head, p), d_);
+  for (int64_t p = 0; p < n; ++p) out[p] = cuda::math::page_bound(split.data(), bounds(head, p), d_);
 }
 
 int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
@@ -162,30 +165,41 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
   const int64_t n = pages();
   const int64_t tokens = size();
   const int group = r.group;
-  const size_t per_head = static_cast<size_t>(n) * (group + 1);
+  const size_t per_head = static_cast<size_t>(n) * (group + 1) + static_cast<size_t>(group) * 2 * d_;
   std::vector<float> scratch(per_head * n_kv_);
   std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_), std::vector<uint64_t>(static_cast<size_t>(n)));
   std::vector<std::vector<int32_t>> taken(static_cast<size_t>(n_kv_), std::vector<int32_t>(static_cast<size_t>(n)));
+  std::vector<int32_t> weight(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size_);
 
   // kernels/math/page_math.h, which the CUDA backend's device select runs too: the same bits on both
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     float* logits = scratch.data() + per_head * h;  // [group, n]
     float* folded = logits + static_cast<size_t>(group) * n;
+    float* split = folded + n;  // [group, 2d]
     const float* q = r.q + static_cast<int64_t>(h) * group * d_;
+    for (int g = 0; g < group; ++g) pm::page_split(q + g * d_, d_, split + g * 2 * d_);
     for (int64_t p = 0; p < n; ++p) {  // every query of the group while the page's row is in cache
       const float* row = bounds(h, p);
-      for (int g = 0; g < group; ++g) logits[g * n + p] = pm::page_logit(r.scale, pm::page_bound(q + g * d_, row, d_));
+      for (int g = 0; g < group; ++g)
+        logits[g * n + p] = pm::page_logit(r.scale, pm::page_bound(split + g * 2 * d_, row, d_));
     }
     if (r.fold == KVRET_FOLD_MAX_LOGIT) {
       std::fill(folded, folded + n, pm::neg_inf());
       for (int g = 0; g < group; ++g)
         for (int64_t p = 0; p < n; ++p) folded[p] = pm::page_max_step(folded[p], logits[g * n + p]);
+    } else if (cpu_has_avx2()) {
+      // the AVX2 softmax of gqa_fold.cpp: page_math.h's bits, eight pages at a time (test_device_select.cpp checks
+      // that the two agree bit for bit)
+      fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
     } else {
       std::fill(folded, folded + n, 0.0f);
       for (int g = 0; g < group; ++g) {
-        const pm::PageSoftmax s = pm::page_softmax(logits + g * n, n, tokens, page_size_);
-        for (int64_t p = 0; p < n; ++p) folded[p] = pm::page_sum_prob_step(folded[p], logits[g * n + p], s);
+        float* e = logits + g * n;
+        const pm::PageSoftmax s = pm::page_softmax_terms(e, n, tokens, page_size_);
+        if (s.used)
+          for (int64_t p = 0; p < n; ++p) folded[p] = pm::page_sum_prob_step(folded[p], e[p], s);
       }
     }
     // whole pages best first; the page that crosses the budget keeps its earliest tokens
@@ -199,7 +213,7 @@ int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_
     int64_t before = 0;
     for (int64_t i = 0; i < k && before < r.budget; ++i) {
       const auto p = static_cast<int64_t>(key[i] & 0xffffffffu);
-      const int64_t t = pm::page_take(before, pm::page_weight(p, n, tokens, page_size_), r.budget);
+      const int64_t t = pm::page_take(before, weight[static_cast<size_t>(p)], r.budget);
       take[p] = static_cast<int32_t>(t);
       before += t;
     }

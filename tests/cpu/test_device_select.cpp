@@ -69,25 +69,32 @@ TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
         split[static_cast<size_t>(i)] = std::min(q[static_cast<size_t>(i)], 0.0f);
         split[static_cast<size_t>(d + i)] = std::max(q[static_cast<size_t>(i)], 0.0f);
       }
+      std::vector<float> header_split(2 * static_cast<size_t>(d));
+      pm::page_split(q.data(), d, header_split.data());
+      for (size_t i = 0; i < split.size(); ++i) ASSERT_TRUE(same_bits(header_split[i], split[i])) << i;
       const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-      ASSERT_TRUE(same_bits(pm::page_bound(q.data(), row.data(), d), dot(split.data(), row.data(), 2 * d))) << d;
-      ASSERT_TRUE(same_bits(pm::page_logit(scale, pm::page_bound(q.data(), row.data(), d)),
+      ASSERT_TRUE(same_bits(pm::page_bound(header_split.data(), row.data(), d), dot(split.data(), row.data(), 2 * d)))
+          << d;
+      ASSERT_TRUE(same_bits(pm::page_logit(scale, pm::page_bound(header_split.data(), row.data(), d)),
                             scale * dot(split.data(), row.data(), 2 * d)));
     }
   }
 }
 
-/// The header's fold of logits [group, n] of pages (page_size tokens each, the last `last` tokens).
+/// The header's fold of logits [group, n] of n pages holding `tokens` tokens (page_size each, the last fewer).
 std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, int64_t tokens,
                                int32_t page_size, kvret_gqa_fold fold) {
   std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
   for (int g = 0; g < group; ++g) {
-    const float* l = logits.data() + static_cast<size_t>(g) * n;
-    const pm::PageSoftmax s = pm::page_softmax(l, n, tokens, page_size);
+    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t p = 0; p < n; ++p)
+        out[static_cast<size_t>(p)] = pm::page_max_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)]);
+      continue;
+    }
+    const pm::PageSoftmax s = pm::page_softmax_terms(l.data(), n, tokens, page_size);
     for (int64_t p = 0; p < n; ++p)
-      out[static_cast<size_t>(p)] = fold == KVRET_FOLD_MAX_LOGIT
-                                        ? pm::page_max_step(out[static_cast<size_t>(p)], l[p])
-                                        : pm::page_sum_prob_step(out[static_cast<size_t>(p)], l[p], s);
+      out[static_cast<size_t>(p)] = pm::page_sum_prob_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)], s);
   }
   return out;
 }
