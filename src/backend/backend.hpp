@@ -8,6 +8,7 @@
 
 #include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
+#include "index/retriever.hpp"
 #include "kvret.h"
 #include "store/host_kv_store.hpp"
 #include "store/page_allocator.hpp"
@@ -38,6 +39,19 @@ struct GatherJob {
   int32_t layer = 0;
   int64_t rows = 0;               ///< out: the rows written per head
   int64_t served_by_sources = 0;  ///< out: rows the sources wrote, over all heads
+};
+
+/// One select a backend may run on its device (Backend::select_on_device): the layer's index, the request (its q
+/// unused: the device reads `q` where it is) and the caller's tensors, checked by Sequence::check_select.
+struct DeviceSelectJob {
+  const Retriever* retriever = nullptr;
+  SelectRequest request;
+  const TensorView* q = nullptr;
+  const TensorView* out = nullptr;
+  const TensorView* scores = nullptr;  ///< optional
+  bool check_finite = false;           ///< config.check_finite: non-finite q is KVRET_ERR_NONFINITE
+  const void* sequence = nullptr;      ///< with layer, the key of the device's copy of the index
+  int32_t layer = 0;
 };
 
 class Backend {
@@ -120,6 +134,26 @@ class Backend {
   /// `stream`. The default runs one gather per job, in order; a backend may fuse them (one launch for the batch).
   /// On a throw, what the jobs' working sets hold is unspecified (every job may have been written, or none).
   virtual void gather_batch(GatherJob* jobs, size_t n, int n_threads, kvret_stream stream);
+  /// Whether select_on_device may run a select of `retriever` with these tensors (a cheap check of their kinds and
+  /// memory; the default: never). When it is false the caller selects on the host.
+  virtual bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
+                                 const TensorView* scores) const {
+    (void)retriever;
+    (void)q;
+    (void)out;
+    (void)scores;
+    return false;
+  }
+  /// Runs the select on the device, ordered on `stream`: the positions (ascending per head) and the scores written
+  /// into the job's tensors, request.budget per head, as the retriever's select would write them. Returns false,
+  /// having written nothing, where it cannot (e.g. its copy of the index would pass config.device_bytes_limit):
+  /// the caller then selects on the host. Throws KVRET_ERR_NONFINITE (nothing written) for a non-finite q under
+  /// check_finite.
+  virtual bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) {
+    (void)job;
+    (void)stream;
+    return false;
+  }
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

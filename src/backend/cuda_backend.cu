@@ -27,9 +27,11 @@
 #include "backend/block_cache_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
+#include "backend/page_select_ops.hpp"
 #include "core/attention.hpp"
 #include "core/error.hpp"
 #include "fetch/working_set.hpp"
+#include "index/page_retriever.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime_api.h>
@@ -339,6 +341,17 @@ class LayerCache {
   uint32_t step_ = 0;
 };
 
+/// The device mirror of one (sequence, layer)'s PAGE bounds: per KV head `capacity` pages of [min, max] rows, the
+/// first `pages` of them equal to the retriever's bounds of `version`. Its device memory counts in the budget.
+struct PageMirror {
+  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
+  std::unique_ptr<DeviceArray<float>> bounds;
+  const void* retriever = nullptr;
+  uint64_t version = 0;
+  int64_t capacity = 0;
+  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
+};
+
 dm::DeviceTensor device_tensor(const TensorView& t) {
   dm::DeviceTensor d;
   d.base = t.data();
@@ -520,6 +533,7 @@ class CudaBackend final : public Backend {
   void release_caches(const void* sequence) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
     caches_.erase(caches_.lower_bound({sequence, INT32_MIN}), caches_.upper_bound({sequence, INT32_MAX}));
+    mirrors_.erase(mirrors_.lower_bound({sequence, INT32_MIN}), mirrors_.upper_bound({sequence, INT32_MAX}));
     loaded_.erase(sequence);
   }
 
@@ -533,10 +547,141 @@ class CudaBackend final : public Backend {
     }
     for (auto it = caches_.lower_bound({sequence, INT32_MIN}); it != caches_.end() && it->first.first == sequence; ++it)
       use.held_bytes += it->second->bytes();
+    for (auto it = mirrors_.lower_bound({sequence, INT32_MIN}); it != mirrors_.end() && it->first.first == sequence;
+         ++it)
+      use.held_bytes += it->second.bytes();
     return use;
   }
 
+  bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
+                         const TensorView* scores) const override {
+    const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
+    return dynamic_cast<const PageRetriever*>(&retriever) != nullptr && on_device(q) && on_device(out) &&
+           (scores == nullptr || on_device(*scores));
+  }
+
+  bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
+    const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
+    if (page == nullptr || job.sequence == nullptr || job.q == nullptr || job.out == nullptr) return false;
+    const SelectRequest& r = job.request;
+    const int64_t n = page->pages();
+    if (n == 0 || r.budget <= 0 || page->indexed_begin() != r.mid_begin || page->indexed_end() != r.mid_end)
+      return false;
+    DeviceScope scope(device_id_);
+    const int32_t d = static_cast<int32_t>(job.q->dim(1));
+    const int64_t q_heads = r.n_q_heads;
+    const int threads = r.n_threads;
+    // q where it is, into f32; a non-finite one changes nothing
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    if (job.check_finite) {
+      int64_t bad = 0;
+      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
+        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
+      });
+      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
+    }
+    const PageMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
+    for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
+    page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
  private:
+  /// The mirror of (sequence, layer) brought up to `page`'s bounds: the pages changed since the version it holds
+  /// are copied in (every page when it was made or grown, or when that version is too old to know). Null, with no
+  /// mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
+  const PageMirror* page_mirror(const PageRetriever& page, const void* sequence, int32_t layer, kvret_stream stream) {
+    const int64_t n = page.pages();
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    PageMirror& m = mirrors_[{sequence, layer}];
+    int64_t from = m.retriever == &page && m.bounds ? page.pages_changed_since(m.version) : 0;
+    const int64_t row = 2 * static_cast<int64_t>(page.head_dim());
+    const int64_t n_heads = page.n_kv_heads();
+    if (n > m.capacity) {
+      const int64_t capacity = std::max<int64_t>({n, m.capacity + m.capacity / 2, 16});
+      m = PageMirror{};  // the old copy goes first: the new one may need its share of the budget
+      try {
+        const size_t floats = static_cast<size_t>(n_heads * capacity * row);
+        m.share = std::make_unique<BudgetShare>(floats * sizeof(float), budget_);
+        m.bounds = std::make_unique<DeviceArray<float>>(floats);
+        m.capacity = capacity;
+      } catch (const std::bad_alloc&) {
+        mirrors_.erase({sequence, layer});
+        return nullptr;
+      } catch (const Error& e) {
+        mirrors_.erase({sequence, layer});
+        if (e.status() != KVRET_ERR_CAPACITY) throw;
+        return nullptr;
+      }
+      from = 0;
+    }
+    try {
+      if (from < n)
+        for (int64_t h = 0; h < n_heads; ++h)
+          copy_bytes(m.bounds->get() + (h * m.capacity + from) * row, page.page_min(static_cast<int>(h), from),
+                     static_cast<size_t>((n - from) * row) * sizeof(float), stream, false);
+    } catch (...) {
+      mirrors_.erase({sequence, layer});
+      throw;
+    }
+    m.retriever = &page;
+    m.version = page.version();
+    return &m;
+  }
+
+  /// The select's passes (page_select_ops.hpp) over the mirror, ordered on `stream`.
+  void page_select_passes(const PageRetriever& page, const PageMirror& mirror, const SelectRequest& r,
+                          const float* split, const TensorView& out, const TensorView* scores, kvret_stream stream) {
+    const int64_t n = page.pages();
+    const int64_t tokens = page.size();
+    const int32_t d = page.head_dim();
+    const int32_t group = r.group;
+    const int64_t heads = page.n_kv_heads();
+    const int64_t q_heads = heads * group;
+    const int64_t entries = heads * n;
+    const int32_t page_size = page.page_size();
+    const int threads = r.n_threads;
+    const bool max_logit = r.fold == KVRET_FOLD_MAX_LOGIT;
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries));
+    const DeviceArray<int64_t> index(keys.size()), head(keys.size()), weight(keys.size()), upto(keys.size()),
+        taken(keys.size()), offset(keys.size());
+    for_each_index(stream, threads, q_heads * n,
+                   dm::PageLogits{split, mirror.bounds->get(), logits.get(), n, mirror.capacity, d, group, r.scale});
+    if (!max_logit)
+      for_each_index(stream, threads, q_heads, dm::PageSoftmaxes{logits.get(), softmax.get(), n, tokens, page_size});
+    for_each_index(
+        stream, threads, entries,
+        dm::PageFold{logits.get(), softmax.get(), folded.get(), keys.get(), index.get(), n, group, max_logit});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
+    });
+    for_each_index(stream, threads, entries, dm::PageHeadOfIndex{index.get(), head.get(), n});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, head.get(), head.get() + entries, index.get());
+    });
+    for_each_index(stream, threads, entries, dm::PageSortedWeights{index.get(), weight.get(), n, tokens, page_size});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
+      thrust::inclusive_scan_by_key(policy, head_of, head_of + entries, weight.get(), upto.get());
+    });
+    for_each_index(stream, threads, entries,
+                   dm::PageTake{index.get(), weight.get(), upto.get(), taken.get(), r.budget});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
+      thrust::exclusive_scan_by_key(policy, head_of, head_of + entries, taken.get(), offset.get());
+    });
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, threads, entries,
+                   dm::PageWrite{taken.get(), offset.get(), folded.get(), device_tensor(out),
+                                 scores != nullptr ? device_tensor(*scores) : no_scores, n, r.mid_begin, page_size});
+  }
+
   void synchronize_device() {
 #if KVRET_ON_GPU
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -823,6 +968,7 @@ class CudaBackend final : public Backend {
   int32_t policy_;
   std::mutex caches_mutex_;
   std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
+  std::map<std::pair<const void*, int32_t>, PageMirror> mirrors_;                  // PAGE bounds, by (sequence, layer)
   std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;

@@ -448,9 +448,18 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
     }
     // every sequence prepared, then one call into the index kind for the whole batch
     std::vector<kvret::Sequence::PreparedSelect> prepared(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i)
-      batch[static_cast<size_t>(i)]->prepare_select(layer, qv.slice(i), budget, ov.slice(i), nullptr,
-                                                    prepared[static_cast<size_t>(i)]);
+    // selected on the backend's device (count in the job); not under check_finite, whose check of every q must
+    // come before any sequence's positions are written
+    std::vector<char> on_device(static_cast<size_t>(n), 0);
+    const bool device = c.config().check_finite == 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const auto u = static_cast<size_t>(i);
+      if (device &&
+          batch[u]->select_on_device(layer, qv.slice(i), budget, ov.slice(i), nullptr, &prepared[u].job.count))
+        on_device[u] = 1;
+      else
+        batch[u]->prepare_select(layer, qv.slice(i), budget, ov.slice(i), nullptr, prepared[u]);
+    }
     std::vector<kvret::SelectJob> jobs;
     std::vector<size_t> owner;
     for (size_t i = 0; i < prepared.size(); ++i)
@@ -460,7 +469,9 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
       }
     if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size(), nullptr);
     for (size_t j = 0; j < jobs.size(); ++j) prepared[owner[j]].job.count = jobs[j].count;
-    for (int32_t i = 0; i < n; ++i) batch[static_cast<size_t>(i)]->finish_select(prepared[static_cast<size_t>(i)]);
+    for (int32_t i = 0; i < n; ++i)
+      if (!on_device[static_cast<size_t>(i)])
+        batch[static_cast<size_t>(i)]->finish_select(prepared[static_cast<size_t>(i)]);
     for (int32_t i = 0; i < n; ++i) out_counts[i] = static_cast<int32_t>(prepared[static_cast<size_t>(i)].job.count);
   });
 }

@@ -438,8 +438,42 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   r.n_threads = ctx_.threads();
 }
 
+bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                                const TensorView* scores, int64_t* count) {
+  const kvret_config& c = ctx_.config();
+  const int64_t n = check_select(layer, q, budget, out, scores);
+  LayerState& l = *layers_[static_cast<size_t>(layer)];
+  Backend& backend = ctx_.backend();
+  if (n == 0 || !crush_.empty() || !backend.selects_on_device(l.index(), q, out, scores)) return false;
+  l.wait();
+  const TokenGroups g = groups(layer);
+  l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
+  DeviceSelectJob job;
+  job.retriever = &l.index();
+  job.request.n_q_heads = c.n_q_heads;
+  job.request.group = c.n_q_heads / c.n_kv_heads;
+  job.request.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  job.request.mid_begin = g.mid_begin;
+  job.request.mid_end = g.mid_end;
+  job.request.budget = n;
+  job.request.fold = static_cast<kvret_gqa_fold>(c.gqa_fold);
+  job.request.n_threads = ctx_.threads();
+  job.q = &q;
+  job.out = &out;
+  job.scores = scores;
+  job.check_finite = c.check_finite != 0;
+  job.sequence = this;
+  job.layer = layer;
+  if (!backend.select_on_device(job, nullptr)) return false;
+  stats_.selections += 1;
+  note_cache_use();  // the device's copy of the index counts in device_bytes
+  *count = n;
+  return true;
+}
+
 int64_t Sequence::select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                                  const TensorView* scores) {
+  if (int64_t n = 0; select_on_device(layer, q, budget, out, scores, &n)) return n;
   PreparedSelect p;
   prepare_select(layer, q, budget, out, scores, p);
   if (p.job.retriever != nullptr) ctx_.kind().select_batch(&p.job, 1, nullptr);

@@ -98,6 +98,10 @@ class Sequence {
   /// After the kind ran p.job: KVCrush's representatives added (p.representatives), then the selection into the
   /// caller's tensors (Backend::write_back).
   void finish_select(PreparedSelect& p);
+  /// The select of select_checked on the backend's device (Backend::select_on_device), after check_select: true,
+  /// with *count, when it ran there; false, with nothing written, when the host must select.
+  bool select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                        const TensorView* scores, int64_t* count);
   /// Selects (after check_select) and returns the count written.
   int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                          const TensorView* scores = nullptr);

@@ -1,6 +1,7 @@
 #include "index/page_retriever.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "core/config.hpp"
@@ -8,18 +9,27 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
+#include "math/page_math.h"
 #include "select/gqa_fold.hpp"
-#include "select/grouped_take.hpp"
 
 namespace kvret {
 
 namespace {
 constexpr int64_t kKeyChunk = 256;         ///< keys converted to f32 at a time
 constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode)
+
+uint64_t new_version() noexcept {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
 }  // namespace
 
 PageRetriever::PageRetriever(int n_kv_heads, int head_dim, int page_size)
-    : n_kv_(n_kv_heads), d_(head_dim), page_size_(page_size), bounds_(static_cast<size_t>(n_kv_heads)) {
+    : n_kv_(n_kv_heads),
+      d_(head_dim),
+      page_size_(page_size),
+      bounds_(static_cast<size_t>(n_kv_heads)),
+      version_(new_version()) {
   require(page_size >= 1, KVRET_ERR_INVALID_ARGUMENT, "page_size must be >= 1");
   require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim above kMaxHeadDim");
 }
@@ -28,6 +38,24 @@ int64_t PageRetriever::bytes() const noexcept {
   int64_t b = 0;
   for (const auto& h : bounds_) b += static_cast<int64_t>(h.size() * sizeof(float));
   return b;
+}
+
+void PageRetriever::changed(int64_t first) noexcept {
+  changes_[next_change_] = {version_, first};
+  next_change_ = (next_change_ + 1) % changes_.size();
+  version_ = new_version();
+}
+
+int64_t PageRetriever::pages_changed_since(uint64_t v) const noexcept {
+  if (v == version_) return pages();
+  int64_t first = pages();
+  for (size_t i = 0; i < changes_.size(); ++i) {  // newest first
+    const Change& c = changes_[(next_change_ + changes_.size() - 1 - i) % changes_.size()];
+    if (c.from == 0) break;
+    first = std::min(first, c.first);
+    if (c.from == v) return first;
+  }
+  return 0;
 }
 
 int64_t PageRetriever::page_tokens(int64_t p) const noexcept {
@@ -91,11 +119,13 @@ void PageRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t e
     b.resize(static_cast<size_t>(first_page) * row);
     b.insert(b.end(), t.begin(), t.end());
   }
+  changed(first_page);
 }
 
 void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
   if (end <= base_) {
     for (auto& b : bounds_) b.clear();
+    changed(0);
     return;
   }
   const int64_t n_pages = (end - base_ + page_size_ - 1) / page_size_;
@@ -118,64 +148,82 @@ void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
       }
     }
   }
-}
-
-void PageRetriever::scaled_bounds(int head, const float* q, int n_queries, float scale, float* split,
-                                  float* out) const {
-  // max(q_i min_i, q_i max_i) = min(q_i, 0) min_i + max(q_i, 0) max_i: one dot product of length 2d per page
-  // against the page's [min, max] row. Every query of the group is scored while a row is in cache, so the bounds
-  // are read from memory once per select.
-  const size_t d = static_cast<size_t>(d_);
-  for (int g = 0; g < n_queries; ++g)
-    for (size_t i = 0; i < d; ++i) {
-      split[g * 2 * d + i] = std::min(q[g * d + i], 0.0f);
-      split[g * 2 * d + d + i] = std::max(q[g * d + i], 0.0f);
-    }
-  const int64_t n = pages();
-  const float* b = bounds_[static_cast<size_t>(head)].data();
-  for (int64_t p = 0; p < n; ++p) {
-    const float* row = b + static_cast<size_t>(p) * 2 * d;
-    for (int g = 0; g < n_queries; ++g) out[g * n + p] = scale * dot(split + g * 2 * d, row, 2 * d_);
-  }
+  changed(n_pages - 1);
 }
 
 void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
   std::vector<float> split(2 * static_cast<size_t>(d_));
-  scaled_bounds(head, q, 1, 1.0f, split.data(), out);
+  cuda::math::page_split(q, d_, split.data());
+  const int64_t n = pages();
+  for (int64_t p = 0; p < n; ++p) out[p] = cuda::math::page_bound(split.data(), bounds(head, p), d_);
 }
 
 int64_t PageRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t* const* out_rows,
                               float* const* out_scores) const {
+  namespace pm = cuda::math;
   require_covers(r, "page");
   const int64_t n = pages();
+  const int64_t tokens = size();
   const int group = r.group;
-  std::vector<int32_t> weight(static_cast<size_t>(n), page_size_);
-  if (n > 0) weight.back() = static_cast<int32_t>(page_tokens(n - 1));
-  const size_t split_size = static_cast<size_t>(group) * 2 * d_;
-  const size_t per_head = static_cast<size_t>(n) * (group + 1) + split_size;
+  const size_t per_head = static_cast<size_t>(n) * (group + 1) + static_cast<size_t>(group) * 2 * d_;
   std::vector<float> scratch(per_head * n_kv_);
-  std::vector<uint8_t> states(static_cast<size_t>(n) * n_kv_);
   std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(n_kv_), std::vector<uint64_t>(static_cast<size_t>(n)));
+  std::vector<std::vector<int32_t>> taken(static_cast<size_t>(n_kv_), std::vector<int32_t>(static_cast<size_t>(n)));
+  std::vector<int32_t> weight(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size_);
 
+  // kernels/math/page_math.h, which the CUDA backend's device select runs too: the same bits on both
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     float* logits = scratch.data() + per_head * h;  // [group, n]
     float* folded = logits + static_cast<size_t>(group) * n;
-    float* split = folded + n;
-    scaled_bounds(h, r.q + static_cast<int64_t>(h) * group * d_, group, r.scale, split, logits);
-    fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
-    // whole pages best first; the page that crosses the budget keeps its earliest tokens
-    uint8_t* state = states.data() + static_cast<size_t>(n) * h;
-    const int64_t quota = grouped_take(folded, weight.data(), n, r.budget, keys[static_cast<size_t>(h)], state);
-    int32_t* out = out_rows[h];
-    for (int64_t p = 0; p < n; ++p) {
-      if (state[p] == kSkip) continue;
-      const int64_t count = state[p] == kTrim ? quota : weight[static_cast<size_t>(p)];
-      const int64_t first = r.mid_begin + p * page_size_;
-      for (int64_t t = 0; t < count; ++t) *out++ = static_cast<int32_t>(first + t);
+    float* split = folded + n;  // [group, 2d]
+    const float* q = r.q + static_cast<int64_t>(h) * group * d_;
+    for (int g = 0; g < group; ++g) pm::page_split(q + g * d_, d_, split + g * 2 * d_);
+    for (int64_t p = 0; p < n; ++p) {  // every query of the group while the page's row is in cache
+      const float* row = bounds(h, p);
+      for (int g = 0; g < group; ++g)
+        logits[g * n + p] = pm::page_logit(r.scale, pm::page_bound(split + g * 2 * d_, row, d_));
     }
-    if (out_scores != nullptr)  // a token shares its page's score
-      for (int64_t i = 0; i < r.budget; ++i) out_scores[h][i] = folded[(out_rows[h][i] - r.mid_begin) / page_size_];
+    if (r.fold == KVRET_FOLD_MAX_LOGIT) {
+      std::fill(folded, folded + n, pm::neg_inf());
+      for (int g = 0; g < group; ++g)
+        for (int64_t p = 0; p < n; ++p) folded[p] = pm::page_max_step(folded[p], logits[g * n + p]);
+    } else if (cpu_has_avx2()) {
+      // the AVX2 softmax of gqa_fold.cpp: page_math.h's bits, eight pages at a time (test_device_select.cpp checks
+      // that the two agree bit for bit)
+      fold_weighted_logits(logits, weight.data(), group, n, r.fold, folded);
+    } else {
+      std::fill(folded, folded + n, 0.0f);
+      for (int g = 0; g < group; ++g) {
+        float* e = logits + g * n;
+        const pm::PageSoftmax s = pm::page_softmax_terms(e, n, tokens, page_size_);
+        if (s.used)
+          for (int64_t p = 0; p < n; ++p) folded[p] = pm::page_sum_prob_step(folded[p], e[p], s);
+      }
+    }
+    // whole pages best first; the page that crosses the budget keeps its earliest tokens
+    uint64_t* key = keys[static_cast<size_t>(h)].data();
+    for (int64_t p = 0; p < n; ++p) key[p] = pm::page_order_key(folded[p], static_cast<uint32_t>(p));
+    const int64_t k = pm::page_pages_needed(r.budget, page_size_, n);
+    std::nth_element(key, key + k - 1, key + n);
+    std::sort(key, key + k);
+    int32_t* take = taken[static_cast<size_t>(h)].data();
+    std::fill(take, take + n, 0);
+    int64_t before = 0;
+    for (int64_t i = 0; i < k && before < r.budget; ++i) {
+      const auto p = static_cast<int64_t>(key[i] & 0xffffffffu);
+      const int64_t t = pm::page_take(before, weight[static_cast<size_t>(p)], r.budget);
+      take[p] = static_cast<int32_t>(t);
+      before += t;
+    }
+    int32_t* out = out_rows[h];
+    float* score = out_scores != nullptr ? out_scores[h] : nullptr;
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t first = r.mid_begin + p * page_size_;
+      for (int64_t t = 0; t < take[p]; ++t) *out++ = static_cast<int32_t>(first + t);
+      if (score != nullptr) score = std::fill_n(score, take[p], folded[p]);  // a token shares its page's score
+    }
   });
   return r.budget;
 }
@@ -211,6 +259,8 @@ void PageRetriever::restore(const HostKvStore& store, const std::byte* data, siz
   bounds_.swap(bounds);  // commit
   base_ = base;
   end_ = end;
+  changes_ = {};
+  version_ = new_version();
 }
 
 }  // namespace kvret

@@ -8,6 +8,7 @@
 // best first until the budget, and the page that crosses the budget is trimmed to its earliest tokens.
 //
 // Decode tokens arrive one at a time: the last page may be partial and fills up as they come.
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -31,6 +32,8 @@ class PageRetriever final : public Retriever {
 
   // Introspection (tests, benchmarks).
   int page_size() const noexcept { return page_size_; }
+  int n_kv_heads() const noexcept { return n_kv_; }
+  int head_dim() const noexcept { return d_; }
   int64_t base() const noexcept { return base_; }
   /// Indexed middle tokens.
   int64_t size() const noexcept { return base_ < 0 ? 0 : end_ - base_; }
@@ -43,6 +46,13 @@ class PageRetriever final : public Retriever {
   /// Unscaled upper bounds sum_i max(q_i min_i, q_i max_i) of every page of `head` (out: [pages()]).
   void upper_bounds(int head, const float* q, float* out) const;
 
+  /// The version of the bounds: a new one, unique in the process, after every change (extend, cut, restore); a
+  /// clone has its original's until either changes. For a copy of the bounds elsewhere (the CUDA backend's device
+  /// mirror): pages_changed_since(v) is the first page whose bounds may differ from those of version v (pages()
+  /// when none do; 0 when v is unknown: every page).
+  uint64_t version() const noexcept { return version_; }
+  int64_t pages_changed_since(uint64_t v) const noexcept;
+
  protected:
   void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
   void on_cut(const HostKvStore& store, int64_t end) noexcept override;
@@ -51,14 +61,20 @@ class PageRetriever final : public Retriever {
   const float* bounds(int head, int64_t p) const noexcept {
     return bounds_[static_cast<size_t>(head)].data() + static_cast<size_t>(p) * 2 * d_;
   }
-  /// Scaled bounds of every page for n_queries queries q [n_queries, d] into out [n_queries, pages()];
-  /// split is scratch of n_queries * 2d floats.
-  void scaled_bounds(int head, const float* q, int n_queries, float scale, float* split, float* out) const;
+  /// Records a change of the bounds from page `first` on under a new version.
+  void changed(int64_t first) noexcept;
 
   int n_kv_;
   int d_;
   int page_size_;
   std::vector<LargeVector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
+  uint64_t version_;
+  struct Change {
+    uint64_t from = 0;  ///< the version before the change (0: none recorded)
+    int64_t first = 0;  ///< the first page it changed
+  };
+  std::array<Change, 8> changes_{};  ///< the last changes, a ring
+  size_t next_change_ = 0;
 };
 
 }  // namespace kvret

@@ -1,0 +1,157 @@
+#pragma once
+// Per-element and decision math of the PAGE index (Quest; src/index/page_retriever.*), shared by the CPU retriever
+// and the device select of the CUDA backend (src/backend/page_select_ops.hpp), so that both compute the same bits:
+//
+// - the bound of a page for a query q: sum_i max(q_i min_i, q_i max_i), written as the dot product of the split
+//   query [min(q, 0), max(q, 0)] with the page's [min, max] row in eight partial sums (vec_math's dot order), then
+//   scaled;
+// - the fold over a KV group's query heads: KVRET_FOLD_MAX_LOGIT the largest logit (NaN ignored);
+//   KVRET_FOLD_SUM_PROB, per head, a softmax over pages weighted by their token counts (the maximum, exp_nonpositive
+//   terms, the normaliser in eight float partial sums then double, its inverse) accumulated in head order;
+// - the order of pages (score descending, NaN lowest, -0 as +0, ties to the lower page) and the take: whole pages
+//   in that order while they fit the budget, the page that crosses it trimmed to its earliest tokens.
+//
+// Every float operation that could be contracted into a fused multiply-add goes through hd.h's *_rn helpers.
+#include "hd.h"
+#include "topk_math.h"
+
+namespace kvret::cuda::math {
+
+KVRET_HD double dadd_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+KVRET_HD double dmul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// std::min(q, 0.0f) and std::max(q, 0.0f), as the CPU index writes them (a NaN and a -0 pass through).
+KVRET_HD float page_neg_part(float q) { return 0.0f < q ? 0.0f : q; }
+KVRET_HD float page_pos_part(float q) { return q < 0.0f ? 0.0f : q; }
+
+/// The query split for the bound: split [2d] = [min(q, 0), max(q, 0)].
+KVRET_HD void page_split(const float* q, int d, float* split) {
+  for (int i = 0; i < d; ++i) {
+    split[i] = page_neg_part(q[i]);
+    split[d + i] = page_pos_part(q[i]);
+  }
+}
+
+/// The unscaled bound of one page: the split query [2d] against the page's row [2d] (its element-wise min, then
+/// max), in eight partial sums over whole blocks of eight, then the tail (vec_math.hpp's dot order).
+KVRET_HD float page_bound(const float* split, const float* row, int d) {
+  const int n = 2 * d;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = add_rn(acc[l], mul_rn(split[i + l], row[i + l]));
+  float s = add_rn(add_rn(add_rn(acc[0], acc[4]), add_rn(acc[1], acc[5])),
+                   add_rn(add_rn(acc[2], acc[6]), add_rn(acc[3], acc[7])));
+  for (; i < n; ++i) s = add_rn(s, mul_rn(split[i], row[i]));
+  return s;
+}
+
+/// A page's logit: its bound times the select's scale.
+KVRET_HD float page_logit(float scale, float bound) { return mul_rn(scale, bound); }
+
+/// The tokens of page p of n_pages over `tokens` indexed tokens (page_size, or fewer for a partial last page).
+KVRET_HD int32_t page_weight(int64_t p, int64_t n_pages, int64_t tokens, int32_t page_size) {
+  return p + 1 < n_pages ? page_size : static_cast<int32_t>(tokens - (n_pages - 1) * int64_t{page_size});
+}
+
+/// std::max(acc, l): the MAX_LOGIT fold's step (start from -inf; a NaN logit keeps acc).
+KVRET_HD float page_max_step(float acc, float l) { return acc < l ? l : acc; }
+
+/// e^x for x <= 0: vec_math.hpp's exp_nonpositive, operation for operation.
+KVRET_HD float page_exp(float x) {
+  x = x > 0.0f ? 0.0f : x;
+  x = x < -87.0f ? -87.0f : x;
+  const float t = mul_rn(x, 1.44269504088896341f);
+  const float fn = static_cast<float>(static_cast<int32_t>(sub_rn(t == t ? t : 0.0f, 0.5f)));
+  const float f = sub_rn(t, fn);
+  const float y = mul_rn(f, 0.693147180559945309f);
+  float p = 1.0f / 720.0f;
+  p = add_rn(mul_rn(p, y), 1.0f / 120.0f);
+  p = add_rn(mul_rn(p, y), 1.0f / 24.0f);
+  p = add_rn(mul_rn(p, y), 1.0f / 6.0f);
+  p = add_rn(mul_rn(p, y), 0.5f);
+  p = add_rn(mul_rn(p, y), 1.0f);
+  p = add_rn(mul_rn(p, y), 1.0f);
+  const float scale = bits_float(static_cast<uint32_t>((static_cast<int32_t>(fn) + 127) << 23));
+  return x <= -87.0f ? 0.0f : mul_rn(p, scale);
+}
+
+/// One query head's softmax over pages (KVRET_FOLD_SUM_PROB): the maximum logit and the inverse normaliser.
+struct PageSoftmax {
+  float max = 0.0f;
+  float inv = 0.0f;
+  bool used = false;  ///< false: the head adds nothing (no finite maximum, or a normaliser <= 0)
+};
+
+/// The softmax of one head's logits l [n_pages], weighted by the pages' token counts, in place: the maximum (NaN
+/// ignored), then l_p replaced by its term e^(l_p - max), the normaliser z = sum_p weight_p e_p in eight float
+/// partial sums (whole blocks of eight) added in lane order in double, then the tail in double, and
+/// inv = (float)(1 / z). Without a finite maximum l is left as it was and the head is not used.
+KVRET_HD PageSoftmax page_softmax_terms(float* l, int64_t n_pages, int64_t tokens, int32_t page_size) {
+  PageSoftmax s;
+  float mx = neg_inf();
+  for (int64_t p = 0; p < n_pages; ++p) mx = page_max_step(mx, l[p]);
+  if (!(mx > neg_inf())) return s;
+  for (int64_t p = 0; p < n_pages; ++p) l[p] = page_exp(sub_rn(l[p], mx));
+  float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const auto full = static_cast<float>(page_size);
+  int64_t p = 0;
+  for (; p + 8 <= n_pages; p += 8)
+    for (int i = 0; i < 8; ++i) {
+      const float w = p + i + 1 < n_pages ? full : static_cast<float>(page_weight(p + i, n_pages, tokens, page_size));
+      zf[i] = add_rn(zf[i], mul_rn(w, l[p + i]));
+    }
+  double z = 0;
+  for (int i = 0; i < 8; ++i) z = dadd_rn(z, static_cast<double>(zf[i]));
+  for (; p < n_pages; ++p) {
+    const double w = static_cast<double>(page_weight(p, n_pages, tokens, page_size));
+    z = dadd_rn(z, dmul_rn(w, static_cast<double>(l[p])));
+  }
+  if (z <= 0) return s;
+  s.max = mx;
+  s.inv = static_cast<float>(1.0 / z);
+  s.used = true;
+  return s;
+}
+
+/// The SUM_PROB fold's step for one page and one head: acc + e * inv, e the page's term from page_softmax_terms
+/// (start from 0; heads in order).
+KVRET_HD float page_sum_prob_step(float acc, float e, const PageSoftmax& s) {
+  return s.used ? add_rn(acc, mul_rn(e, s.inv)) : acc;
+}
+
+/// The order of pages as one ascending integer: score descending (NaN lowest, as -inf; -0 as +0), ties to the
+/// lower page (select/topk.hpp's descending_key).
+KVRET_HD uint64_t page_order_key(float score, uint32_t page) {
+  return static_cast<uint64_t>(~topk_order_key(score)) << 32 | page;
+}
+
+/// The tokens taken from a page of `weight` tokens when `before` tokens of better pages were taken before it: the
+/// whole page while it fits the budget, the rest of the budget for the page that crosses it, then nothing.
+KVRET_HD int64_t page_take(int64_t before, int64_t weight, int64_t budget) {
+  if (before >= budget) return 0;
+  const int64_t room = budget - before;
+  return weight < room ? weight : room;
+}
+
+/// How many of the best pages are enough to fill `budget` (every page but the last holds page_size tokens): the
+/// take never looks past them.
+KVRET_HD int64_t page_pages_needed(int64_t budget, int32_t page_size, int64_t n_pages) {
+  const int64_t k = budget / page_size + 2;
+  return k < n_pages ? k : n_pages;
+}
+
+}  // namespace kvret::cuda::math

@@ -1,0 +1,469 @@
+// The PAGE index's select on the CUDA backend's device (docs/cuda_backend.md) and the single-source math it shares
+// with the CPU retriever (kernels/math/page_math.h):
+// - the header's functions against the CPU core's own code (exp_nonpositive, dot, fold_weighted_logits,
+//   grouped_take, descending_key) and the CPU retriever's selection against a model built from them, bit for bit;
+// - where the suite runs on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's OpenMP host
+//   system): positions and scores bit for bit equal to the CPU backend's over appends, truncates, drop_fronts,
+//   forks and saved sessions (f32 and f16 stores, both folds, budgets up to and past the middle, partial pages);
+//   device_bytes counting the device's copy of the bounds; config.device_bytes_limit; kvret_select_batch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/vec_math.hpp"
+#include "kvret.h"
+#include "math/page_math.h"
+#include "select/gqa_fold.hpp"
+#include "select/grouped_take.hpp"
+#include "select/topk.hpp"
+#include "test_util.hpp"
+
+using namespace kvret;
+using test::F32;
+using test::I32;
+namespace pm = kvret::cuda::math;
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+bool same_bits(float a, float b) { return (a != a && b != b) || bits(a) == bits(b); }
+
+/// Random floats with the special values mixed in.
+std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  const float specials[] = {0.0f,       -0.0f,      -87.0f,
+                            -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(),
+                            -1e-40f,    1e-30f,     -std::numeric_limits<float>::infinity(),
+                            0.5f};
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % std::size(specials)] : u(rng);
+  return out;
+}
+
+TEST(PageMath, ExpIsTheCpuExpNonpositive) {
+  for (const float x : awkward_floats(200000, 1, -100.0f, 2.0f))
+    ASSERT_TRUE(same_bits(pm::page_exp(x), exp_nonpositive(x))) << x;
+}
+
+TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
+  std::mt19937_64 rng(2);
+  for (const int d : {1, 3, 4, 7, 8, 9, 64, 100, 128, 256}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(d), rng(), -3.0f, 3.0f);
+      std::vector<float> row = test::random_vector(2 * static_cast<size_t>(d), rng(), 2.0f);
+      std::vector<float> split(2 * static_cast<size_t>(d));
+      for (int i = 0; i < d; ++i) {
+        split[static_cast<size_t>(i)] = std::min(q[static_cast<size_t>(i)], 0.0f);
+        split[static_cast<size_t>(d + i)] = std::max(q[static_cast<size_t>(i)], 0.0f);
+      }
+      std::vector<float> header_split(2 * static_cast<size_t>(d));
+      pm::page_split(q.data(), d, header_split.data());
+      for (size_t i = 0; i < split.size(); ++i) ASSERT_TRUE(same_bits(header_split[i], split[i])) << i;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      ASSERT_TRUE(same_bits(pm::page_bound(header_split.data(), row.data(), d), dot(split.data(), row.data(), 2 * d)))
+          << d;
+      ASSERT_TRUE(same_bits(pm::page_logit(scale, pm::page_bound(header_split.data(), row.data(), d)),
+                            scale * dot(split.data(), row.data(), 2 * d)));
+    }
+  }
+}
+
+/// The header's fold of logits [group, n] of n pages holding `tokens` tokens (page_size each, the last fewer).
+std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, int64_t tokens,
+                               int32_t page_size, kvret_gqa_fold fold) {
+  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t p = 0; p < n; ++p)
+        out[static_cast<size_t>(p)] = pm::page_max_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)]);
+      continue;
+    }
+    const pm::PageSoftmax s = pm::page_softmax_terms(l.data(), n, tokens, page_size);
+    for (int64_t p = 0; p < n; ++p)
+      out[static_cast<size_t>(p)] = pm::page_sum_prob_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)], s);
+  }
+  return out;
+}
+
+TEST(PageMath, FoldIsTheCpuWeightedFold) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int group = 1 + static_cast<int>(rng() % 8);
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    const int32_t page_size = 1 + static_cast<int32_t>(rng() % 32);
+    const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
+    const bool awkward = trial % 4 == 0;
+    const std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
+                                              : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    std::vector<int32_t> weight(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size);
+    EXPECT_EQ(weight.back(), tokens - (n - 1) * page_size);
+    for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+      std::vector<float> cpu(static_cast<size_t>(n));
+      fold_weighted_logits(logits.data(), weight.data(), group, n, fold, cpu.data());
+      const std::vector<float> header = header_fold(logits, group, n, tokens, page_size, fold);
+      for (int64_t p = 0; p < n; ++p)
+        ASSERT_TRUE(same_bits(header[static_cast<size_t>(p)], cpu[static_cast<size_t>(p)]))
+            << "trial " << trial << " fold " << fold << " page " << p << ": " << header[static_cast<size_t>(p)]
+            << " vs " << cpu[static_cast<size_t>(p)];
+    }
+  }
+}
+
+TEST(PageMath, OrderAndTakeAreTheCpuGroupedTake) {
+  std::mt19937_64 rng(4);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 200);
+    const int32_t page_size = 1 + static_cast<int32_t>(rng() % 20);
+    const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
+    const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    for (auto& s : scores)
+      if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
+    std::vector<int32_t> weight(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size);
+    std::vector<uint64_t> scratch;
+    std::vector<uint8_t> state(static_cast<size_t>(n));
+    const int64_t quota = grouped_take(scores.data(), weight.data(), n, budget, scratch, state.data());
+    // the header: sort by the order key, take while it fits, looking at the first page_pages_needed only
+    std::vector<uint64_t> keys(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) {
+      keys[static_cast<size_t>(p)] = pm::page_order_key(scores[static_cast<size_t>(p)], static_cast<uint32_t>(p));
+      ASSERT_EQ(keys[static_cast<size_t>(p)], descending_key(scores[static_cast<size_t>(p)], static_cast<uint32_t>(p)));
+    }
+    std::sort(keys.begin(), keys.end());
+    const int64_t needed = pm::page_pages_needed(budget, page_size, n);
+    std::vector<int64_t> taken(static_cast<size_t>(n), 0);
+    int64_t before = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto p = static_cast<size_t>(keys[static_cast<size_t>(i)] & 0xffffffffu);
+      taken[p] = pm::page_take(before, weight[p], budget);
+      if (i >= needed) {
+        ASSERT_EQ(taken[p], 0) << "a page past page_pages_needed is taken";
+      }
+      before += taken[p];
+    }
+    EXPECT_EQ(before, budget);
+    for (size_t p = 0; p < static_cast<size_t>(n); ++p) {
+      const int64_t expected = state[p] == kTake ? weight[p] : state[p] == kTrim ? quota : 0;
+      ASSERT_EQ(taken[p], expected) << "trial " << trial << " page " << p;
+    }
+  }
+}
+
+// --- through the C ABI ------------------------------------------------------------------------------------------
+
+constexpr int kHeads = 2;
+constexpr int kDim = 64;
+
+/// A tensor for a context of `device_type` (the suite's tensors carry the suite's label).
+template <class T>
+T& label(T& t, int32_t device_type) {
+  t.t.device = {device_type, 0};
+  return t;
+}
+
+kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_size) {
+  kvret_config c = test::small_config(KVRET_INDEX_PAGE);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.page_size = page_size;
+  c.background_build = 0;
+  return c;
+}
+
+int64_t length_of(kvret_seq* seq) {
+  int64_t n = 0;
+  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
+  return n;
+}
+
+kvret_stats stats_of(kvret_seq* seq) {
+  kvret_stats s;
+  kvret_stats_init(&s);
+  kvret_seq_stats(seq, &s);
+  return s;
+}
+
+/// The same tokens into a sequence of each context (dev: the suite's device label; cpu: KVRET_DEVICE_CPU).
+void append_both(kvret_seq* dev, kvret_seq* cpu, int32_t layers, int64_t tokens, uint64_t seed) {
+  F32 k({tokens, kHeads, kDim}), v({tokens, kHeads, kDim});
+  k.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed);
+  v.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed + 1);
+  k.refresh();
+  v.refresh();
+  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(dev, l, &k.t, &v.t));
+  label(k, KVRET_DEVICE_CPU);
+  label(v, KVRET_DEVICE_CPU);
+  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(cpu, l, &k.t, &v.t));
+}
+
+struct Selected {
+  int32_t count = 0;
+  std::vector<int32_t> positions;
+  std::vector<float> scores;
+};
+
+/// A scored select into tensors of `device_type`, [kHeads, width]; the elements past the count stay -7.
+Selected select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
+                int64_t width, bool scored) {
+  F32 qt({8, kDim});
+  qt.data = q;
+  qt.refresh();
+  label(qt, device_type);
+  I32 out({kHeads, width}, -7);
+  F32 sc({kHeads, width}, -7.0f);
+  label(out, device_type);
+  label(sc, device_type);
+  Selected s;
+  const kvret_status st = scored ? kvret_select_scored(seq, layer, &qt.t, budget, &out.t, &sc.t, &s.count)
+                                 : kvret_select(seq, layer, &qt.t, budget, &out.t, &s.count);
+  EXPECT_EQ(st, KVRET_OK) << kvret_last_error();
+  s.positions = out.data;
+  s.scores = sc.data;
+  return s;
+}
+
+void expect_same(const Selected& a, const Selected& b, const std::string& where) {
+  ASSERT_EQ(a.count, b.count) << where;
+  ASSERT_EQ(a.positions, b.positions) << where;
+  ASSERT_EQ(a.scores.size(), b.scores.size());
+  for (size_t i = 0; i < a.scores.size(); ++i)
+    ASSERT_TRUE(same_bits(a.scores[i], b.scores[i])) << where << " score " << i;
+}
+
+class DeviceSelect : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
+    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
+  }
+};
+
+/// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
+/// (prefill and one-token decodes: partial last pages), truncates, drop_fronts, forks and sessions saved and
+/// opened; budgets from 1 to past the middle; and the device select did run (its copy of the bounds is counted).
+TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
+  for (const int kv : {KVRET_KV_F32, KVRET_KV_F16}) {
+    for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+      for (const int32_t page_size : {16, 5}) {
+        const std::string where =
+            "kv " + std::to_string(kv) + " fold " + std::to_string(fold) + " page " + std::to_string(page_size);
+        SCOPED_TRACE(where);
+        const kvret_config dc = page_config(KVRET_DEVICE_CUDA, kv, fold, page_size);
+        const kvret_config cc = page_config(KVRET_DEVICE_CPU, kv, fold, page_size);
+        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+        kvret_seq *a = nullptr, *b = nullptr;
+        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        append_both(a, b, dc.n_layers, 150 + page_size, 21);
+        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size));
+        int selects = 0;
+        for (int step = 0; step < 90; ++step) {
+          const int64_t length = length_of(a);
+          ASSERT_EQ(length, length_of(b));
+          const uint64_t op = rng() % 24;
+          const std::string at = where + " step " + std::to_string(step);
+          if (op == 0 && length > 100) {
+            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 40);
+            test::expect_ok(kvret_seq_truncate(a, to));
+            test::expect_ok(kvret_seq_truncate(b, to));
+          } else if (op == 1 && length > 120) {
+            const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
+            test::expect_ok(kvret_seq_drop_front(a, keep, count));
+            test::expect_ok(kvret_seq_drop_front(b, keep, count));
+          } else if (op == 2) {
+            kvret_seq *fa = nullptr, *fb = nullptr;
+            test::expect_ok(kvret_seq_fork(a, &fa));
+            test::expect_ok(kvret_seq_fork(b, &fb));
+            if (rng() % 2 == 0) std::swap(a, fa), std::swap(b, fb);  // go on with the fork, or the parent
+            append_both(fa, fb, dc.n_layers, 3, 500 + static_cast<uint64_t>(step));
+            test::expect_ok(kvret_seq_close(fa));
+            test::expect_ok(kvret_seq_close(fb));
+          } else if (op == 3) {
+            const std::string id = "devsel-" + std::to_string(step);
+            test::expect_ok(kvret_session_save(a, id.c_str()));
+            test::expect_ok(kvret_session_save(b, id.c_str()));
+            kvret_seq *oa = nullptr, *ob = nullptr;
+            test::expect_ok(kvret_session_open(dev_ctx.get(), id.c_str(), &oa));
+            test::expect_ok(kvret_session_open(cpu_ctx.get(), id.c_str(), &ob));
+            test::expect_ok(kvret_seq_close(a));
+            test::expect_ok(kvret_seq_close(b));
+            a = oa;
+            b = ob;
+          } else if (op < 10) {
+            const int64_t tokens = op < 7 ? 1 : 1 + static_cast<int64_t>(rng() % 30);  // decodes and chunks
+            append_both(a, b, dc.n_layers, tokens, 1000 + static_cast<uint64_t>(step));
+          } else {
+            const int32_t layer = static_cast<int32_t>(rng() % 2);
+            const int64_t middle = length - dc.n_sink - dc.n_local;
+            const uint64_t kind = rng() % 4;
+            const int64_t budget = kind == 0   ? 1
+                                   : kind == 1 ? length  // past the middle: the whole middle
+                                   : kind == 2 ? middle
+                                               : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
+            const std::vector<float> q = test::random_vector(8 * kDim, 9000 + static_cast<uint64_t>(step), 2.0f);
+            const bool scored = rng() % 2 == 0;
+            const int64_t width = std::min(budget, middle) + static_cast<int64_t>(rng() % 3);
+            const Selected x = select(a, KVRET_DEVICE_CUDA, layer, q, static_cast<int32_t>(budget), width, scored);
+            const Selected y = select(b, KVRET_DEVICE_CPU, layer, q, static_cast<int32_t>(budget), width, scored);
+            ASSERT_EQ(x.count, std::min(budget, middle)) << at;
+            expect_same(x, y, at);
+            EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the select ran on the device";
+            ++selects;
+          }
+        }
+        EXPECT_GT(selects, 20);
+        test::expect_ok(kvret_seq_close(a));
+        test::expect_ok(kvret_seq_close(b));
+      }
+    }
+  }
+}
+
+/// device_bytes counts the device's copy of the page bounds: at least [n_kv_heads, pages, 2, head_dim] f32 per
+/// selected layer, whole pages of it; a copy that would pass config.device_bytes_limit is not made, and that
+/// select runs on the host with the same result.
+TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
+  const int32_t page_size = 16;
+  const int64_t tokens = 600;
+  const kvret_config cc = page_config(KVRET_DEVICE_CPU, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, page_size);
+  const int64_t middle = tokens - cc.n_sink - cc.n_local;
+  const int64_t pages = (middle + page_size - 1) / page_size;
+  const int64_t page_bytes = int64_t{kHeads} * 2 * kDim * static_cast<int64_t>(sizeof(float));
+  const std::vector<float> q = test::random_vector(8 * kDim, 77, 2.0f);
+  auto cpu_ctx = test::make_context(cc);
+  kvret_seq* ref = nullptr;
+  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &ref));
+  for (const int64_t limit : {int64_t{0}, pages * page_bytes * 3 / 2, pages * page_bytes / 2}) {
+    SCOPED_TRACE(limit);
+    kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, page_size);
+    dc.device_bytes_limit = limit;
+    auto dev_ctx = test::make_context(dc);
+    kvret_seq* a = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    kvret_seq* b = nullptr;
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, dc.n_layers, tokens, 31);
+    EXPECT_EQ(stats_of(a).device_bytes, 0);
+    expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
+                "layer 0");
+    const int64_t one = stats_of(a).device_bytes;
+    if (limit != 0 && limit < pages * page_bytes) {
+      EXPECT_EQ(one, 0) << "no copy past the limit";
+    } else {
+      EXPECT_GE(one, pages * page_bytes);
+      EXPECT_EQ(one % page_bytes, 0);
+      if (limit != 0) {
+        EXPECT_LE(one, limit);
+      }
+    }
+    expect_same(select(a, KVRET_DEVICE_CUDA, 1, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 1, q, 100, 100, true),
+                "layer 1");
+    const int64_t two = stats_of(a).device_bytes;
+    if (limit == 0) {
+      EXPECT_EQ(two, 2 * one) << "one copy per layer";
+    } else {
+      EXPECT_EQ(two, one) << "a second layer's copy would pass the limit";
+      EXPECT_LE(two, limit);
+    }
+    test::expect_ok(kvret_seq_close(a));  // frees its copies
+    test::expect_ok(kvret_seq_close(b));
+  }
+  test::expect_ok(kvret_seq_close(ref));
+}
+
+/// Under config.check_finite, a q with a NaN or an Inf is KVRET_ERR_NONFINITE on the device path too, and nothing
+/// changes: the outputs keep their elements, the selection count stays.
+TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
+  kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 16);
+  dc.check_finite = 1;
+  auto ctx = test::make_context(dc);
+  kvret_seq* a = nullptr;
+  test::expect_ok(kvret_seq_open(ctx.get(), &a));
+  kvret_seq* unused = nullptr;
+  auto cpu_ctx = test::make_context(page_config(KVRET_DEVICE_CPU, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 16));
+  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &unused));
+  append_both(a, unused, dc.n_layers, 300, 5);
+  const Selected good = select(a, KVRET_DEVICE_CUDA, 0, test::random_vector(8 * kDim, 6), 40, 40, true);
+  ASSERT_EQ(good.count, 40);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    F32 q({8, kDim});
+    q.data = test::random_vector(8 * kDim, 6);
+    q.data[static_cast<size_t>(5 * kDim + 3)] = bad;
+    q.refresh();
+    I32 out({kHeads, 40}, -7);
+    F32 sc({kHeads, 40}, -7.0f);
+    int32_t count = -1;
+    const int64_t selections = stats_of(a).selections;
+    EXPECT_EQ(kvret_select_scored(a, 0, &q.t, 40, &out.t, &sc.t, &count), KVRET_ERR_NONFINITE);
+    EXPECT_NE(std::string(kvret_last_error()).find("NaN or Inf"), std::string::npos) << kvret_last_error();
+    EXPECT_EQ(count, -1);
+    EXPECT_EQ(out.data, std::vector<int32_t>(2 * 40, -7));
+    EXPECT_EQ(sc.data, std::vector<float>(2 * 40, -7.0f));
+    EXPECT_EQ(stats_of(a).selections, selections);
+  }
+  test::expect_ok(kvret_seq_close(a));
+  test::expect_ok(kvret_seq_close(unused));
+}
+
+/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
+TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
+  constexpr int kSeqs = 3;
+  const kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
+  const kvret_config cc = page_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
+  auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+  std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
+    append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 37 * i,
+                40 + static_cast<uint64_t>(i));
+  }
+  const int32_t budget = 50;
+  const int64_t width = 52;
+  F32 q({kSeqs, 8, kDim});
+  q.data = test::random_vector(static_cast<size_t>(kSeqs * 8 * kDim), 88, 2.0f);
+  q.refresh();
+  for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
+    const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
+    label(q, device_type);
+    I32 out({kSeqs, kHeads, width}, -7);
+    label(out, device_type);
+    std::vector<int32_t> counts(kSeqs, -1);
+    test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
+                                       seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
+    for (int i = 0; i < kSeqs; ++i) {
+      if (device_type == KVRET_DEVICE_CUDA) {  // the batch selected on the device: its copy of the bounds is there
+        EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0);
+      }
+      const std::vector<float> qi(q.data.begin() + i * 8 * kDim, q.data.begin() + (i + 1) * 8 * kDim);
+      const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
+      ASSERT_EQ(counts[static_cast<size_t>(i)], single.count);
+      const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
+                                         out.data.begin() + (i + 1) * kHeads * width);
+      EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
+    }
+  }
+  for (int i = 0; i < kSeqs; ++i) {
+    test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
+    test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
+  }
+}
+
+}  // namespace
