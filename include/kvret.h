@@ -288,9 +288,11 @@ typedef struct kvret_config {
 
   /* SpeCache's output rule (appended: older, smaller structs get the default) */
   int32_t quant_attention; /**< 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the
-                                layer, the sink, local and selected tokens exact and every other middle token as the
-                                low-bit copy has it (computed on the host); 0 (default): over the working set, as
-                                for every other index. 1 needs index_kind = KVRET_INDEX_QUANT */
+                                layer, the sink, local and selected tokens exact, select's quant_rerank x budget
+                                candidates with their exact keys (their values low-bit unless selected) and every
+                                other middle token as the low-bit copy has it (computed on the host); 0 (default):
+                                over the working set, as for every other index. 1 needs index_kind =
+                                KVRET_INDEX_QUANT */
 
   /* ClusterKV's reuse between steps (appended: older, smaller structs get the default; docs/cluster.md) */
   int32_t cluster_reuse_steps; /**< R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its
@@ -365,9 +367,8 @@ typedef struct kvret_config {
                              with their exact keys from the KV store and keeps the top budget of those: a key the
                              1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
                              multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
-                             alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds and under
-                             quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest
-                             (the rows whose low-bit errors weigh most in that attention) */
+                             alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under
+                             quant_attention = 1 the candidates also enter that attention with their exact keys */
 
   /* KVCrush's importance (appended: older, smaller structs get the default; docs/kvcrush.md) */
   int32_t hamming_importance; /**< a kvret_importance: where the importance behind KVCrush's signatures, its

@@ -259,20 +259,25 @@ void KiviHead::append(const float* keys, const float* values, int64_t n) noexcep
 
 void KiviHead::reconstruct(int64_t t, float* key, float* value) const noexcept {
   if (t >= quantized_) {
-    for (int i = 0; i < d_; ++i) {
-      key[i] = f16_to_f32(residual_key(t - quantized_)[i]);
-      value[i] = f16_to_f32(residual_value(t - quantized_)[i]);
-    }
+    for (int i = 0; i < d_; ++i) key[i] = f16_to_f32(residual_key(t - quantized_)[i]);
+  } else {
+    const int64_t block = t / p_.group;
+    const int within = static_cast<int>(t % p_.group);
+    const uint8_t* kc = key_codes(block);
+    const uint16_t* kp = key_params(block);
+    const size_t per_channel = static_cast<size_t>(p_.group) * p_.bits / 8;
+    for (int i = 0; i < d_; ++i)
+      key[i] = kivi_value(kivi_unpack(kc + per_channel * i, within, p_.bits), f16_to_f32(kp[2 * i]),
+                          f16_to_f32(kp[2 * i + 1]), p_.bits);
+  }
+  reconstruct_value(t, value);
+}
+
+void KiviHead::reconstruct_value(int64_t t, float* value) const noexcept {
+  if (t >= quantized_) {
+    for (int i = 0; i < d_; ++i) value[i] = f16_to_f32(residual_value(t - quantized_)[i]);
     return;
   }
-  const int64_t block = t / p_.group;
-  const int within = static_cast<int>(t % p_.group);
-  const uint8_t* kc = key_codes(block);
-  const uint16_t* kp = key_params(block);
-  const size_t per_channel = static_cast<size_t>(p_.group) * p_.bits / 8;
-  for (int i = 0; i < d_; ++i)
-    key[i] = kivi_value(kivi_unpack(kc + per_channel * i, within, p_.bits), f16_to_f32(kp[2 * i]),
-                        f16_to_f32(kp[2 * i + 1]), p_.bits);
   const uint8_t* vc = value_codes(t);
   const uint16_t* vp = value_params(t);
   for (int i = 0; i < d_; ++i) {

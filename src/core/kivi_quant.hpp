@@ -147,6 +147,8 @@ class KiviHead {
 
   /// Token t's key and value as the copy has them (dequantized, or the f16 residual), f32 [head_dim] each.
   void reconstruct(int64_t t, float* key, float* value) const noexcept;
+  /// Token t's value alone, as reconstruct gives it.
+  void reconstruct_value(int64_t t, float* value) const noexcept;
 
   /// Scaled logits of nq queries (q [nq, head_dim]) against every token: out[g * out_stride + t] for t < size().
   void logits(const float* q, int nq, float scale, float* out, int64_t out_stride) const;

@@ -998,14 +998,16 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
   std::vector<const int32_t*> rows(static_cast<size_t>(c.n_kv_heads));
   for (int h = 0; h < c.n_kv_heads; ++h) rows[static_cast<size_t>(h)] = selected + h * width;
   std::vector<float> o(static_cast<size_t>(c.n_q_heads) * c.head_dim);
-  quant->attend_dense(l.store(), rows.data(), count, qf.data(), c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
-                      o.data(), ctx_.threads());
+  const int64_t key_rows =
+      quant->attend_dense(l.store(), rows.data(), count, qf.data(), c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
+                          static_cast<kvret_gqa_fold>(c.gqa_fold), o.data(), ctx_.threads());
   for (int h = 0; h < c.n_q_heads; ++h)
     std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
                 static_cast<size_t>(c.head_dim) * sizeof(float));
   backend.write_back(out_host, out);
   const TokenGroups g = groups(layer);
-  const int64_t exact_rows = (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads;  // sink, selected, local
+  // sink, selected and local rows, and the candidates whose keys alone were read (each counted as a row)
+  const int64_t exact_rows = (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads + key_rows;
   stats_.fetches += 1;
   stats_.fetched_rows += exact_rows;
   stats_.cache_misses += exact_rows;

@@ -27,45 +27,74 @@ QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& p
   for (int h = 0; h < n_kv_heads; ++h) heads_.emplace_back(head_dim, params);
 }
 
-void QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count,
-                                  const float* q, int group, float scale, float* out, int n_threads) const {
+void QuantRetriever::low_bit_candidates(int h, const float* qh, int group, float scale, kvret_gqa_fold fold,
+                                        int64_t base, int64_t n, int64_t k, float* logits, int32_t* cand) const {
+  heads_[static_cast<size_t>(h)].logits(qh, group, scale, logits, n);
+  if (k <= 0) return;
+  std::vector<float> folded(static_cast<size_t>(n));
+  fold_logits(logits, group, n, fold, folded.data());
+  take_top_tokens(folded.data(), n, k, base, cand, nullptr);
+}
+
+int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count,
+                                     const float* q, int group, float scale, kvret_gqa_fold fold, float* out,
+                                     int n_threads) const {
   const int64_t n = store.size();
-  const int64_t begin = indexed_begin(), end = indexed_end();
+  const int64_t begin = indexed_begin(), end = indexed_end(), middle = end - begin;
+  const int64_t candidates = rerank_ > 1 && count > 0 ? std::min(middle, count * rerank_) : 0;
+  // the low-bit logits are select's (scale 1/sqrt(head_dim)); the softmax's are scaled by `scale`
+  const float select_scale = 1.0f / std::sqrt(static_cast<float>(d_));
+  const double rescale = static_cast<double>(scale) / select_scale;
+  std::vector<int64_t> key_only(static_cast<size_t>(n_kv_), 0);
   parallel_for(n_kv_, n_threads, n * group >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
     const KiviHead& head = heads_[static_cast<size_t>(h)];
+    const float* qh = q + static_cast<size_t>(h) * group * d_;
+    // how each middle token enters: 0 low-bit row, 1 exact key and low-bit value (a candidate), 2 exact row
+    std::vector<uint8_t> kind(static_cast<size_t>(middle), 0);
+    std::vector<float> low(static_cast<size_t>(group) * middle);
+    std::vector<int32_t> cand(static_cast<size_t>(candidates));
+    low_bit_candidates(h, qh, group, select_scale, fold, begin, middle, candidates, low.data(), cand.data());
+    for (const int32_t t : cand) kind[static_cast<size_t>(t - begin)] = 1;
+    for (int64_t i = 0; i < count; ++i) {
+      if (selected[h][i] < begin || selected[h][i] >= end) continue;  // not a middle token: exact anyway
+      uint8_t& k = kind[static_cast<size_t>(selected[h][i] - begin)];
+      key_only[static_cast<size_t>(h)] -= k == 1;
+      k = 2;
+    }
+    key_only[static_cast<size_t>(h)] += candidates;
+    // the logits, then the softmax's weights and values in position order
+    std::vector<double> logit(static_cast<size_t>(group) * n), m(static_cast<size_t>(group), -INFINITY);
     std::vector<float> key(static_cast<size_t>(d_)), value(static_cast<size_t>(d_));
-    std::vector<double> acc(static_cast<size_t>(group) * d_, 0.0), m(static_cast<size_t>(group), -INFINITY),
-        z(static_cast<size_t>(group), 0.0);
-    const int32_t* sel = selected != nullptr ? selected[h] : nullptr;
-    int64_t next = 0;  // the next selected position not yet passed
     for (int64_t t = 0; t < n; ++t) {
-      bool exact = t < begin || t >= end;
-      if (!exact && next < count && sel[next] == t) {
-        exact = true;
-        ++next;
-      }
-      if (exact) {
-        load_row_f32(store.key_row(h, t), store.dtype(), key.data(), static_cast<size_t>(d_));
-        load_row_f32(store.value_row(h, t), store.dtype(), value.data(), static_cast<size_t>(d_));
-      } else {
-        head.reconstruct(t - begin, key.data(), value.data());
-      }
+      const bool middle_token = t >= begin && t < end;
+      const uint8_t k = middle_token ? kind[static_cast<size_t>(t - begin)] : 2;
+      if (k != 0) load_row_f32(store.key_row(h, t), store.dtype(), key.data(), static_cast<size_t>(d_));
       for (int g = 0; g < group; ++g) {
-        const float* qg = q + static_cast<size_t>((h * group + g) * d_);
-        double logit = 0;
-        for (int i = 0; i < d_; ++i) logit += static_cast<double>(qg[i]) * key[static_cast<size_t>(i)];
-        logit *= scale;
-        double& mg = m[static_cast<size_t>(g)];
-        double* ag = acc.data() + static_cast<size_t>(g) * d_;
-        if (logit > mg) {  // a new maximum: rescale what was summed so far
-          const double r = std::exp(mg - logit);
-          z[static_cast<size_t>(g)] *= r;
-          for (int i = 0; i < d_; ++i) ag[i] *= r;
-          mg = logit;
+        double l;
+        if (k == 0) {
+          l = rescale * low[static_cast<size_t>(g) * middle + (t - begin)];
+        } else {
+          const float* qg = qh + static_cast<size_t>(g) * d_;
+          double s = 0;
+          for (int i = 0; i < d_; ++i) s += static_cast<double>(qg[i]) * key[static_cast<size_t>(i)];
+          l = s * scale;
         }
-        const double w = std::exp(logit - mg);
+        logit[static_cast<size_t>(g) * n + t] = l;
+        m[static_cast<size_t>(g)] = std::max(m[static_cast<size_t>(g)], l);
+      }
+    }
+    std::vector<double> acc(static_cast<size_t>(group) * d_, 0.0), z(static_cast<size_t>(group), 0.0);
+    for (int64_t t = 0; t < n; ++t) {
+      const bool middle_token = t >= begin && t < end;
+      if (!middle_token || kind[static_cast<size_t>(t - begin)] == 2)
+        load_row_f32(store.value_row(h, t), store.dtype(), value.data(), static_cast<size_t>(d_));
+      else
+        head.reconstruct_value(t - begin, value.data());
+      for (int g = 0; g < group; ++g) {
+        const double w = std::exp(logit[static_cast<size_t>(g) * n + t] - m[static_cast<size_t>(g)]);
         z[static_cast<size_t>(g)] += w;
+        double* ag = acc.data() + static_cast<size_t>(g) * d_;
         for (int i = 0; i < d_; ++i) ag[i] += w * value[static_cast<size_t>(i)];
       }
     }
@@ -75,6 +104,9 @@ void QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* const
         o[i] = static_cast<float>(acc[static_cast<size_t>(g) * d_ + i] / z[static_cast<size_t>(g)]);
     }
   });
+  int64_t total = 0;
+  for (const int64_t k : key_only) total += k;
+  return total;
 }
 
 int64_t QuantRetriever::bytes() const noexcept {
@@ -125,17 +157,17 @@ int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r,
     const auto h = static_cast<int>(h_i);
     const float* qh = r.q + static_cast<int64_t>(h) * r.group * d_;
     std::vector<float> logits(static_cast<size_t>(r.group) * n);
-    heads_[static_cast<size_t>(h)].logits(qh, r.group, r.scale, logits.data(), n);
-    std::vector<float> folded(static_cast<size_t>(n));
-    fold_logits(logits.data(), r.group, n, r.fold, folded.data());
     if (rerank_ == 1) {
+      heads_[static_cast<size_t>(h)].logits(qh, r.group, r.scale, logits.data(), n);
+      std::vector<float> folded(static_cast<size_t>(n));
+      fold_logits(logits.data(), r.group, n, r.fold, folded.data());
       take_top_tokens(folded.data(), n, r.budget, r.mid_begin, out_rows[h],
                       out_scores != nullptr ? out_scores[h] : nullptr);
       return;
     }
     // The candidates (ascending positions), their exact logits as EXACT computes them, the fold over them, the top.
     std::vector<int32_t> cand(static_cast<size_t>(candidates));
-    take_top_tokens(folded.data(), n, candidates, r.mid_begin, cand.data(), nullptr);
+    low_bit_candidates(h, qh, r.group, r.scale, r.fold, r.mid_begin, n, candidates, logits.data(), cand.data());
     std::vector<float> key(static_cast<size_t>(d_));
     std::vector<float> exact(static_cast<size_t>(r.group) * candidates);
     for (int64_t i = 0; i < candidates; ++i) {
@@ -204,12 +236,11 @@ namespace {
 class QuantKind final : public RetrieverKind {
  public:
   const char* name() const noexcept override { return "quant"; }
-  // Under quantized attention the exact rows stay the tokens the low-bit keys score highest (SpeCache's rule): they
-  // are the rows whose low-bit errors weigh most in that attention's softmax.
+  // Under quantized attention the re-ranking's candidates also enter the softmax with their exact keys
+  // (attend_dense): a token the low-bit keys over-rate keeps no inflated logit.
   std::unique_ptr<Retriever> make(const kvret_config& c, int) const override {
-    return std::make_unique<QuantRetriever>(c.n_kv_heads, c.head_dim,
-                                            KiviParams{c.quant_bits, c.quant_group_size, c.quant_residual},
-                                            c.quant_attention != 0 ? 1 : c.quant_rerank);
+    return std::make_unique<QuantRetriever>(
+        c.n_kv_heads, c.head_dim, KiviParams{c.quant_bits, c.quant_group_size, c.quant_residual}, c.quant_rerank);
   }
 };
 

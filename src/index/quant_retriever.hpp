@@ -5,7 +5,8 @@
 // reconstructed; the f16 residual by its dot product), the query heads of a KV group are folded and the top
 // `budget` tokens are taken, as EXACT does with the exact keys. With re-ranking (config.quant_rerank = r > 1) the
 // top r x budget tokens by the low-bit scores are candidates, scored again from their exact keys in the store, and
-// the top `budget` of them are taken.
+// the top `budget` of them are taken. Under quantized attention (attend_dense) those candidates also enter the
+// softmax with their exact keys.
 //
 // The copy is the resident state the engine keeps near the compute (its bytes are the index bytes): keys and values
 // at (bits + 32 / group) / 16 of their f16 size, plus the residual window. Without re-ranking select reads only
@@ -35,13 +36,16 @@ class QuantRetriever final : public Retriever {
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
   /// SpeCache's output rule (config.quant_attention): attention of every query head over every token of the
-  /// layer, in which the sink and local windows and each KV head's `count` selected middle positions (ascending) are
-  /// the exact rows of `store` and every other indexed middle token is the low-bit copy's row. q: f32 [n_q_heads,
-  /// head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head; logits scaled by `scale`. Online
-  /// softmax per query head in double precision, tokens in position order. count = 0: pure low-bit attention over
-  /// the middle.
-  void attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count, const float* q, int group,
-                    float scale, float* out, int n_threads) const;
+  /// layer. The sink and local windows and each KV head's `count` selected middle positions (ascending) are the exact
+  /// rows of `store`. With re-ranking (rerank() = r > 1) and count > 0, the min(r x count, middle) middle tokens the
+  /// low-bit keys score highest (select's candidates: the same logits, `fold` and ties) take their exact keys from
+  /// `store`, so their logits are exact, and keep the low-bit copy's values unless selected; every other middle token
+  /// is the low-bit copy's row (its logit from the packed codes as select scores it, its value dequantized). q: f32
+  /// [n_q_heads, head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head; logits scaled by
+  /// `scale`. Softmax per query head in double precision. count = 0: pure low-bit attention over the middle.
+  /// Returns the candidates read key only (not among the selected), summed over KV heads.
+  int64_t attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count, const float* q,
+                       int group, float scale, kvret_gqa_fold fold, float* out, int n_threads) const;
 
   // Introspection (tests, tools).
   const KiviParams& params() const noexcept { return p_; }
@@ -56,6 +60,11 @@ class QuantRetriever final : public Retriever {
   int n_kv_;
   int d_;
   KiviParams p_;
+  /// Head h's low-bit logits of the n middle tokens ([group][n], scaled by `scale`) and, with k > 0, the k middle
+  /// positions they rank highest after the fold (ascending, absolute: base + index) into cand.
+  void low_bit_candidates(int h, const float* qh, int group, float scale, kvret_gqa_fold fold, int64_t base, int64_t n,
+                          int64_t k, float* logits, int32_t* cand) const;
+
   int rerank_;
   std::vector<KiviHead> heads_;
 };

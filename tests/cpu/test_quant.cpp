@@ -345,8 +345,9 @@ TEST(Quant, RerankingRaisesOneBitRecall) {
   EXPECT_GE(b.relative, a.relative);
 }
 
-// Under quantized attention the selection is the low-bit ranking's whatever quant_rerank says.
-TEST(Quant, QuantizedAttentionKeepsTheLowBitRanking) {
+// Under quantized attention select re-ranks as it does without it (the selected rows are those that get exact
+// values; the candidates get exact keys), and quant_rerank = 1 keeps the low-bit ranking there too.
+TEST(Quant, QuantizedAttentionSelectsAsWithoutIt) {
   constexpr int64_t kTokens = 1500;
   constexpr int32_t kBudget = 30;
   F32 k({kTokens, kH, kD}), v({kTokens, kH, kD});
@@ -355,11 +356,13 @@ TEST(Quant, QuantizedAttentionKeepsTheLowBitRanking) {
   q.data = test::random_vector(static_cast<size_t>(kQ * kD), 62);
   q.refresh();
   kvret_config plain = quant_config(1), attention = quant_config(1);
-  plain.quant_rerank = 1;
+  plain.quant_rerank = 8;
   attention.quant_attention = 1;
   attention.quant_rerank = 8;
   EXPECT_EQ(select_scored(attention, k, v, q, kBudget), select_scored(plain, k, v, q, kBudget));
-  attention.quant_attention = 0;  // the same context without it re-ranks
+  plain.quant_rerank = attention.quant_rerank = 1;
+  EXPECT_EQ(select_scored(attention, k, v, q, kBudget), select_scored(plain, k, v, q, kBudget));
+  attention.quant_rerank = 8;  // and the re-ranking changes the selection on these keys
   EXPECT_NE(select_scored(attention, k, v, q, kBudget).first, select_scored(plain, k, v, q, kBudget).first);
 }
 

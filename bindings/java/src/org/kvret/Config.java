@@ -324,9 +324,10 @@ public final class Config {
 
   /**
    * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over
-   * every token of the layer, the sink, local and selected tokens exact and every other middle
-   * token as the low-bit copy has it (computed on the host); 0 (default): over the working set, as
-   * for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
+   * every token of the layer, the sink, local and selected tokens exact, select's quant_rerank x
+   * budget candidates with their exact keys (their values low-bit unless selected) and every other
+   * middle token as the low-bit copy has it (computed on the host); 0 (default): over the working
+   * set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
    */
   public int quantAttention() {
     return fields.getQuant_attention();
@@ -464,9 +465,8 @@ public final class Config {
    * them again with their exact keys from the KV store and keeps the top budget of those: a key the
    * 1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
    * multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking alone,
-   * SpeCache's); 1..64; default 4. Ignored by the other index kinds and under quant_attention = 1,
-   * whose exact rows stay the tokens the low-bit keys score highest (the rows whose low-bit errors
-   * weigh most in that attention)
+   * SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under quant_attention = 1 the
+   * candidates also enter that attention with their exact keys
    */
   public int quantRerank() {
     return fields.getQuant_rerank();
@@ -812,9 +812,10 @@ public final class Config {
 
     /**
      * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends
-     * over every token of the layer, the sink, local and selected tokens exact and every other
-     * middle token as the low-bit copy has it (computed on the host); 0 (default): over the working
-     * set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
+     * over every token of the layer, the sink, local and selected tokens exact, select's
+     * quant_rerank x budget candidates with their exact keys (their values low-bit unless selected)
+     * and every other middle token as the low-bit copy has it (computed on the host); 0 (default):
+     * over the working set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
      */
     public Builder quantAttention(int value) {
       fields.setQuant_attention(value);
@@ -969,9 +970,8 @@ public final class Config {
      * scores them again with their exact keys from the KV store and keeps the top budget of those:
      * a key the 1-bit copy ranks just below the cut (a needle) is recovered for candidates x
      * head_dim multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
-     * alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds and under
-     * quant_attention = 1, whose exact rows stay the tokens the low-bit keys score highest (the
-     * rows whose low-bit errors weigh most in that attention)
+     * alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under quant_attention
+     * = 1 the candidates also enter that attention with their exact keys
      */
     public Builder quantRerank(int value) {
       fields.setQuant_rerank(value);
