@@ -12,6 +12,7 @@
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
+#include "math/cluster_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 
@@ -389,6 +390,7 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
   const int64_t groups = singles + n_pending;    // every cluster, every exact singleton, every pending token alone
   const int group = r.group;
   const auto d = static_cast<size_t>(d_);
+  namespace cm = cuda::math;
 
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<size_t>(h_i);
@@ -411,8 +413,31 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
       scaled_dots(q, d_, group, pending_keys.data(), d_, n_pending, d_, r.scale, logits.data() + singles, groups);
     }
     std::copy(sizes_[h].begin(), sizes_[h].end(), weight.begin());
-    fold_weighted_logits(logits.data(), weight.data(), group, groups, r.fold, folded.data());
-    // whole clusters best first; the cluster that crosses the budget keeps its earliest positions
+    // kernels/math/cluster_math.h, which the CUDA backend's device select runs too: the same bits on both
+    // (scaled_dots above is cluster_logit's dot8 order, blocked)
+    if (r.fold == KVRET_FOLD_MAX_LOGIT) {
+      std::fill(folded.begin(), folded.end(), cm::neg_inf());
+      for (int g = 0; g < group; ++g) {
+        const float* l = logits.data() + static_cast<size_t>(g) * groups;
+        for (int64_t u = 0; u < groups; ++u)
+          folded[static_cast<size_t>(u)] = cm::cluster_max_step(folded[static_cast<size_t>(u)], l[u]);
+      }
+    } else if (cpu_has_avx2()) {
+      // the AVX2 softmax of gqa_fold.cpp: cluster_softmax_terms' bits, eight groups at a time (test_device_select.cpp
+      // checks that the two agree bit for bit)
+      fold_weighted_logits(logits.data(), weight.data(), group, groups, r.fold, folded.data());
+    } else {
+      std::fill(folded.begin(), folded.end(), 0.0f);
+      for (int g = 0; g < group; ++g) {
+        float* e = logits.data() + static_cast<size_t>(g) * groups;
+        const cm::PageSoftmax s = cm::cluster_softmax_terms(e, groups, sizes_[h].data(), n_clusters);
+        if (s.used)
+          for (int64_t u = 0; u < groups; ++u)
+            folded[static_cast<size_t>(u)] = cm::cluster_sum_prob_step(folded[static_cast<size_t>(u)], e[u], s);
+      }
+    }
+    // whole clusters best first; the cluster that crosses the budget keeps its earliest positions: grouped_take's
+    // quickselect makes cluster_order_key's and cluster_take's decisions (test_device_select.cpp checks it)
     const int64_t quota = grouped_take(folded.data(), weight.data(), groups, r.budget, keys, state.data());
     const int32_t* ids = ids_[h].data();
     const int32_t* offsets = offsets_[h].data();

@@ -1,5 +1,7 @@
 // The PAGE index's select on the CUDA backend's device (docs/cuda_backend.md) and the single-source math it shares
-// with the CPU retriever (kernels/math/page_math.h):
+// with the CPU retriever (kernels/math/page_math.h); the CLUSTER index's math likewise (kernels/math/cluster_math.h:
+// its logits, fold, order and take against scaled_dots, fold_weighted_logits and grouped_take, and the CPU
+// ClusterRetriever's selection against a model built from the header):
 // - the header's functions against the CPU core's own code (exp_nonpositive, dot, fold_weighted_logits,
 //   grouped_take, descending_key) and the CPU retriever's selection against a model built from them, bit for bit;
 // - where the suite runs on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's OpenMP host
@@ -17,12 +19,16 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "index/cluster_retriever.hpp"
 #include "kvret.h"
+#include "math/cluster_math.h"
 #include "math/page_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 #include "select/topk.hpp"
+#include "store/host_kv_store.hpp"
 #include "test_util.hpp"
 
 using namespace kvret;
@@ -161,6 +167,211 @@ TEST(PageMath, OrderAndTakeAreTheCpuGroupedTake) {
     for (size_t p = 0; p < static_cast<size_t>(n); ++p) {
       const int64_t expected = state[p] == kTake ? weight[p] : state[p] == kTrim ? quota : 0;
       ASSERT_EQ(taken[p], expected) << "trial " << trial << " page " << p;
+    }
+  }
+}
+
+// --- CLUSTER's math ----------------------------------------------------------------------------------------------
+
+TEST(ClusterMath, LogitIsTheCpuScaledDots) {
+  std::mt19937_64 rng(11);
+  for (const int d : {1, 5, 8, 13, 64, 100, 128}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const int group = 1 + static_cast<int>(rng() % 8);
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 40);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f);
+      const std::vector<float> rows = trial % 3 == 0 ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f)
+                                                     : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::vector<float> cpu(static_cast<size_t>(group * n));
+      scaled_dots(q.data(), d, group, rows.data(), d, n, d, scale, cpu.data(), n);
+      for (int g = 0; g < group; ++g)
+        for (int64_t u = 0; u < n; ++u)
+          ASSERT_TRUE(same_bits(pm::cluster_logit(scale, q.data() + g * d, rows.data() + u * d, d),
+                                cpu[static_cast<size_t>(g * n + u)]))
+              << "d " << d << " head " << g << " row " << u;
+    }
+  }
+}
+
+/// Cluster sizes (some 0: an emptied cluster) followed by `singles` groups of one token.
+std::vector<int32_t> cluster_weights(int64_t clusters, int64_t singles, std::mt19937_64& rng) {
+  std::vector<int32_t> w(static_cast<size_t>(clusters + singles), 1);
+  for (int64_t c = 0; c < clusters; ++c)
+    w[static_cast<size_t>(c)] = rng() % 6 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 90);
+  return w;
+}
+
+/// The header's fold of logits [group, n] over groups of the given weights (clusters first, then singletons).
+std::vector<float> cluster_header_fold(const std::vector<float>& logits, int group, int64_t n,
+                                       const std::vector<int32_t>& weight, int64_t clusters, kvret_gqa_fold fold) {
+  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t u = 0; u < n; ++u)
+        out[static_cast<size_t>(u)] = pm::cluster_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
+      continue;
+    }
+    const pm::PageSoftmax s = pm::cluster_softmax_terms(l.data(), n, weight.data(), clusters);
+    for (int64_t u = 0; u < n; ++u)
+      out[static_cast<size_t>(u)] =
+          pm::cluster_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
+  }
+  return out;
+}
+
+TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
+  std::mt19937_64 rng(12);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int group = 1 + static_cast<int>(rng() % 8);
+    const int64_t clusters = static_cast<int64_t>(rng() % 200);
+    const int64_t singles = (clusters == 0 ? 1 : 0) + static_cast<int64_t>(rng() % 60);
+    const int64_t n = clusters + singles;
+    const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
+    for (int64_t u = 0; u < n; ++u)
+      ASSERT_EQ(pm::cluster_weight(weight.data(), clusters, u), weight[static_cast<size_t>(u)]);
+    const std::vector<float> logits = trial % 4 == 0
+                                          ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
+                                          : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+      std::vector<float> cpu(static_cast<size_t>(n));
+      fold_weighted_logits(logits.data(), weight.data(), group, n, fold, cpu.data());
+      const std::vector<float> header = cluster_header_fold(logits, group, n, weight, clusters, fold);
+      for (int64_t u = 0; u < n; ++u) {
+        if (weight[static_cast<size_t>(u)] == 0) continue;  // never taken, never reported
+        ASSERT_TRUE(same_bits(header[static_cast<size_t>(u)], cpu[static_cast<size_t>(u)]))
+            << "trial " << trial << " fold " << fold << " group " << u << ": " << header[static_cast<size_t>(u)]
+            << " vs " << cpu[static_cast<size_t>(u)];
+      }
+    }
+  }
+}
+
+/// The header's take: every group's tokens, in the order of cluster_order_key.
+std::vector<int64_t> header_take(const std::vector<float>& scores, const std::vector<int32_t>& weight, int64_t budget) {
+  const auto n = static_cast<int64_t>(scores.size());
+  std::vector<uint64_t> keys(static_cast<size_t>(n));
+  for (int64_t u = 0; u < n; ++u)
+    keys[static_cast<size_t>(u)] = pm::cluster_order_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u));
+  std::sort(keys.begin(), keys.end());
+  std::vector<int64_t> taken(static_cast<size_t>(n), 0);
+  int64_t before = 0;
+  for (const uint64_t key : keys) {
+    const auto u = static_cast<size_t>(key & 0xffffffffu);
+    taken[u] = pm::cluster_take(before, weight[u], budget);
+    before += taken[u];
+  }
+  return taken;
+}
+
+TEST(ClusterMath, OrderAndTakeAreTheCpuGroupedTake) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t clusters = static_cast<int64_t>(rng() % 120);
+    const int64_t singles = (clusters == 0 ? 1 : 0) + static_cast<int64_t>(rng() % 40);
+    const int64_t n = clusters + singles;
+    const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
+    int64_t tokens = 0;
+    for (const int32_t w : weight) tokens += w;
+    if (tokens == 0) continue;
+    const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    for (auto& s : scores)
+      if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
+    for (int64_t u = 0; u < n; ++u)
+      ASSERT_EQ(pm::cluster_order_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u)),
+                descending_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u)));
+    std::vector<uint64_t> scratch;
+    std::vector<uint8_t> state(static_cast<size_t>(n));
+    const int64_t quota = grouped_take(scores.data(), weight.data(), n, budget, scratch, state.data());
+    const std::vector<int64_t> taken = header_take(scores, weight, budget);
+    int64_t total = 0;
+    for (size_t u = 0; u < static_cast<size_t>(n); ++u) {
+      const int64_t expected = state[u] == kTake ? weight[u] : state[u] == kTrim ? quota : 0;
+      ASSERT_EQ(taken[u], expected) << "trial " << trial << " group " << u;
+      total += taken[u];
+    }
+    EXPECT_EQ(total, budget);
+  }
+}
+
+/// ClusterRetriever::select (CPU) equals a model of the select built from cluster_math.h alone, bit for bit: the
+/// logits of centroids, exact singletons and pending tokens, the fold, the order and take, the trimmed cluster's
+/// earliest positions, the positions ascending, a token's score its group's.
+TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
+  constexpr int kH = 2, kD = 64, kQ = 8, kGroup = kQ / kH;
+  const int64_t n = 1500;
+  HostKvStore store{kH, kD, DType::F32};
+  F32 k({n, kH, kD}), v({n, kH, kD});
+  test::clustered_kv(n, kH, kD, 17, k, v);
+  store.append(TensorView::from(&k, "k", kFloatTypes, {3}), TensorView::from(&v, "v", kFloatTypes, {3}), n, true);
+  ClusterRetriever::Params p;
+  p.exact_fraction = 0.05f;
+  p.segment_tokens = 500;
+  p.decode_interval = 64;
+  ClusterRetriever index(kH, kD, p);
+  index.extend(store, 4, 1000, true, 2);
+  index.extend(store, 1000, 1100, false, 2);  // one decode segment and a pending tail
+  ASSERT_GT(index.pending(), 0);
+  ASSERT_GT(index.exacts(), 0);
+  const int64_t middle = index.indexed_end() - index.indexed_begin();
+  std::mt19937_64 rng(18);
+  for (int trial = 0; trial < 24; ++trial) {
+    const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
+    const int64_t budget = trial % 6 == 1 ? middle : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
+    const std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
+    SelectRequest req;
+    req.q = q.data();
+    req.n_q_heads = kQ;
+    req.group = kGroup;
+    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    req.mid_begin = index.indexed_begin();
+    req.mid_end = index.indexed_end();
+    req.budget = budget;
+    req.fold = fold;
+    req.n_threads = 2;
+    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
+    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
+    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
+    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
+    ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), budget);
+    const int64_t clusters = index.clusters(), exacts = index.exacts(), pending = index.pending();
+    const int64_t groups = clusters + exacts + pending;
+    for (int h = 0; h < kH; ++h) {
+      std::vector<float> pending_keys(static_cast<size_t>(pending * kD));
+      store.keys_f32(h, index.clustered_end(), index.indexed_end(), pending_keys.data());
+      std::vector<float> logits(static_cast<size_t>(kGroup * groups));
+      for (int g = 0; g < kGroup; ++g) {
+        const float* qg = q.data() + (h * kGroup + g) * kD;
+        for (int64_t u = 0; u < groups; ++u) {
+          const float* row = u < clusters            ? index.centroids(h).data() + u * kD
+                             : u < clusters + exacts ? index.exact_keys(h).data() + (u - clusters) * kD
+                                                     : pending_keys.data() + (u - clusters - exacts) * kD;
+          logits[static_cast<size_t>(g * groups + u)] = pm::cluster_logit(req.scale, qg, row, kD);
+        }
+      }
+      std::vector<int32_t> weight(static_cast<size_t>(groups));
+      for (int64_t u = 0; u < groups; ++u)
+        weight[static_cast<size_t>(u)] = pm::cluster_weight(index.sizes(h).data(), clusters, u);
+      const std::vector<float> folded = cluster_header_fold(logits, kGroup, groups, weight, clusters, fold);
+      const std::vector<int64_t> taken = header_take(folded, weight, budget);
+      std::vector<std::pair<int32_t, float>> model;
+      for (int64_t u = 0; u < groups; ++u)
+        for (int64_t t = 0; t < taken[static_cast<size_t>(u)]; ++t) {
+          const int32_t pos =
+              u < clusters ? index.sorted_ids(h)[static_cast<size_t>(index.offsets(h)[static_cast<size_t>(u)] + t)]
+              : u < clusters + exacts ? index.exact_positions(h)[static_cast<size_t>(u - clusters)]
+                                      : static_cast<int32_t>(index.clustered_end() + (u - clusters - exacts));
+          model.emplace_back(pos, folded[static_cast<size_t>(u)]);
+        }
+      std::sort(model.begin(), model.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      ASSERT_EQ(static_cast<int64_t>(model.size()), budget);
+      for (size_t i = 0; i < model.size(); ++i) {
+        ASSERT_EQ(rows[static_cast<size_t>(h)][i], model[i].first) << "trial " << trial << " head " << h;
+        ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], model[i].second))
+            << "trial " << trial << " head " << h << " token " << i;
+      }
     }
   }
 }
