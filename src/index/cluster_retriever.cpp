@@ -1,6 +1,7 @@
 #include "index/cluster_retriever.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -145,6 +146,12 @@ void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRet
   out.ids.insert(out.ids.end(), ids.begin(), ids.end());
 }
 
+/// A version no other index of the process has had.
+uint64_t new_version() noexcept {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// Reserves room for `needed` elements, growing geometrically (decode appends a segment now and then).
 template <class T>
 void reserve_for(std::vector<T>& v, size_t needed) {
@@ -253,7 +260,8 @@ ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& p
       offsets_(static_cast<size_t>(n_kv_heads), std::vector<int32_t>{0}),
       ids_(static_cast<size_t>(n_kv_heads)),
       exact_pos_(static_cast<size_t>(n_kv_heads)),
-      exact_keys_(static_cast<size_t>(n_kv_heads)) {
+      exact_keys_(static_cast<size_t>(n_kv_heads)),
+      version_(new_version()) {
   require(params.cluster_tokens >= 1 && params.decode_interval >= 1 && params.decode_k >= 1, KVRET_ERR_INVALID_ARGUMENT,
           "cluster_tokens, cluster_decode_interval and cluster_decode_k must be >= 1");
   require(params.segment_tokens >= 0 && params.sample_per_cluster >= 0, KVRET_ERR_INVALID_ARGUMENT,
@@ -355,6 +363,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
       exact_keys_[i].insert(exact_keys_[i].end(), t.exact_keys.begin(), t.exact_keys.end());
     }
   }
+  version_ = new_version();
 }
 
 bool ClusterRetriever::can_cut(int64_t end) const noexcept {
@@ -365,6 +374,7 @@ bool ClusterRetriever::can_cut(int64_t end) const noexcept {
 void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   size_t keep = segments_.size();
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
+  if (keep < segments_.size()) version_ = new_version();
   segments_.resize(keep);  // shrinking: no allocation
   const auto c = static_cast<size_t>(clusters());
   const auto e = static_cast<size_t>(exacts());
@@ -588,6 +598,7 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   exact_pos_.swap(exact_pos);
   exact_keys_.swap(exact_keys);
   set_range(range);
+  version_ = new_version();
 }
 
 namespace {

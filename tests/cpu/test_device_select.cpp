@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "c_api/handles.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
 #include "kvret.h"
 #include "math/cluster_math.h"
@@ -398,6 +400,42 @@ kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_siz
   return c;
 }
 
+/// A CLUSTER config of small clusters, decode intervals of 24 tokens (decodes add clusters often) and exact
+/// singletons when exact_fraction > 0.
+kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_fraction) {
+  kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.cluster_tokens = 12;
+  c.cluster_decode_interval = 24;
+  c.cluster_decode_k = 3;
+  c.cluster_segment_tokens = 96;
+  c.cluster_exact_fraction = exact_fraction;
+  c.background_build = 0;
+  return c;
+}
+
+/// The index variants the device selects for: PAGE with full and odd pages, CLUSTER without and with exact
+/// singletons.
+struct IndexCase {
+  int32_t index;
+  int32_t page_size;
+  float exact_fraction;
+  std::string name() const {
+    return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
+                                     : "cluster exact " + std::to_string(exact_fraction);
+  }
+  kvret_config config(int32_t device_type, int kv, int fold) const {
+    return index == KVRET_INDEX_PAGE ? page_config(device_type, kv, fold, page_size)
+                                     : cluster_config(device_type, kv, fold, exact_fraction);
+  }
+};
+const IndexCase kIndexCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},
+                                 {KVRET_INDEX_PAGE, 5, 0.0f},
+                                 {KVRET_INDEX_CLUSTER, 0, 0.0f},
+                                 {KVRET_INDEX_CLUSTER, 0, 0.1f}};
+
 int64_t length_of(kvret_seq* seq) {
   int64_t n = 0;
   EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
@@ -467,23 +505,25 @@ class DeviceSelect : public ::testing::Test {
 };
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
-/// (prefill and one-token decodes: partial last pages), truncates, drop_fronts, forks and sessions saved and
-/// opened; budgets from 1 to past the middle; and the device select did run (its copy of the bounds is counted).
+/// (prefill and one-token decodes: partial last pages; CLUSTER: pending tails and new decode clusters), truncates,
+/// drop_fronts, forks and sessions saved and opened; budgets from 1 to past the middle; and the device select did
+/// run (its copy of the index is counted). PAGE and CLUSTER.
 TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
   for (const int kv : {KVRET_KV_F32, KVRET_KV_F16}) {
     for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
-      for (const int32_t page_size : {16, 5}) {
-        const std::string where =
-            "kv " + std::to_string(kv) + " fold " + std::to_string(fold) + " page " + std::to_string(page_size);
+      for (const IndexCase& index : kIndexCases) {
+        const std::string where = "kv " + std::to_string(kv) + " fold " + std::to_string(fold) + " " + index.name();
         SCOPED_TRACE(where);
-        const kvret_config dc = page_config(KVRET_DEVICE_CUDA, kv, fold, page_size);
-        const kvret_config cc = page_config(KVRET_DEVICE_CPU, kv, fold, page_size);
+        const kvret_config dc = index.config(KVRET_DEVICE_CUDA, kv, fold);
+        const kvret_config cc = index.config(KVRET_DEVICE_CPU, kv, fold);
+        const int32_t page_size = index.page_size;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
         test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
         test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
         append_both(a, b, dc.n_layers, 150 + page_size, 21);
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size));
+        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
+                            static_cast<uint64_t>(index.exact_fraction * 100.0f));
         int selects = 0;
         for (int step = 0; step < 90; ++step) {
           const int64_t length = length_of(a);
@@ -599,6 +639,53 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
   test::expect_ok(kvret_seq_close(ref));
 }
 
+/// The bytes of the device's copy of a CLUSTER index (kvret::ClusterRetriever's arrays, every head): f32 centroids
+/// and singleton keys, i32 sizes, offsets, sorted ids and singleton positions.
+int64_t cluster_mirror_bytes(kvret_seq* seq, int32_t layer) {
+  EXPECT_EQ(kvret_wait_index(seq, -1), KVRET_OK);
+  const auto& c = dynamic_cast<const ClusterRetriever&>(sequence_from_handle(seq)->index(layer));
+  const int64_t heads = c.n_kv_heads(), d = c.head_dim(), n = c.clusters(), e = c.exacts();
+  const auto ids = static_cast<int64_t>(c.sorted_ids(0).size());
+  return heads * (n * d + n + (n + 1) + ids + e + e * d) * 4;
+}
+
+/// device_bytes counts the device's copy of the clusters (at least the index's arrays, per selected layer); a copy
+/// that would pass config.device_bytes_limit is not made, and that select runs on the host with the same result;
+/// decode intervals that add clusters renew the copy, which still matches the CPU backend.
+TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
+  const int64_t tokens = 600;
+  const kvret_config cc = cluster_config(KVRET_DEVICE_CPU, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 0.05f);
+  const std::vector<float> q = test::random_vector(8 * kDim, 78, 2.0f);
+  auto cpu_ctx = test::make_context(cc);
+  int64_t index_bytes = 0;
+  for (const int pass : {0, 1}) {
+    kvret_config dc = cluster_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 0.05f);
+    dc.device_bytes_limit = pass == 0 ? 0 : index_bytes - 1;
+    SCOPED_TRACE(dc.device_bytes_limit);
+    auto dev_ctx = test::make_context(dc);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, dc.n_layers, tokens, 32);
+    EXPECT_EQ(stats_of(a).device_bytes, 0);
+    index_bytes = cluster_mirror_bytes(a, 0);
+    ASSERT_GT(index_bytes, 0);
+    for (int round = 0; round < 3; ++round) {
+      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
+                  "round " + std::to_string(round));
+      const int64_t held = stats_of(a).device_bytes;
+      if (pass == 0) {
+        EXPECT_GE(held, cluster_mirror_bytes(a, 0)) << "round " << round;
+      } else {
+        EXPECT_EQ(held, 0) << "no copy past the limit";
+      }
+      for (int t = 0; t < 30; ++t) append_both(a, b, dc.n_layers, 1, 700 + static_cast<uint64_t>(round * 30 + t));
+    }
+    test::expect_ok(kvret_seq_close(a));  // frees its copies
+    test::expect_ok(kvret_seq_close(b));
+  }
+}
+
 /// Under config.check_finite, a q with a NaN or an Inf is KVRET_ERR_NONFINITE on the device path too, and nothing
 /// changes: the outputs keep their elements, the selection count stays.
 TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
@@ -634,10 +721,11 @@ TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
 }
 
 /// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
-TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
+void batch_equals_single_selects(const IndexCase& index) {
+  SCOPED_TRACE(index.name());
   constexpr int kSeqs = 3;
-  const kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
-  const kvret_config cc = page_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
+  const kvret_config dc = index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
+  const kvret_config cc = index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
   auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
   std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
   for (int i = 0; i < kSeqs; ++i) {
@@ -675,6 +763,11 @@ TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
     test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
     test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
   }
+}
+
+TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
+  batch_equals_single_selects({KVRET_INDEX_PAGE, 8, 0.0f});
+  batch_equals_single_selects({KVRET_INDEX_CLUSTER, 0, 0.1f});
 }
 
 }  // namespace
