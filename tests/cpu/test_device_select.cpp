@@ -7,7 +7,9 @@
 // - where the suite runs on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's OpenMP host
 //   system): positions and scores bit for bit equal to the CPU backend's over appends, truncates, drop_fronts,
 //   forks and saved sessions (f32 and f16 stores, both folds, budgets up to and past the middle, partial pages);
-//   device_bytes counting the device's copy of the bounds; config.device_bytes_limit; kvret_select_batch.
+//   device_bytes counting the device's copy of the bounds; config.device_bytes_limit; kvret_select_batch;
+// - CLUSTER's select on the device likewise (the equality and batch tests run over PAGE and CLUSTER; the copy of
+//   the clusters in device_bytes, renewed by decode intervals, and the limit).
 #include <gtest/gtest.h>
 
 #include <algorithm>
