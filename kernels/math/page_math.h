@@ -45,19 +45,22 @@ KVRET_HD void page_split(const float* q, int d, float* split) {
   }
 }
 
-/// The unscaled bound of one page: the split query [2d] against the page's row [2d] (its element-wise min, then
-/// max), in eight partial sums over whole blocks of eight, then the tail (vec_math.hpp's dot order).
-KVRET_HD float page_bound(const float* split, const float* row, int d) {
-  const int n = 2 * d;
+/// The dot product of a [n] and b [n] in eight partial sums over whole blocks of eight, the lanes added as
+/// ((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7)), then the tail in order: vec_math.hpp's dot (and scaled_dots') order.
+KVRET_HD float dot8(const float* a, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] = add_rn(acc[l], mul_rn(split[i + l], row[i + l]));
+    for (int l = 0; l < 8; ++l) acc[l] = add_rn(acc[l], mul_rn(a[i + l], b[i + l]));
   float s = add_rn(add_rn(add_rn(acc[0], acc[4]), add_rn(acc[1], acc[5])),
                    add_rn(add_rn(acc[2], acc[6]), add_rn(acc[3], acc[7])));
-  for (; i < n; ++i) s = add_rn(s, mul_rn(split[i], row[i]));
+  for (; i < n; ++i) s = add_rn(s, mul_rn(a[i], b[i]));
   return s;
 }
+
+/// The unscaled bound of one page: the split query [2d] against the page's row [2d] (its element-wise min, then
+/// max), in dot8's order.
+KVRET_HD float page_bound(const float* split, const float* row, int d) { return dot8(split, row, 2 * d); }
 
 /// A page's logit: its bound times the select's scale.
 KVRET_HD float page_logit(float scale, float bound) { return mul_rn(scale, bound); }
@@ -96,35 +99,36 @@ struct PageSoftmax {
   bool used = false;  ///< false: the head adds nothing (no finite maximum, or a normaliser <= 0)
 };
 
-/// The softmax of one head's logits l [n_pages], weighted by the pages' token counts, in place: the maximum (NaN
-/// ignored), then l_p replaced by its term e^(l_p - max), the normaliser z = sum_p weight_p e_p in eight float
-/// partial sums (whole blocks of eight) added in lane order in double, then the tail in double, and
-/// inv = (float)(1 / z). Without a finite maximum l is left as it was and the head is not used.
-KVRET_HD PageSoftmax page_softmax_terms(float* l, int64_t n_pages, int64_t tokens, int32_t page_size) {
+/// The softmax of one head's logits l [n] over groups of weight(u) tokens each (a group of weight 0 counts for
+/// nothing), in place: the maximum over the groups of positive weight (NaN ignored), then l_u replaced by its term
+/// e^(l_u - max), the normaliser z = sum_u weight_u e_u in eight float partial sums (whole blocks of eight) added in
+/// lane order in double, then the tail in double, and inv = (float)(1 / z): gqa_fold.cpp's weighted fold, operation
+/// for operation. Without a finite maximum l is left as it was and the head is not used.
+template <class Weight>
+KVRET_HD PageSoftmax weighted_softmax_terms(float* l, int64_t n, Weight weight) {
   PageSoftmax s;
   float mx = neg_inf();
-  for (int64_t p = 0; p < n_pages; ++p) mx = page_max_step(mx, l[p]);
+  for (int64_t u = 0; u < n; ++u) mx = page_max_step(mx, weight(u) > 0 ? l[u] : neg_inf());
   if (!(mx > neg_inf())) return s;
-  for (int64_t p = 0; p < n_pages; ++p) l[p] = page_exp(sub_rn(l[p], mx));
+  for (int64_t u = 0; u < n; ++u) l[u] = page_exp(sub_rn(l[u], mx));
   float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  const auto full = static_cast<float>(page_size);
-  int64_t p = 0;
-  for (; p + 8 <= n_pages; p += 8)
-    for (int i = 0; i < 8; ++i) {
-      const float w = p + i + 1 < n_pages ? full : static_cast<float>(page_weight(p + i, n_pages, tokens, page_size));
-      zf[i] = add_rn(zf[i], mul_rn(w, l[p + i]));
-    }
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    for (int i = 0; i < 8; ++i) zf[i] = add_rn(zf[i], mul_rn(static_cast<float>(weight(u + i)), l[u + i]));
   double z = 0;
   for (int i = 0; i < 8; ++i) z = dadd_rn(z, static_cast<double>(zf[i]));
-  for (; p < n_pages; ++p) {
-    const double w = static_cast<double>(page_weight(p, n_pages, tokens, page_size));
-    z = dadd_rn(z, dmul_rn(w, static_cast<double>(l[p])));
-  }
+  for (; u < n; ++u) z = dadd_rn(z, dmul_rn(static_cast<double>(weight(u)), static_cast<double>(l[u])));
   if (z <= 0) return s;
   s.max = mx;
   s.inv = static_cast<float>(1.0 / z);
   s.used = true;
   return s;
+}
+
+/// The softmax of one head's logits l [n_pages], the pages weighted by their token counts (page_weight, all
+/// positive): weighted_softmax_terms.
+KVRET_HD PageSoftmax page_softmax_terms(float* l, int64_t n_pages, int64_t tokens, int32_t page_size) {
+  return weighted_softmax_terms(l, n_pages, [=](int64_t p) { return page_weight(p, n_pages, tokens, page_size); });
 }
 
 /// The SUM_PROB fold's step for one page and one head: acc + e * inv, e the page's term from page_softmax_terms

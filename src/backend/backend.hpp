@@ -51,6 +51,7 @@ struct DeviceSelectJob {
   const TensorView* scores = nullptr;  ///< optional
   bool check_finite = false;           ///< config.check_finite: non-finite q is KVRET_ERR_NONFINITE
   const void* sequence = nullptr;      ///< with layer, the key of the device's copy of the index
+  const HostKvStore* store = nullptr;  ///< the layer's store (CLUSTER reads its pending tail's keys)
   int32_t layer = 0;
 };
 

@@ -25,12 +25,14 @@
 #include <vector>
 
 #include "backend/block_cache_ops.hpp"
+#include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
 #include "backend/page_select_ops.hpp"
 #include "core/attention.hpp"
 #include "core/error.hpp"
 #include "fetch/working_set.hpp"
+#include "index/cluster_retriever.hpp"
 #include "index/page_retriever.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
@@ -341,16 +343,57 @@ class LayerCache {
   uint32_t step_ = 0;
 };
 
-/// The device mirror of one (sequence, layer)'s PAGE bounds: per KV head `capacity` pages of [min, max] rows, the
-/// first `pages` of them equal to the retriever's bounds of `version`. Its device memory counts in the budget.
-struct PageMirror {
+/// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
+/// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
+/// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), in `capacity` bytes.
+struct IndexMirror {
   std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
-  std::unique_ptr<DeviceArray<float>> bounds;
+  std::unique_ptr<DeviceArray<std::byte>> data;
   const void* retriever = nullptr;
   uint64_t version = 0;
   int64_t capacity = 0;
   int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
+  float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
 };
+
+/// The sizes of a CLUSTER mirror's arrays, in elements (f32 or i32), for all heads.
+struct ClusterCounts {
+  int64_t heads, clusters, ids, exacts;
+  int32_t d;
+  explicit ClusterCounts(const ClusterRetriever& c)
+      : heads(c.n_kv_heads()),
+        clusters(c.clusters()),
+        ids(c.sorted_ids(0).size()),
+        exacts(c.exacts()),
+        d(c.head_dim()) {}
+  int64_t centroids() const { return heads * clusters * d; }
+  int64_t sizes() const { return heads * clusters; }
+  int64_t offsets() const { return heads * (clusters + 1); }
+  int64_t all_ids() const { return heads * ids; }
+  int64_t exact_pos() const { return heads * exacts; }
+  int64_t exact_keys() const { return heads * exacts * d; }
+  size_t bytes() const {
+    return static_cast<size_t>(centroids() + sizes() + offsets() + all_ids() + exact_pos() + exact_keys()) * 4;
+  }
+};
+
+/// The CLUSTER mirror's arrays at `base` (4-byte elements, in ClusterCounts' order), the pending tail not set.
+dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n) {
+  dm::ClusterLayout l{};
+  auto* f = reinterpret_cast<float*>(base);
+  l.centroids = f;
+  auto* i = reinterpret_cast<int32_t*>(f + n.centroids());
+  l.sizes = i;
+  l.offsets = i + n.sizes();
+  l.ids = i + n.sizes() + n.offsets();
+  l.exact_pos = i + n.sizes() + n.offsets() + n.all_ids();
+  l.exact_keys = reinterpret_cast<const float*>(i + n.sizes() + n.offsets() + n.all_ids() + n.exact_pos());
+  l.clusters = n.clusters;
+  l.ids_per_head = n.ids;
+  l.exacts = n.exacts;
+  l.d = n.d;
+  return l;
+}
 
 dm::DeviceTensor device_tensor(const TensorView& t) {
   dm::DeviceTensor d;
@@ -556,17 +599,24 @@ class CudaBackend final : public Backend {
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
-    return dynamic_cast<const PageRetriever*>(&retriever) != nullptr && on_device(q) && on_device(out) &&
-           (scores == nullptr || on_device(*scores));
+    const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
+                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr;
+    return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
-    if (page == nullptr || job.sequence == nullptr || job.q == nullptr || job.out == nullptr) return false;
-    const SelectRequest& r = job.request;
-    const int64_t n = page->pages();
-    if (n == 0 || r.budget <= 0 || page->indexed_begin() != r.mid_begin || page->indexed_end() != r.mid_end)
+    const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
+    if ((page == nullptr && cluster == nullptr) || job.sequence == nullptr || job.q == nullptr || job.out == nullptr)
       return false;
+    const SelectRequest& r = job.request;
+    const Retriever& index = *job.retriever;
+    if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
+        r.budget > r.mid_end - r.mid_begin)
+      return false;
+    if (page != nullptr ? page->pages() == 0 : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
+      return false;
+    if (cluster != nullptr && cluster->pending() > 0 && job.store == nullptr) return false;
     DeviceScope scope(device_id_);
     const int32_t d = static_cast<int32_t>(job.q->dim(1));
     const int64_t q_heads = r.n_q_heads;
@@ -581,7 +631,8 @@ class CudaBackend final : public Backend {
       });
       require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
     }
-    const PageMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
+    if (cluster != nullptr) return cluster_select(*cluster, job, q.get(), stream);
+    const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
     for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
@@ -590,50 +641,195 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  /// The mirror of (sequence, layer) brought up to `page`'s bounds: the pages changed since the version it holds
-  /// are copied in (every page when it was made or grown, or when that version is too old to know). Null, with no
-  /// mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
-  const PageMirror* page_mirror(const PageRetriever& page, const void* sequence, int32_t layer, kvret_stream stream) {
-    const int64_t n = page.pages();
-    std::lock_guard<std::mutex> lock(caches_mutex_);
-    PageMirror& m = mirrors_[{sequence, layer}];
-    int64_t from = m.retriever == &page && m.bounds ? page.pages_changed_since(m.version) : 0;
-    const int64_t row = 2 * static_cast<int64_t>(page.head_dim());
-    const int64_t n_heads = page.n_kv_heads();
-    if (n > m.capacity) {
-      const int64_t capacity = std::max<int64_t>({n, m.capacity + m.capacity / 2, 16});
-      m = PageMirror{};  // the old copy goes first: the new one may need its share of the budget
-      try {
-        const size_t floats = static_cast<size_t>(n_heads * capacity * row);
-        m.share = std::make_unique<BudgetShare>(floats * sizeof(float), budget_);
-        m.bounds = std::make_unique<DeviceArray<float>>(floats);
-        m.capacity = capacity;
-      } catch (const std::bad_alloc&) {
-        mirrors_.erase({sequence, layer});
-        return nullptr;
-      } catch (const Error& e) {
-        mirrors_.erase({sequence, layer});
-        if (e.status() != KVRET_ERR_CAPACITY) throw;
-        return nullptr;
-      }
-      from = 0;
-    }
+  /// Makes `m`, the mirror of (sequence, layer), anew with `bytes` of device memory (caches_mutex_ held; the old
+  /// copy goes first: the new one may need its share of the budget). False, with no mirror kept, when it would pass
+  /// config.device_bytes_limit or the device cannot hold it.
+  bool remake_mirror(IndexMirror& m, const void* sequence, int32_t layer, size_t bytes) {
+    m = IndexMirror{};
     try {
-      if (from < n)
-        for (int64_t h = 0; h < n_heads; ++h)
-          copy_bytes(m.bounds->get() + (h * m.capacity + from) * row, page.page_min(static_cast<int>(h), from),
-                     static_cast<size_t>((n - from) * row) * sizeof(float), stream, false);
+      m.share = std::make_unique<BudgetShare>(bytes, budget_);
+      m.data = std::make_unique<DeviceArray<std::byte>>(bytes);
+    } catch (const std::bad_alloc&) {
+      mirrors_.erase({sequence, layer});
+      return false;
+    } catch (const Error& e) {
+      mirrors_.erase({sequence, layer});
+      if (e.status() != KVRET_ERR_CAPACITY) throw;
+      return false;
+    }
+    return true;
+  }
+
+  /// upload() into the mirror of (sequence, layer), which then holds `retriever`'s `version`; a failed copy drops
+  /// the mirror (caches_mutex_ held).
+  template <class Upload>
+  IndexMirror* update_mirror(IndexMirror& m, const void* sequence, int32_t layer, const void* retriever,
+                             uint64_t version, const Upload& upload) {
+    try {
+      upload();
     } catch (...) {
       mirrors_.erase({sequence, layer});
       throw;
     }
-    m.retriever = &page;
-    m.version = page.version();
+    m.retriever = retriever;
+    m.version = version;
     return &m;
   }
 
+  /// The mirror of (sequence, layer) brought up to `page`'s bounds: the pages changed since the version it holds
+  /// are copied in (every page when it was made or grown, or when that version is too old to know). Null, with no
+  /// mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
+  const IndexMirror* page_mirror(const PageRetriever& page, const void* sequence, int32_t layer, kvret_stream stream) {
+    const int64_t n = page.pages();
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    IndexMirror& m = mirrors_[{sequence, layer}];
+    int64_t from = m.retriever == &page && m.data ? page.pages_changed_since(m.version) : 0;
+    const int64_t row = 2 * static_cast<int64_t>(page.head_dim());
+    const int64_t n_heads = page.n_kv_heads();
+    if (n > m.capacity) {
+      const int64_t capacity = std::max<int64_t>({n, m.capacity + m.capacity / 2, 16});
+      if (!remake_mirror(m, sequence, layer, static_cast<size_t>(n_heads * capacity * row) * sizeof(float)))
+        return nullptr;
+      m.capacity = capacity;
+      from = 0;
+    }
+    return update_mirror(m, sequence, layer, &page, page.version(), [&] {
+      if (from < n)
+        for (int64_t h = 0; h < n_heads; ++h)
+          copy_bytes(m.bounds() + (h * m.capacity + from) * row, page.page_min(static_cast<int>(h), from),
+                     static_cast<size_t>((n - from) * row) * sizeof(float), stream, false);
+    });
+  }
+
+  /// The mirror of (sequence, layer) holding `cluster`'s clusters: copied whole when the version it holds is not
+  /// the retriever's (a decode interval clustered, a cut, a rebuild, a restore), in memory grown by half when it no
+  /// longer fits. Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold
+  /// it.
+  const IndexMirror* cluster_mirror(const ClusterRetriever& cluster, const void* sequence, int32_t layer,
+                                    kvret_stream stream) {
+    const ClusterCounts n(cluster);
+    const auto bytes = static_cast<int64_t>(n.bytes());
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    IndexMirror& m = mirrors_[{sequence, layer}];
+    if (m.retriever == &cluster && m.data && m.version == cluster.version()) return &m;
+    if (bytes > m.capacity) {
+      const int64_t capacity = std::max<int64_t>({bytes, m.capacity + m.capacity / 2, 4096});
+      if (!remake_mirror(m, sequence, layer, static_cast<size_t>(capacity))) return nullptr;
+      m.capacity = capacity;
+    }
+    return update_mirror(m, sequence, layer, &cluster, cluster.version(), [&] {
+      const dm::ClusterLayout l = cluster_layout(m.data->get(), n);
+      const auto per_head = [&](auto* dst, auto get, int64_t count) {  // head h's array at dst + h * count
+        for (int64_t h = 0; h < n.heads; ++h)
+          if (count > 0)
+            copy_bytes(dst + h * count, get(static_cast<int>(h)).data(), static_cast<size_t>(count) * 4, stream, false);
+      };
+      per_head(
+          const_cast<float*>(l.centroids), [&](int h) -> const auto& { return cluster.centroids(h); }, n.clusters* n.d);
+      per_head(
+          const_cast<int32_t*>(l.sizes), [&](int h) -> const auto& { return cluster.sizes(h); }, n.clusters);
+      per_head(
+          const_cast<int32_t*>(l.offsets), [&](int h) -> const auto& { return cluster.offsets(h); }, n.clusters + 1);
+      per_head(
+          const_cast<int32_t*>(l.ids), [&](int h) -> const auto& { return cluster.sorted_ids(h); }, n.ids);
+      per_head(
+          const_cast<int32_t*>(l.exact_pos), [&](int h) -> const auto& { return cluster.exact_positions(h); },
+          n.exacts);
+      per_head(
+          const_cast<float*>(l.exact_keys), [&](int h) -> const auto& { return cluster.exact_keys(h); }, n.exacts* n.d);
+    });
+  }
+
+  /// CLUSTER's select on the device (cluster_select_ops.hpp), q already loaded: false, having written nothing,
+  /// where the mirror cannot be made.
+  bool cluster_select(const ClusterRetriever& cluster, const DeviceSelectJob& job, const float* q,
+                      kvret_stream stream) {
+    const SelectRequest& r = job.request;
+    const IndexMirror* mirror = cluster_mirror(cluster, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster));
+    const int64_t heads = cluster.n_kv_heads();
+    l.pending = cluster.pending();
+    l.first_pending = cluster.clustered_end();
+    // the pending tail's keys, f32, from the store (at most cluster_decode_interval - 1 per head)
+    std::vector<float> pending(static_cast<size_t>(heads * l.pending * l.d));
+    for (int64_t h = 0; h < heads && l.pending > 0; ++h)
+      job.store->keys_f32(static_cast<int>(h), l.first_pending, cluster.indexed_end(),
+                          pending.data() + h * l.pending * l.d);
+    const DeviceArray<float> pending_keys(pending.size());
+    if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, true);
+    l.pending_keys = pending_keys.get();
+
+    const int64_t n = l.groups();
+    const int32_t group = r.group;
+    const int64_t q_heads = heads * group;
+    const int64_t entries = heads * n;
+    const int threads = r.n_threads;
+    const bool max_logit = r.fold == KVRET_FOLD_MAX_LOGIT;
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    for_each_index(stream, threads, q_heads * n, dm::ClusterLogits{l, q, logits.get(), group, r.scale});
+    if (!max_logit)
+      for_each_index(stream, threads, q_heads, dm::ClusterSoftmaxes{l, logits.get(), softmax.get(), group});
+    take_passes(
+        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t* index, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::ClusterSortedWeights{l, index, weight});
+        },
+        stream);
+    // the taken tokens by (head, position), then into the caller's tensors
+    const int64_t picked = heads * r.budget;
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(picked));
+    const DeviceArray<float> score(static_cast<size_t>(picked));
+    for_each_index(stream, threads, entries,
+                   dm::ClusterPick{l, taken.get(), offset.get(), folded.get(), keys.get(), score.get(), r.budget});
+    with_policy(stream, threads, picked,
+                [&](const auto& policy) { thrust::sort_by_key(policy, keys.get(), keys.get() + picked, score.get()); });
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, threads, picked,
+                   dm::ClusterWrite{keys.get(), score.get(), device_tensor(*job.out),
+                                    job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.budget});
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and
+  /// softmaxes (SUM_PROB) are computed: the fold and order keys, the two stable sorts (per head the groups best
+  /// first), sorted_weights(index, weight) writing each sorted group's tokens, the inclusive scan, the take and the
+  /// exclusive scan: taken [heads, n] in group order and offset, where each group's tokens go in its head's row.
+  template <class SortedWeights>
+  void take_passes(int64_t heads, int64_t n, const SelectRequest& r, const float* logits,
+                   const cuda::math::PageSoftmax* softmax, float* folded, int64_t* taken, int64_t* offset,
+                   const SortedWeights& sorted_weights, kvret_stream stream) {
+    const int64_t entries = heads * n;
+    const int threads = r.n_threads;
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries));
+    const DeviceArray<int64_t> index(keys.size()), head(keys.size()), weight(keys.size()), upto(keys.size());
+    for_each_index(
+        stream, threads, entries,
+        dm::PageFold{logits, softmax, folded, keys.get(), index.get(), n, r.group, r.fold == KVRET_FOLD_MAX_LOGIT});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
+    });
+    for_each_index(stream, threads, entries, dm::PageHeadOfIndex{index.get(), head.get(), n});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, head.get(), head.get() + entries, index.get());
+    });
+    sorted_weights(static_cast<const int64_t*>(index.get()), weight.get());
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
+      thrust::inclusive_scan_by_key(policy, head_of, head_of + entries, weight.get(), upto.get());
+    });
+    for_each_index(stream, threads, entries, dm::PageTake{index.get(), weight.get(), upto.get(), taken, r.budget});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
+      thrust::exclusive_scan_by_key(policy, head_of, head_of + entries, taken, offset);
+    });
+  }
+
   /// The select's passes (page_select_ops.hpp) over the mirror, ordered on `stream`.
-  void page_select_passes(const PageRetriever& page, const PageMirror& mirror, const SelectRequest& r,
+  void page_select_passes(const PageRetriever& page, const IndexMirror& mirror, const SelectRequest& r,
                           const float* split, const TensorView& out, const TensorView* scores, kvret_stream stream) {
     const int64_t n = page.pages();
     const int64_t tokens = page.size();
@@ -644,37 +840,19 @@ class CudaBackend final : public Backend {
     const int64_t entries = heads * n;
     const int32_t page_size = page.page_size();
     const int threads = r.n_threads;
-    const bool max_logit = r.fold == KVRET_FOLD_MAX_LOGIT;
     const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries));
-    const DeviceArray<int64_t> index(keys.size()), head(keys.size()), weight(keys.size()), upto(keys.size()),
-        taken(keys.size()), offset(keys.size());
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
     for_each_index(stream, threads, q_heads * n,
-                   dm::PageLogits{split, mirror.bounds->get(), logits.get(), n, mirror.capacity, d, group, r.scale});
-    if (!max_logit)
+                   dm::PageLogits{split, mirror.bounds(), logits.get(), n, mirror.capacity, d, group, r.scale});
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
       for_each_index(stream, threads, q_heads, dm::PageSoftmaxes{logits.get(), softmax.get(), n, tokens, page_size});
-    for_each_index(
-        stream, threads, entries,
-        dm::PageFold{logits.get(), softmax.get(), folded.get(), keys.get(), index.get(), n, group, max_logit});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      thrust::stable_sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
-    });
-    for_each_index(stream, threads, entries, dm::PageHeadOfIndex{index.get(), head.get(), n});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      thrust::stable_sort_by_key(policy, head.get(), head.get() + entries, index.get());
-    });
-    for_each_index(stream, threads, entries, dm::PageSortedWeights{index.get(), weight.get(), n, tokens, page_size});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
-      thrust::inclusive_scan_by_key(policy, head_of, head_of + entries, weight.get(), upto.get());
-    });
-    for_each_index(stream, threads, entries,
-                   dm::PageTake{index.get(), weight.get(), upto.get(), taken.get(), r.budget});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{n});
-      thrust::exclusive_scan_by_key(policy, head_of, head_of + entries, taken.get(), offset.get());
-    });
+    take_passes(
+        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t* index, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::PageSortedWeights{index, weight, n, tokens, page_size});
+        },
+        stream);
     dm::DeviceTensor no_scores;
     no_scores.base = nullptr;
     for_each_index(stream, threads, entries,
@@ -968,7 +1146,7 @@ class CudaBackend final : public Backend {
   int32_t policy_;
   std::mutex caches_mutex_;
   std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
-  std::map<std::pair<const void*, int32_t>, PageMirror> mirrors_;                  // PAGE bounds, by (sequence, layer)
+  std::map<std::pair<const void*, int32_t>, IndexMirror> mirrors_;  // PAGE bounds or clusters, by (sequence, layer)
   std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;

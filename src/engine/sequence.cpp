@@ -464,6 +464,7 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   job.check_finite = c.check_finite != 0;
   job.sequence = this;
   job.layer = layer;
+  job.store = &l.store();
   if (!backend.select_on_device(job, nullptr)) return false;
   stats_.selections += 1;
   note_cache_use();  // the device's copy of the index counts in device_bytes

@@ -1,6 +1,7 @@
 #include "index/cluster_retriever.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
+#include "math/cluster_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 
@@ -144,6 +146,12 @@ void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRet
   out.ids.insert(out.ids.end(), ids.begin(), ids.end());
 }
 
+/// A version no other index of the process has had.
+uint64_t new_version() noexcept {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// Reserves room for `needed` elements, growing geometrically (decode appends a segment now and then).
 template <class T>
 void reserve_for(std::vector<T>& v, size_t needed) {
@@ -252,7 +260,8 @@ ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& p
       offsets_(static_cast<size_t>(n_kv_heads), std::vector<int32_t>{0}),
       ids_(static_cast<size_t>(n_kv_heads)),
       exact_pos_(static_cast<size_t>(n_kv_heads)),
-      exact_keys_(static_cast<size_t>(n_kv_heads)) {
+      exact_keys_(static_cast<size_t>(n_kv_heads)),
+      version_(new_version()) {
   require(params.cluster_tokens >= 1 && params.decode_interval >= 1 && params.decode_k >= 1, KVRET_ERR_INVALID_ARGUMENT,
           "cluster_tokens, cluster_decode_interval and cluster_decode_k must be >= 1");
   require(params.segment_tokens >= 0 && params.sample_per_cluster >= 0, KVRET_ERR_INVALID_ARGUMENT,
@@ -354,6 +363,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
       exact_keys_[i].insert(exact_keys_[i].end(), t.exact_keys.begin(), t.exact_keys.end());
     }
   }
+  version_ = new_version();
 }
 
 bool ClusterRetriever::can_cut(int64_t end) const noexcept {
@@ -364,6 +374,7 @@ bool ClusterRetriever::can_cut(int64_t end) const noexcept {
 void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   size_t keep = segments_.size();
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
+  if (keep < segments_.size()) version_ = new_version();
   segments_.resize(keep);  // shrinking: no allocation
   const auto c = static_cast<size_t>(clusters());
   const auto e = static_cast<size_t>(exacts());
@@ -389,6 +400,7 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
   const int64_t groups = singles + n_pending;    // every cluster, every exact singleton, every pending token alone
   const int group = r.group;
   const auto d = static_cast<size_t>(d_);
+  namespace cm = cuda::math;
 
   parallel_for(n_kv_, r.n_threads, r.parallel(), Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<size_t>(h_i);
@@ -411,8 +423,31 @@ int64_t ClusterRetriever::select(const HostKvStore& store, const SelectRequest& 
       scaled_dots(q, d_, group, pending_keys.data(), d_, n_pending, d_, r.scale, logits.data() + singles, groups);
     }
     std::copy(sizes_[h].begin(), sizes_[h].end(), weight.begin());
-    fold_weighted_logits(logits.data(), weight.data(), group, groups, r.fold, folded.data());
-    // whole clusters best first; the cluster that crosses the budget keeps its earliest positions
+    // kernels/math/cluster_math.h, which the CUDA backend's device select runs too: the same bits on both
+    // (scaled_dots above is cluster_logit's dot8 order, blocked)
+    if (r.fold == KVRET_FOLD_MAX_LOGIT) {
+      std::fill(folded.begin(), folded.end(), cm::neg_inf());
+      for (int g = 0; g < group; ++g) {
+        const float* l = logits.data() + static_cast<size_t>(g) * groups;
+        for (int64_t u = 0; u < groups; ++u)
+          folded[static_cast<size_t>(u)] = cm::cluster_max_step(folded[static_cast<size_t>(u)], l[u]);
+      }
+    } else if (cpu_has_avx2()) {
+      // the AVX2 softmax of gqa_fold.cpp: cluster_softmax_terms' bits, eight groups at a time (test_device_select.cpp
+      // checks that the two agree bit for bit)
+      fold_weighted_logits(logits.data(), weight.data(), group, groups, r.fold, folded.data());
+    } else {
+      std::fill(folded.begin(), folded.end(), 0.0f);
+      for (int g = 0; g < group; ++g) {
+        float* e = logits.data() + static_cast<size_t>(g) * groups;
+        const cm::PageSoftmax s = cm::cluster_softmax_terms(e, groups, sizes_[h].data(), n_clusters);
+        if (s.used)
+          for (int64_t u = 0; u < groups; ++u)
+            folded[static_cast<size_t>(u)] = cm::cluster_sum_prob_step(folded[static_cast<size_t>(u)], e[u], s);
+      }
+    }
+    // whole clusters best first; the cluster that crosses the budget keeps its earliest positions: grouped_take's
+    // quickselect makes cluster_order_key's and cluster_take's decisions (test_device_select.cpp checks it)
     const int64_t quota = grouped_take(folded.data(), weight.data(), groups, r.budget, keys, state.data());
     const int32_t* ids = ids_[h].data();
     const int32_t* offsets = offsets_[h].data();
@@ -563,6 +598,7 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   exact_pos_.swap(exact_pos);
   exact_keys_.swap(exact_keys);
   set_range(range);
+  version_ = new_version();
 }
 
 namespace {

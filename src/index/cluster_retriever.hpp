@@ -63,8 +63,11 @@ class ClusterRetriever final : public Retriever {
   struct Segment {
     int64_t begin = 0, end = 0;
     int32_t first_cluster = 0, clusters = 0;
-    int32_t first_exact = 0, exacts = 0;  ///< the segment's exact singletons (the same count in every head)
-    bool operator==(const Segment&) const = default;
+    int32_t first_exact = 0, exacts = 0;       ///< the segment's exact singletons (the same count in every head)
+    bool operator==(const Segment& o) const {  // spelled out: nvcc compiles this header as C++17 (the CUDA backend)
+      return begin == o.begin && end == o.end && first_cluster == o.first_cluster && clusters == o.clusters &&
+             first_exact == o.first_exact && exacts == o.exacts;
+    }
   };
 
   ClusterRetriever(int n_kv_heads, int head_dim, const Params& params);
@@ -81,6 +84,8 @@ class ClusterRetriever final : public Retriever {
 
   // Introspection (tests, benchmarks).
   const Params& params() const noexcept { return params_; }
+  int n_kv_heads() const noexcept { return n_kv_; }
+  int head_dim() const noexcept { return d_; }
   int64_t size() const noexcept { return base_ < 0 ? 0 : end_ - base_; }
   const std::vector<Segment>& segments() const noexcept { return segments_; }
   /// The end of the clustered positions: the pending tail is [clustered_end(), indexed_end()).
@@ -101,6 +106,10 @@ class ClusterRetriever final : public Retriever {
   const std::vector<float>& exact_keys(int head) const noexcept { return exact_keys_[static_cast<size_t>(head)]; }
   /// The k-means seed of (head, segment starting at `begin`).
   uint64_t segment_seed(int head, int64_t begin) const noexcept;
+  /// The version of the clusters (segments, centroids, sizes, ids, exact singletons): a new one, unique in the
+  /// process, after every change of them (an extend that clusters a segment, a cut that drops one, a restore); the
+  /// pending tail may grow and shrink under one version. A copy (clone) keeps it. (The CUDA backend's mirror.)
+  uint64_t version() const noexcept { return version_; }
 
  protected:
   void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
@@ -117,6 +126,7 @@ class ClusterRetriever final : public Retriever {
   std::vector<std::vector<int32_t>> ids_;        ///< per head [clustered - exact]: positions sorted stably by cluster
   std::vector<std::vector<int32_t>> exact_pos_;  ///< per head [E]: the exact singletons' positions
   std::vector<std::vector<float>> exact_keys_;   ///< per head [E, d]: their keys
+  uint64_t version_;
 };
 
 /// The KVRET_INDEX_CLUSTER kind.

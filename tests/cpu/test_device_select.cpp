@@ -1,11 +1,15 @@
 // The PAGE index's select on the CUDA backend's device (docs/cuda_backend.md) and the single-source math it shares
-// with the CPU retriever (kernels/math/page_math.h):
+// with the CPU retriever (kernels/math/page_math.h); the CLUSTER index's math likewise (kernels/math/cluster_math.h:
+// its logits, fold, order and take against scaled_dots, fold_weighted_logits and grouped_take, and the CPU
+// ClusterRetriever's selection against a model built from the header):
 // - the header's functions against the CPU core's own code (exp_nonpositive, dot, fold_weighted_logits,
 //   grouped_take, descending_key) and the CPU retriever's selection against a model built from them, bit for bit;
 // - where the suite runs on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's OpenMP host
 //   system): positions and scores bit for bit equal to the CPU backend's over appends, truncates, drop_fronts,
 //   forks and saved sessions (f32 and f16 stores, both folds, budgets up to and past the middle, partial pages);
-//   device_bytes counting the device's copy of the bounds; config.device_bytes_limit; kvret_select_batch.
+//   device_bytes counting the device's copy of the bounds; config.device_bytes_limit; kvret_select_batch;
+// - CLUSTER's select on the device likewise (the equality and batch tests run over PAGE and CLUSTER; the copy of
+//   the clusters in device_bytes, renewed by decode intervals, and the limit).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,12 +21,18 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "c_api/handles.hpp"
+#include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "engine/sequence.hpp"
+#include "index/cluster_retriever.hpp"
 #include "kvret.h"
+#include "math/cluster_math.h"
 #include "math/page_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 #include "select/topk.hpp"
+#include "store/host_kv_store.hpp"
 #include "test_util.hpp"
 
 using namespace kvret;
@@ -165,6 +175,211 @@ TEST(PageMath, OrderAndTakeAreTheCpuGroupedTake) {
   }
 }
 
+// --- CLUSTER's math ----------------------------------------------------------------------------------------------
+
+TEST(ClusterMath, LogitIsTheCpuScaledDots) {
+  std::mt19937_64 rng(11);
+  for (const int d : {1, 5, 8, 13, 64, 100, 128}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const int group = 1 + static_cast<int>(rng() % 8);
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 40);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f);
+      const std::vector<float> rows = trial % 3 == 0 ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f)
+                                                     : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::vector<float> cpu(static_cast<size_t>(group * n));
+      scaled_dots(q.data(), d, group, rows.data(), d, n, d, scale, cpu.data(), n);
+      for (int g = 0; g < group; ++g)
+        for (int64_t u = 0; u < n; ++u)
+          ASSERT_TRUE(same_bits(pm::cluster_logit(scale, q.data() + g * d, rows.data() + u * d, d),
+                                cpu[static_cast<size_t>(g * n + u)]))
+              << "d " << d << " head " << g << " row " << u;
+    }
+  }
+}
+
+/// Cluster sizes (some 0: an emptied cluster) followed by `singles` groups of one token.
+std::vector<int32_t> cluster_weights(int64_t clusters, int64_t singles, std::mt19937_64& rng) {
+  std::vector<int32_t> w(static_cast<size_t>(clusters + singles), 1);
+  for (int64_t c = 0; c < clusters; ++c)
+    w[static_cast<size_t>(c)] = rng() % 6 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 90);
+  return w;
+}
+
+/// The header's fold of logits [group, n] over groups of the given weights (clusters first, then singletons).
+std::vector<float> cluster_header_fold(const std::vector<float>& logits, int group, int64_t n,
+                                       const std::vector<int32_t>& weight, int64_t clusters, kvret_gqa_fold fold) {
+  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t u = 0; u < n; ++u)
+        out[static_cast<size_t>(u)] = pm::cluster_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
+      continue;
+    }
+    const pm::PageSoftmax s = pm::cluster_softmax_terms(l.data(), n, weight.data(), clusters);
+    for (int64_t u = 0; u < n; ++u)
+      out[static_cast<size_t>(u)] =
+          pm::cluster_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
+  }
+  return out;
+}
+
+TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
+  std::mt19937_64 rng(12);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int group = 1 + static_cast<int>(rng() % 8);
+    const int64_t clusters = static_cast<int64_t>(rng() % 200);
+    const int64_t singles = (clusters == 0 ? 1 : 0) + static_cast<int64_t>(rng() % 60);
+    const int64_t n = clusters + singles;
+    const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
+    for (int64_t u = 0; u < n; ++u)
+      ASSERT_EQ(pm::cluster_weight(weight.data(), clusters, u), weight[static_cast<size_t>(u)]);
+    const std::vector<float> logits = trial % 4 == 0
+                                          ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
+                                          : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+      std::vector<float> cpu(static_cast<size_t>(n));
+      fold_weighted_logits(logits.data(), weight.data(), group, n, fold, cpu.data());
+      const std::vector<float> header = cluster_header_fold(logits, group, n, weight, clusters, fold);
+      for (int64_t u = 0; u < n; ++u) {
+        if (weight[static_cast<size_t>(u)] == 0) continue;  // never taken, never reported
+        ASSERT_TRUE(same_bits(header[static_cast<size_t>(u)], cpu[static_cast<size_t>(u)]))
+            << "trial " << trial << " fold " << fold << " group " << u << ": " << header[static_cast<size_t>(u)]
+            << " vs " << cpu[static_cast<size_t>(u)];
+      }
+    }
+  }
+}
+
+/// The header's take: every group's tokens, in the order of cluster_order_key.
+std::vector<int64_t> header_take(const std::vector<float>& scores, const std::vector<int32_t>& weight, int64_t budget) {
+  const auto n = static_cast<int64_t>(scores.size());
+  std::vector<uint64_t> keys(static_cast<size_t>(n));
+  for (int64_t u = 0; u < n; ++u)
+    keys[static_cast<size_t>(u)] = pm::cluster_order_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u));
+  std::sort(keys.begin(), keys.end());
+  std::vector<int64_t> taken(static_cast<size_t>(n), 0);
+  int64_t before = 0;
+  for (const uint64_t key : keys) {
+    const auto u = static_cast<size_t>(key & 0xffffffffu);
+    taken[u] = pm::cluster_take(before, weight[u], budget);
+    before += taken[u];
+  }
+  return taken;
+}
+
+TEST(ClusterMath, OrderAndTakeAreTheCpuGroupedTake) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t clusters = static_cast<int64_t>(rng() % 120);
+    const int64_t singles = (clusters == 0 ? 1 : 0) + static_cast<int64_t>(rng() % 40);
+    const int64_t n = clusters + singles;
+    const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
+    int64_t tokens = 0;
+    for (const int32_t w : weight) tokens += w;
+    if (tokens == 0) continue;
+    const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    for (auto& s : scores)
+      if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
+    for (int64_t u = 0; u < n; ++u)
+      ASSERT_EQ(pm::cluster_order_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u)),
+                descending_key(scores[static_cast<size_t>(u)], static_cast<uint32_t>(u)));
+    std::vector<uint64_t> scratch;
+    std::vector<uint8_t> state(static_cast<size_t>(n));
+    const int64_t quota = grouped_take(scores.data(), weight.data(), n, budget, scratch, state.data());
+    const std::vector<int64_t> taken = header_take(scores, weight, budget);
+    int64_t total = 0;
+    for (size_t u = 0; u < static_cast<size_t>(n); ++u) {
+      const int64_t expected = state[u] == kTake ? weight[u] : state[u] == kTrim ? quota : 0;
+      ASSERT_EQ(taken[u], expected) << "trial " << trial << " group " << u;
+      total += taken[u];
+    }
+    EXPECT_EQ(total, budget);
+  }
+}
+
+/// ClusterRetriever::select (CPU) equals a model of the select built from cluster_math.h alone, bit for bit: the
+/// logits of centroids, exact singletons and pending tokens, the fold, the order and take, the trimmed cluster's
+/// earliest positions, the positions ascending, a token's score its group's.
+TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
+  constexpr int kH = 2, kD = 64, kQ = 8, kGroup = kQ / kH;
+  const int64_t n = 1500;
+  HostKvStore store{kH, kD, DType::F32};
+  F32 k({n, kH, kD}), v({n, kH, kD});
+  test::clustered_kv(n, kH, kD, 17, k, v);
+  store.append(TensorView::from(&k, "k", kFloatTypes, {3}), TensorView::from(&v, "v", kFloatTypes, {3}), n, true);
+  ClusterRetriever::Params p;
+  p.exact_fraction = 0.05f;
+  p.segment_tokens = 500;
+  p.decode_interval = 64;
+  ClusterRetriever index(kH, kD, p);
+  index.extend(store, 4, 1000, true, 2);
+  index.extend(store, 1000, 1100, false, 2);  // one decode segment and a pending tail
+  ASSERT_GT(index.pending(), 0);
+  ASSERT_GT(index.exacts(), 0);
+  const int64_t middle = index.indexed_end() - index.indexed_begin();
+  std::mt19937_64 rng(18);
+  for (int trial = 0; trial < 24; ++trial) {
+    const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
+    const int64_t budget = trial % 6 == 1 ? middle : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
+    const std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
+    SelectRequest req;
+    req.q = q.data();
+    req.n_q_heads = kQ;
+    req.group = kGroup;
+    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    req.mid_begin = index.indexed_begin();
+    req.mid_end = index.indexed_end();
+    req.budget = budget;
+    req.fold = fold;
+    req.n_threads = 2;
+    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
+    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
+    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
+    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
+    ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), budget);
+    const int64_t clusters = index.clusters(), exacts = index.exacts(), pending = index.pending();
+    const int64_t groups = clusters + exacts + pending;
+    for (int h = 0; h < kH; ++h) {
+      std::vector<float> pending_keys(static_cast<size_t>(pending * kD));
+      store.keys_f32(h, index.clustered_end(), index.indexed_end(), pending_keys.data());
+      std::vector<float> logits(static_cast<size_t>(kGroup * groups));
+      for (int g = 0; g < kGroup; ++g) {
+        const float* qg = q.data() + (h * kGroup + g) * kD;
+        for (int64_t u = 0; u < groups; ++u) {
+          const float* row = u < clusters            ? index.centroids(h).data() + u * kD
+                             : u < clusters + exacts ? index.exact_keys(h).data() + (u - clusters) * kD
+                                                     : pending_keys.data() + (u - clusters - exacts) * kD;
+          logits[static_cast<size_t>(g * groups + u)] = pm::cluster_logit(req.scale, qg, row, kD);
+        }
+      }
+      std::vector<int32_t> weight(static_cast<size_t>(groups));
+      for (int64_t u = 0; u < groups; ++u)
+        weight[static_cast<size_t>(u)] = pm::cluster_weight(index.sizes(h).data(), clusters, u);
+      const std::vector<float> folded = cluster_header_fold(logits, kGroup, groups, weight, clusters, fold);
+      const std::vector<int64_t> taken = header_take(folded, weight, budget);
+      std::vector<std::pair<int32_t, float>> model;
+      for (int64_t u = 0; u < groups; ++u)
+        for (int64_t t = 0; t < taken[static_cast<size_t>(u)]; ++t) {
+          const int32_t pos =
+              u < clusters ? index.sorted_ids(h)[static_cast<size_t>(index.offsets(h)[static_cast<size_t>(u)] + t)]
+              : u < clusters + exacts ? index.exact_positions(h)[static_cast<size_t>(u - clusters)]
+                                      : static_cast<int32_t>(index.clustered_end() + (u - clusters - exacts));
+          model.emplace_back(pos, folded[static_cast<size_t>(u)]);
+        }
+      std::sort(model.begin(), model.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      ASSERT_EQ(static_cast<int64_t>(model.size()), budget);
+      for (size_t i = 0; i < model.size(); ++i) {
+        ASSERT_EQ(rows[static_cast<size_t>(h)][i], model[i].first) << "trial " << trial << " head " << h;
+        ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], model[i].second))
+            << "trial " << trial << " head " << h << " token " << i;
+      }
+    }
+  }
+}
+
 // --- through the C ABI ------------------------------------------------------------------------------------------
 
 constexpr int kHeads = 2;
@@ -186,6 +401,42 @@ kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_siz
   c.background_build = 0;
   return c;
 }
+
+/// A CLUSTER config of small clusters, decode intervals of 24 tokens (decodes add clusters often) and exact
+/// singletons when exact_fraction > 0.
+kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_fraction) {
+  kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.cluster_tokens = 12;
+  c.cluster_decode_interval = 24;
+  c.cluster_decode_k = 3;
+  c.cluster_segment_tokens = 96;
+  c.cluster_exact_fraction = exact_fraction;
+  c.background_build = 0;
+  return c;
+}
+
+/// The index variants the device selects for: PAGE with full and odd pages, CLUSTER without and with exact
+/// singletons.
+struct IndexCase {
+  int32_t index;
+  int32_t page_size;
+  float exact_fraction;
+  std::string name() const {
+    return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
+                                     : "cluster exact " + std::to_string(exact_fraction);
+  }
+  kvret_config config(int32_t device_type, int kv, int fold) const {
+    return index == KVRET_INDEX_PAGE ? page_config(device_type, kv, fold, page_size)
+                                     : cluster_config(device_type, kv, fold, exact_fraction);
+  }
+};
+const IndexCase kIndexCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},
+                                 {KVRET_INDEX_PAGE, 5, 0.0f},
+                                 {KVRET_INDEX_CLUSTER, 0, 0.0f},
+                                 {KVRET_INDEX_CLUSTER, 0, 0.1f}};
 
 int64_t length_of(kvret_seq* seq) {
   int64_t n = 0;
@@ -256,23 +507,25 @@ class DeviceSelect : public ::testing::Test {
 };
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
-/// (prefill and one-token decodes: partial last pages), truncates, drop_fronts, forks and sessions saved and
-/// opened; budgets from 1 to past the middle; and the device select did run (its copy of the bounds is counted).
+/// (prefill and one-token decodes: partial last pages; CLUSTER: pending tails and new decode clusters), truncates,
+/// drop_fronts, forks and sessions saved and opened; budgets from 1 to past the middle; and the device select did
+/// run (its copy of the index is counted). PAGE and CLUSTER.
 TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
   for (const int kv : {KVRET_KV_F32, KVRET_KV_F16}) {
     for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
-      for (const int32_t page_size : {16, 5}) {
-        const std::string where =
-            "kv " + std::to_string(kv) + " fold " + std::to_string(fold) + " page " + std::to_string(page_size);
+      for (const IndexCase& index : kIndexCases) {
+        const std::string where = "kv " + std::to_string(kv) + " fold " + std::to_string(fold) + " " + index.name();
         SCOPED_TRACE(where);
-        const kvret_config dc = page_config(KVRET_DEVICE_CUDA, kv, fold, page_size);
-        const kvret_config cc = page_config(KVRET_DEVICE_CPU, kv, fold, page_size);
+        const kvret_config dc = index.config(KVRET_DEVICE_CUDA, kv, fold);
+        const kvret_config cc = index.config(KVRET_DEVICE_CPU, kv, fold);
+        const int32_t page_size = index.page_size;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
         test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
         test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
         append_both(a, b, dc.n_layers, 150 + page_size, 21);
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size));
+        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
+                            static_cast<uint64_t>(index.exact_fraction * 100.0f));
         int selects = 0;
         for (int step = 0; step < 90; ++step) {
           const int64_t length = length_of(a);
@@ -388,6 +641,53 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
   test::expect_ok(kvret_seq_close(ref));
 }
 
+/// The bytes of the device's copy of a CLUSTER index (kvret::ClusterRetriever's arrays, every head): f32 centroids
+/// and singleton keys, i32 sizes, offsets, sorted ids and singleton positions.
+int64_t cluster_mirror_bytes(kvret_seq* seq, int32_t layer) {
+  EXPECT_EQ(kvret_wait_index(seq, -1), KVRET_OK);
+  const auto& c = dynamic_cast<const ClusterRetriever&>(sequence_from_handle(seq)->index(layer));
+  const int64_t heads = c.n_kv_heads(), d = c.head_dim(), n = c.clusters(), e = c.exacts();
+  const auto ids = static_cast<int64_t>(c.sorted_ids(0).size());
+  return heads * (n * d + n + (n + 1) + ids + e + e * d) * 4;
+}
+
+/// device_bytes counts the device's copy of the clusters (at least the index's arrays, per selected layer); a copy
+/// that would pass config.device_bytes_limit is not made, and that select runs on the host with the same result;
+/// decode intervals that add clusters renew the copy, which still matches the CPU backend.
+TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
+  const int64_t tokens = 600;
+  const kvret_config cc = cluster_config(KVRET_DEVICE_CPU, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 0.05f);
+  const std::vector<float> q = test::random_vector(8 * kDim, 78, 2.0f);
+  auto cpu_ctx = test::make_context(cc);
+  int64_t index_bytes = 0;
+  for (const int pass : {0, 1}) {
+    kvret_config dc = cluster_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 0.05f);
+    dc.device_bytes_limit = pass == 0 ? 0 : index_bytes - 1;
+    SCOPED_TRACE(dc.device_bytes_limit);
+    auto dev_ctx = test::make_context(dc);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, dc.n_layers, tokens, 32);
+    EXPECT_EQ(stats_of(a).device_bytes, 0);
+    index_bytes = cluster_mirror_bytes(a, 0);
+    ASSERT_GT(index_bytes, 0);
+    for (int round = 0; round < 3; ++round) {
+      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
+                  "round " + std::to_string(round));
+      const int64_t held = stats_of(a).device_bytes;
+      if (pass == 0) {
+        EXPECT_GE(held, cluster_mirror_bytes(a, 0)) << "round " << round;
+      } else {
+        EXPECT_EQ(held, 0) << "no copy past the limit";
+      }
+      for (int t = 0; t < 30; ++t) append_both(a, b, dc.n_layers, 1, 700 + static_cast<uint64_t>(round * 30 + t));
+    }
+    test::expect_ok(kvret_seq_close(a));  // frees its copies
+    test::expect_ok(kvret_seq_close(b));
+  }
+}
+
 /// Under config.check_finite, a q with a NaN or an Inf is KVRET_ERR_NONFINITE on the device path too, and nothing
 /// changes: the outputs keep their elements, the selection count stays.
 TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
@@ -423,10 +723,11 @@ TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
 }
 
 /// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
-TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
+void batch_equals_single_selects(const IndexCase& index) {
+  SCOPED_TRACE(index.name());
   constexpr int kSeqs = 3;
-  const kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
-  const kvret_config cc = page_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 8);
+  const kvret_config dc = index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
+  const kvret_config cc = index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
   auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
   std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
   for (int i = 0; i < kSeqs; ++i) {
@@ -464,6 +765,11 @@ TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
     test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
     test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
   }
+}
+
+TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
+  batch_equals_single_selects({KVRET_INDEX_PAGE, 8, 0.0f});
+  batch_equals_single_selects({KVRET_INDEX_CLUSTER, 0, 0.1f});
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+#pragma once
+// The CUDA backend's select for the CLUSTER index (docs/cuda_backend.md), as per-element functors for Thrust passes:
+// compiled for the device by nvcc and for the host on Thrust's OpenMP system. The math is
+// kernels/math/cluster_math.h, the functions the CPU retriever (src/index/cluster_retriever.cpp) is tested against,
+// so both compute the same bits.
+//
+// A KV head's G groups are its C clusters, its E exact singletons and its P pending decode tokens, in that order.
+// One select of one (sequence, layer) is these passes, around page_select_ops.hpp's shared ones:
+//   PageLoadQuery      q into f32 [n_q_heads, d]
+//   ClusterLogits      the scaled logit of every (query head, group): q . mu, or q . k for a singleton
+//   ClusterSoftmaxes   KVRET_FOLD_SUM_PROB: per query head the maximum, the terms and the inverse normaliser
+//   PageFold           per (KV head, group) the folded score, its order key and its index
+//   (the two stable sorts: per head the groups best first)
+//   ClusterSortedWeights  the tokens of each group in that order
+//   (inclusive scan, PageTake, exclusive scan: the tokens taken from each group and where they go)
+//   ClusterPick        per taken token the key (head, position) and its group's score
+//   (sort by key: per head the positions ascending)
+//   ClusterWrite       the positions and their scores into the caller's tensors
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/page_select_ops.hpp"
+#include "math/cluster_math.h"
+
+namespace kvret::device_math {
+
+/// The device mirror of one (sequence, layer)'s clusters, all heads side by side (every head has the same counts).
+struct ClusterLayout {
+  const float* centroids;     ///< [heads, C, d]
+  const int32_t* sizes;       ///< [heads, C]
+  const int32_t* offsets;     ///< [heads, C + 1]
+  const int32_t* ids;         ///< [heads, N]: positions sorted by cluster, ascending within one
+  const int32_t* exact_pos;   ///< [heads, E]
+  const float* exact_keys;    ///< [heads, E, d]
+  const float* pending_keys;  ///< [heads, P, d]: this select's pending tail
+  int64_t clusters, ids_per_head, exacts, pending, first_pending;
+  int32_t d;
+  KVRET_BACKEND_HD int64_t groups() const { return clusters + exacts + pending; }
+  /// The row [d] scored for group u of head h.
+  KVRET_BACKEND_HD const float* row(int64_t h, int64_t u) const {
+    if (u < clusters) return centroids + (h * clusters + u) * d;
+    u -= clusters;
+    if (u < exacts) return exact_keys + (h * exacts + u) * d;
+    return pending_keys + (h * pending + u - exacts) * d;
+  }
+  KVRET_BACKEND_HD int32_t weight(int64_t h, int64_t u) const {
+    return pm::cluster_weight(sizes + h * clusters, clusters, u);
+  }
+  /// Position t (< the group's weight) of group u of head h: a cluster's are ascending.
+  KVRET_BACKEND_HD int32_t position(int64_t h, int64_t u, int64_t t) const {
+    if (u < clusters) return ids[h * ids_per_head + offsets[h * (clusters + 1) + u] + t];
+    u -= clusters;
+    if (u < exacts) return exact_pos[h * exacts + u];
+    return static_cast<int32_t>(first_pending + u - exacts);
+  }
+};
+
+struct ClusterLogits {
+  ClusterLayout layout;
+  const float* q;  ///< [n_kv_heads * group, d]
+  float* logits;   ///< [n_kv_heads * group, G]
+  int32_t group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t n = layout.groups(), hq = i / n, u = i % n;
+    logits[i] = pm::cluster_logit(scale, q + hq * layout.d, layout.row(hq / group, u), layout.d);
+  }
+};
+
+struct ClusterSoftmaxes {
+  ClusterLayout layout;
+  float* logits;         ///< [n_q_heads, G]: replaced by the softmax's terms
+  pm::PageSoftmax* out;  ///< [n_q_heads]
+  int32_t group;
+  KVRET_BACKEND_HD void operator()(int64_t hq) const {
+    const int64_t n = layout.groups();
+    out[hq] =
+        pm::cluster_softmax_terms(logits + hq * n, n, layout.sizes + hq / group * layout.clusters, layout.clusters);
+  }
+};
+
+struct ClusterSortedWeights {
+  ClusterLayout layout;
+  const int64_t* index;
+  int64_t* weight;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t n = layout.groups();
+    weight[i] = layout.weight(index[i] / n, index[i] % n);
+  }
+};
+
+/// Per (KV head, group): its taken tokens as keys head << 32 | position, with the group's score, at the group's
+/// offset in its head's row of `budget` entries.
+struct ClusterPick {
+  ClusterLayout layout;
+  const int64_t* taken;   ///< [n_kv_heads, G]
+  const int64_t* offset;  ///< exclusive scan of taken per head
+  const float* folded;
+  uint64_t* keys;  ///< [n_kv_heads, budget]
+  float* score;    ///< [n_kv_heads, budget]
+  int64_t budget;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t n = layout.groups(), h = i / n, u = i % n;
+    for (int64_t t = 0; t < taken[i]; ++t) {
+      const int64_t at = h * budget + offset[i] + t;
+      keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(layout.position(h, u, t));
+      score[at] = folded[i];
+    }
+  }
+};
+
+struct ClusterWrite {
+  const uint64_t* keys;  ///< sorted: per head the positions ascending
+  const float* score;
+  DeviceTensor out;     ///< i32 [n_kv_heads, >= budget]
+  DeviceTensor scores;  ///< f32 [n_kv_heads, >= budget] (base null: none)
+  int64_t budget;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / budget, j = i % budget;
+    *reinterpret_cast<int32_t*>(out.at(h, j)) = static_cast<int32_t>(keys[i] & 0xffffffffu);
+    if (scores.base != nullptr) *reinterpret_cast<float*>(scores.at(h, j)) = score[i];
+  }
+};
+
+}  // namespace kvret::device_math
