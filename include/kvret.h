@@ -603,8 +603,8 @@ typedef enum kvret_session_tier {
  *  ranks it first, the writer writes it too, from a fork of the sequence (the call returns before; the fork serves
  *  it meanwhile; until its files are complete the disk holds the previous save of the id, if any). One larger than
  *  the DRAM tier (config.session_dram_bytes) is written before the call returns: a full disk or another write
- *  error is then KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then queued for
- *  the background writer too, which writes it through (from a fork of the sequence; the call returns before;
+ *  error is then KVRET_ERR_IO and nothing changed. With a shared tier (config.session_shared_url) the session is then
+ * queued for the background writer too, which writes it through (from a fork of the sequence; the call returns before;
  *  kvret_session_flush waits for it). A failure there (the server unreachable: KVRET_ERR_IO) does not fail the
  *  save, which the local tiers hold: the next kvret_session_flush reports it, and the shared tier keeps the
  *  previous save of the id (or none). A sequence of a session still loading from disk waits for its layers (and

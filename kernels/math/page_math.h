@@ -13,25 +13,10 @@
 //
 // Every float operation that could be contracted into a fused multiply-add goes through hd.h's *_rn helpers.
 #include "hd.h"
+#include "softmax_math.h"
 #include "topk_math.h"
 
 namespace kvret::cuda::math {
-
-KVRET_HD double dadd_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-KVRET_HD double dmul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 
 /// std::min(q, 0.0f) and std::max(q, 0.0f), as the CPU index writes them (a NaN and a -0 pass through).
 KVRET_HD float page_neg_part(float q) { return 0.0f < q ? 0.0f : q; }
@@ -73,25 +58,6 @@ KVRET_HD int32_t page_weight(int64_t p, int64_t n_pages, int64_t tokens, int32_t
 /// std::max(acc, l): the MAX_LOGIT fold's step (start from -inf; a NaN logit keeps acc).
 KVRET_HD float page_max_step(float acc, float l) { return acc < l ? l : acc; }
 
-/// e^x for x <= 0: vec_math.hpp's exp_nonpositive, operation for operation.
-KVRET_HD float page_exp(float x) {
-  x = x > 0.0f ? 0.0f : x;
-  x = x < -87.0f ? -87.0f : x;
-  const float t = mul_rn(x, 1.44269504088896341f);
-  const float fn = static_cast<float>(static_cast<int32_t>(sub_rn(t == t ? t : 0.0f, 0.5f)));
-  const float f = sub_rn(t, fn);
-  const float y = mul_rn(f, 0.693147180559945309f);
-  float p = 1.0f / 720.0f;
-  p = add_rn(mul_rn(p, y), 1.0f / 120.0f);
-  p = add_rn(mul_rn(p, y), 1.0f / 24.0f);
-  p = add_rn(mul_rn(p, y), 1.0f / 6.0f);
-  p = add_rn(mul_rn(p, y), 0.5f);
-  p = add_rn(mul_rn(p, y), 1.0f);
-  p = add_rn(mul_rn(p, y), 1.0f);
-  const float scale = bits_float(static_cast<uint32_t>((static_cast<int32_t>(fn) + 127) << 23));
-  return x <= -87.0f ? 0.0f : mul_rn(p, scale);
-}
-
 /// One query head's softmax over pages (KVRET_FOLD_SUM_PROB): the maximum logit and the inverse normaliser.
 struct PageSoftmax {
   float max = 0.0f;
@@ -110,7 +76,7 @@ KVRET_HD PageSoftmax weighted_softmax_terms(float* l, int64_t n, Weight weight) 
   float mx = neg_inf();
   for (int64_t u = 0; u < n; ++u) mx = page_max_step(mx, weight(u) > 0 ? l[u] : neg_inf());
   if (!(mx > neg_inf())) return s;
-  for (int64_t u = 0; u < n; ++u) l[u] = page_exp(sub_rn(l[u], mx));
+  for (int64_t u = 0; u < n; ++u) l[u] = exp_nonpositive(sub_rn(l[u], mx));
   float zf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t u = 0;
   for (; u + 8 <= n; u += 8)
