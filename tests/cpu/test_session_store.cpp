@@ -1108,6 +1108,23 @@ void expect_save_waits(kvret_seq* seq, const char* id, Release release) {
   EXPECT_TRUE(saved.load());
 }
 
+/// Flushes `ctx` on another thread and checks that the flush waits until `release` lets the writer go on; then the
+/// flush succeeds (`what`: what the flush should have waited for, for the message).
+template <class Release>
+void expect_flush_waits(kvret_context* ctx, const char* what, Release release) {
+  std::atomic<bool> flushed{false};
+  kvret_status status = KVRET_ERR_INTERNAL;
+  std::thread flusher([&] {
+    status = kvret_session_flush(ctx);
+    flushed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before " << what;
+  release();
+  flusher.join();
+  EXPECT_EQ(status, KVRET_OK) << kvret_last_error();
+}
+
 class SessionWriter : public SessionStore {
  protected:
   SessionWriter() {
@@ -1142,17 +1159,7 @@ TEST_F(SessionWriter, ASaveReturnsBeforeItsWriteThroughAndFlushWaitsForIt) {
     Seq local(open_session(a.get(), "w"));  // the local copy serves meanwhile
     EXPECT_EQ(read_layers(local.s), raw);
   }
-  std::atomic<bool> flushed{false};
-  kvret_status flush_status = KVRET_ERR_INTERNAL;
-  std::thread flusher([&] {
-    flush_status = kvret_session_flush(a.get());
-    flushed = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the write-through";
-  state.hold = false;
-  flusher.join();
-  EXPECT_EQ(flush_status, KVRET_OK) << kvret_last_error();
+  expect_flush_waits(a.get(), "the write-through", [&] { state.hold = false; });
   EXPECT_EQ(context_stats(a.get()).session_shared_writes, 1);
   EXPECT_EQ(context_stats(a.get()).session_write_failures, 0);
   EXPECT_EQ(where(b.get(), "w"), KVRET_TIER_SHARED);
@@ -1283,15 +1290,7 @@ TEST_F(SessionEviction, AnEvictedSessionServesFromDramUntilItsFilesAreWritten) {
     EXPECT_EQ(read_layers(ra.s), raw_a);
     EXPECT_EQ(context_stats(ctx.get()).session_hits_dram, 1);
   }
-  std::atomic<bool> flushed{false};
-  std::thread flusher([&] {
-    EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
-    flushed = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the eviction was written";
-  g_hold_disk = false;
-  flusher.join();
+  expect_flush_waits(ctx.get(), "the eviction was written", [] { g_hold_disk = false; });
   EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
   EXPECT_EQ(where(ctx.get(), "a"), KVRET_TIER_DISK);  // its files complete, its DRAM copy released
   Seq ra(open_session(ctx.get(), "a"));               // from its files now
@@ -1373,15 +1372,7 @@ TEST_F(SessionEviction, ASessionSavedStraightToDiskIsWrittenByTheWriter) {
       Seq rs(open_session(ctx.get(), "s"));  // its DRAM copy
       EXPECT_EQ(read_layers(rs.s), raw_s);
     }
-    std::atomic<bool> flushed{false};
-    std::thread flusher([&] {
-      EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_OK) << kvret_last_error();
-      flushed = true;
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_FALSE(flushed.load()) << "kvret_session_flush returned before the save's files were written";
-    g_hold_disk = false;
-    flusher.join();
+    expect_flush_waits(ctx.get(), "the save's files were written", [] { g_hold_disk = false; });
     EXPECT_EQ(files(), static_cast<size_t>(kLayers + 1));
     EXPECT_EQ(where(ctx.get(), "s"), KVRET_TIER_DISK);
     {
