@@ -7,6 +7,7 @@
 #include "core/half.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "math/quant_math.h"
 
 namespace kvret {
 
@@ -52,30 +53,14 @@ float kivi_round(float x) noexcept {
 }
 
 void kivi_affine(float lo, float hi, int bits, float* zero, float* step) noexcept {
-  if (bits == 2) {
-    *zero = lo;
-    *step = (hi - lo) / 3.0f;
-  } else {
-    *zero = (3.0f * lo + hi) / 4.0f;
-    *step = (hi - lo) / 2.0f;
-  }
+  cuda::math::kivi_affine(lo, hi, bits, zero, step);
 }
 
-int kivi_code(float x, float lo, float hi, int bits) noexcept {
-  if (!(hi > lo)) return 0;  // a constant group (or NaN bounds)
-  if (bits == 2) {
-    const float t = (x - lo) / (hi - lo) * 3.0f;  // x == hi gives exactly 3
-    return (t >= 0.5f) + (t >= 1.5f) + (t >= 2.5f);
-  }
-  float zero, step;
-  kivi_affine(lo, hi, 1, &zero, &step);
-  return (x - zero) / step >= 0.5f ? 1 : 0;  // round((x - zero) / step) clamped to {0, 1}; NaN gives 0
-}
+int kivi_code(float x, float lo, float hi, int bits) noexcept { return cuda::math::kivi_code(x, lo, hi, bits); }
 
-float kivi_value(int code, float lo, float hi, int bits) noexcept {
-  if (bits == 2) return (static_cast<float>(3 - code) * lo + static_cast<float>(code) * hi) / 3.0f;
-  return (static_cast<float>(3 - 2 * code) * lo + static_cast<float>(1 + 2 * code) * hi) / 4.0f;
-}
+float kivi_value(int code, float lo, float hi, int bits) noexcept { return cuda::math::kivi_value(code, lo, hi, bits); }
+
+int kivi_unpack(const uint8_t* codes, int64_t j, int bits) noexcept { return cuda::math::kivi_unpack(codes, j, bits); }
 
 void kivi_quantize_keys(const float* rows, int d, const KiviParams& p, uint8_t* codes, uint16_t* params) noexcept {
   const size_t per_channel = static_cast<size_t>(p.group) * p.bits / 8;
@@ -137,7 +122,7 @@ void kivi_key_block_logits(const float* q, int nq, float scale, int d, const Kiv
     for (int i = 0; i < d; ++i) w[h * d + i] = q[static_cast<int64_t>(h) * d + i] * step[i];
   scaled_dots(w, d, nq, tile, d, g, d, scale, out, out_stride);
   for (int h = 0; h < nq; ++h) {
-    const float base = scale * dot(q + static_cast<int64_t>(h) * d, zero, d);
+    const float base = cuda::math::kivi_logit_base(scale, q + static_cast<int64_t>(h) * d, zero, d);
     float* o = out + h * out_stride;
     for (int t = 0; t < g; ++t) o[t] += base;
   }
@@ -265,10 +250,9 @@ void KiviHead::reconstruct(int64_t t, float* key, float* value) const noexcept {
     const int within = static_cast<int>(t % p_.group);
     const uint8_t* kc = key_codes(block);
     const uint16_t* kp = key_params(block);
-    const size_t per_channel = static_cast<size_t>(p_.group) * p_.bits / 8;
     for (int i = 0; i < d_; ++i)
-      key[i] = kivi_value(kivi_unpack(kc + per_channel * i, within, p_.bits), f16_to_f32(kp[2 * i]),
-                          f16_to_f32(kp[2 * i + 1]), p_.bits);
+      key[i] = cuda::math::kivi_key_element(kc, p_.group, p_.bits, i, within, f16_to_f32(kp[2 * i]),
+                                            f16_to_f32(kp[2 * i + 1]));
   }
   reconstruct_value(t, value);
 }
@@ -282,7 +266,7 @@ void KiviHead::reconstruct_value(int64_t t, float* value) const noexcept {
   const uint16_t* vp = value_params(t);
   for (int i = 0; i < d_; ++i) {
     const int j = i / p_.group;
-    value[i] = kivi_value(kivi_unpack(vc, i, p_.bits), f16_to_f32(vp[2 * j]), f16_to_f32(vp[2 * j + 1]), p_.bits);
+    value[i] = cuda::math::kivi_value_element(vc, p_.bits, i, f16_to_f32(vp[2 * j]), f16_to_f32(vp[2 * j + 1]));
   }
 }
 

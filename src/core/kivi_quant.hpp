@@ -11,6 +11,9 @@
 // Every input value is first rounded to f16 (after clamping to f16's finite range): the copy is of an f16 cache, so
 // a group's lo and hi are f16 values and are stored exactly.
 //
+// The per-element math (codes, levels, affine form, the low-bit logit) is kernels/math/quant_math.h's, which the
+// CUDA backend compiles too; the functions below forward to it.
+//
 // KiviHead keeps one head's tokens: the oldest ones quantized, in blocks of `group` tokens (a key group spans
 // `group` tokens), and the most recent ones in full precision (f16), the residual window. With n tokens,
 // quantized() = floor(max(0, n - residual) / group) * group: at least `residual` most recent tokens stay in f16, plus
@@ -57,10 +60,7 @@ float kivi_value(int code, float lo, float hi, int bits) noexcept;
 void kivi_affine(float lo, float hi, int bits, float* zero, float* step) noexcept;
 
 /// Reads code j of a packed run.
-inline int kivi_unpack(const uint8_t* codes, int64_t j, int bits) noexcept {
-  const int64_t bit = j * bits;
-  return (codes[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
-}
+int kivi_unpack(const uint8_t* codes, int64_t j, int bits) noexcept;
 
 /// Quantizes one key block: rows[t * head_dim + i] for t < group (values already rounded by kivi_round), into
 /// codes [head_dim][group * bits / 8] and params [head_dim][2] (f16 bits of lo, hi).

@@ -9,6 +9,7 @@
 #include "core/serial.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "math/quant_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/topk.hpp"
 
@@ -44,7 +45,9 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
   const int64_t candidates = rerank_ > 1 && count > 0 ? std::min(middle, count * rerank_) : 0;
   // the low-bit logits are select's (scale 1/sqrt(head_dim)); the softmax's are scaled by `scale`
   const float select_scale = 1.0f / std::sqrt(static_cast<float>(d_));
-  const double rescale = static_cast<double>(scale) / select_scale;
+  // the rule's arithmetic is kernels/math/quant_math.h's (the CUDA backend compiles it too)
+  namespace qm = cuda::math;
+  const double rescale = qm::quant_rescale(scale, select_scale);
   std::vector<int64_t> key_only(static_cast<size_t>(n_kv_), 0);
   parallel_for(n_kv_, n_threads, n * group >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
@@ -73,12 +76,9 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
       for (int g = 0; g < group; ++g) {
         double l;
         if (k == 0) {
-          l = rescale * low[static_cast<size_t>(g) * middle + (t - begin)];
+          l = qm::quant_low_logit(rescale, low[static_cast<size_t>(g) * middle + (t - begin)]);
         } else {
-          const float* qg = qh + static_cast<size_t>(g) * d_;
-          double s = 0;
-          for (int i = 0; i < d_; ++i) s += static_cast<double>(qg[i]) * key[static_cast<size_t>(i)];
-          l = s * scale;
+          l = qm::quant_exact_logit(qh + static_cast<size_t>(g) * d_, key.data(), d_, scale);
         }
         logit[static_cast<size_t>(g) * n + t] = l;
         m[static_cast<size_t>(g)] = std::max(m[static_cast<size_t>(g)], l);
@@ -92,16 +92,16 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
       else
         head.reconstruct_value(t - begin, value.data());
       for (int g = 0; g < group; ++g) {
-        const double w = std::exp(logit[static_cast<size_t>(g) * n + t] - m[static_cast<size_t>(g)]);
-        z[static_cast<size_t>(g)] += w;
+        const double w = qm::quant_weight(logit[static_cast<size_t>(g) * n + t], m[static_cast<size_t>(g)]);
+        z[static_cast<size_t>(g)] = qm::dadd_rn(z[static_cast<size_t>(g)], w);
         double* ag = acc.data() + static_cast<size_t>(g) * d_;
-        for (int i = 0; i < d_; ++i) ag[i] += w * value[static_cast<size_t>(i)];
+        for (int i = 0; i < d_; ++i) ag[i] = qm::quant_accumulate(ag[i], w, value[static_cast<size_t>(i)]);
       }
     }
     for (int g = 0; g < group; ++g) {
       float* o = out + static_cast<size_t>((h * group + g) * d_);
       for (int i = 0; i < d_; ++i)
-        o[i] = static_cast<float>(acc[static_cast<size_t>(g) * d_ + i] / z[static_cast<size_t>(g)]);
+        o[i] = qm::quant_output(acc[static_cast<size_t>(g) * d_ + i], z[static_cast<size_t>(g)]);
     }
   });
   int64_t total = 0;
