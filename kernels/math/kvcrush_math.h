@@ -1,7 +1,9 @@
 #pragma once
 // Per-element math of KVCrush's grouping (select/kvcrush.hpp, engine/kvcrush_layer.hpp): the Hamming distance of
-// two signatures, the alternating anchor, and the buckets of an ordered range. The CPU code calls these; a device
-// path can share them (one thread per token: its distance; one per bucket: its boundaries).
+// two signatures, the alternating anchor, the buckets of an ordered range, and the representatives' decisions (where
+// an order entry lies in the per-distance lists, the walk past taken tokens, the fill, the merged row). The CPU code
+// calls these; a device path shares them (one thread per token: its distance; one per bucket: its boundaries and
+// first free entry; one per row entry: its merged slot).
 #include "hd.h"
 
 namespace kvret::cuda::math {
@@ -40,5 +42,61 @@ KVRET_HD int64_t kvcrush_bucket_begin(int64_t b, int64_t n, int64_t buckets) { r
 
 /// The bucket of entry k < n (the b with begin(b) <= k < begin(b + 1)): floor(((k + 1) * buckets - 1) / n).
 KVRET_HD int64_t kvcrush_bucket_of(int64_t k, int64_t n, int64_t buckets) { return ((k + 1) * buckets - 1) / n; }
+
+/// Buckets for n_rep representatives over m middle tokens: min(n_rep, m).
+KVRET_HD int64_t kvcrush_bucket_count(int64_t n_rep, int64_t m) { return n_rep < m ? n_rep : m; }
+
+// The middle's (distance, position) order is held as per-distance lists: prefix[d] middle tokens lie at distances
+// below d (prefix[0] = 0, prefix[dists] the middle's size, nondecreasing), and list d's first middle token is at
+// begin[d]. Entry k of the order (0 <= k < prefix[dists]) is list d's token begin[d] + k - prefix[d], for the one d
+// with prefix[d] <= k < prefix[d + 1].
+
+/// The list of order entry k, walking forward from list d (prefix[d] <= k): the CPU's walk, k ascending.
+KVRET_HD int kvcrush_list_from(const int64_t* prefix, int d, int64_t k) {
+  while (prefix[d + 1] <= k) ++d;
+  return d;
+}
+
+/// The list of order entry k < prefix[dists] by a binary search over prefix[0..dists]: one thread per entry or
+/// bucket. Equals kvcrush_list_from(prefix, 0, k).
+KVRET_HD int kvcrush_list_of(const int64_t* prefix, int dists, int64_t k) {
+  int lo = 0, hi = dists;  // prefix[lo] <= k < prefix[hi]
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (prefix[mid] <= k)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/// Order entry k's index in its list d.
+KVRET_HD int64_t kvcrush_list_index(const int64_t* begin, const int64_t* prefix, int d, int64_t k) {
+  return begin[d] + k - prefix[d];
+}
+
+/// The walk past taken tokens: the first order entry in [k, hi) that take(entry) accepts (take takes it when it
+/// can), or hi when none does. A bucket's representative is the first of its entries the selection left free.
+template <class Take>
+KVRET_HD int64_t kvcrush_take_first(int64_t k, int64_t hi, Take&& take) {
+  for (; k < hi; ++k)
+    if (take(k)) break;
+  return k;
+}
+
+/// The fill of buckets the selection took entirely: the order entry still free after the buckets' pass with
+/// `free_before` such entries before it is taken when free_before < missing (the places of the `missing` buckets go
+/// to the first free entries in the order).
+KVRET_HD bool kvcrush_fill_takes(int64_t free_before, int64_t missing) { return free_before < missing; }
+
+/// The merged row: a token's slot is its index among its own kind (important, or representative; both ascending)
+/// plus the count of the other kind's tokens below it.
+KVRET_HD int64_t kvcrush_merge_slot(int64_t own_index, int64_t other_below) { return own_index + other_below; }
+
+/// The merged row's score: a representative scores -infinity, an important token keeps its score.
+KVRET_HD float kvcrush_merged_score(bool representative, float important_score) {
+  return representative ? neg_inf() : important_score;
+}
 
 }  // namespace kvret::cuda::math

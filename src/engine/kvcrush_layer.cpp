@@ -188,13 +188,15 @@ KvCrushLayer::MiddleOrder KvCrushLayer::middle_order(int64_t mid_begin, int64_t 
   }
   const int64_t m = mid_end - mid_begin;
   if (buckets > 0 && n_ >= mid_end && o.prefix.back() == m) {
-    o.buckets = std::min(buckets, m);
+    o.buckets = cuda::math::kvcrush_bucket_count(buckets, m);
     o.first.resize(static_cast<size_t>(o.buckets));
-    size_t d = 0;
+    int d = 0;
     for (int64_t b = 0; b < o.buckets; ++b) {
       const int64_t k = cuda::math::kvcrush_bucket_begin(b, m, o.buckets);
-      while (o.prefix[d + 1] <= k) ++d;
-      o.first[static_cast<size_t>(b)] = by_distance_[d][static_cast<size_t>(o.begin[d] + k - o.prefix[d])];
+      d = cuda::math::kvcrush_list_from(o.prefix.data(), d, k);
+      o.first[static_cast<size_t>(b)] =
+          by_distance_[static_cast<size_t>(d)]
+                      [static_cast<size_t>(cuda::math::kvcrush_list_index(o.begin.data(), o.prefix.data(), d, k))];
     }
   }
   return o;
@@ -210,7 +212,7 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
                                           int64_t n_important, int64_t n_rep) const {
   (void)h;  // the representatives do not depend on the head beyond its important set
   const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin;
-  const int64_t buckets = std::min(n_rep, m);
+  const int64_t buckets = cuda::math::kvcrush_bucket_count(n_rep, m);
   if (buckets <= 0 || n_ < order.mid_end || order.prefix.empty() || order.prefix.back() != m) return n_important;
   // `taken` marks the row and the representatives chosen over the middle; `chosen` the representatives alone. Both
   // are all zero between calls: the read-back below clears every word it set.
@@ -238,8 +240,7 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
       list = by_distance_[0].data() + order.begin[0];
     }
     if (prefix[d + 1] <= k) {
-      do ++d;
-      while (prefix[d + 1] <= k);
+      d = static_cast<size_t>(cuda::math::kvcrush_list_from(prefix, static_cast<int>(d), k));
       list = by_distance_[d].data() + order.begin[d];
     }
     return list[k - prefix[d]];
@@ -254,9 +255,7 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
   };
   // takes the first middle token of order index in [k, hi) that is not taken; false when there is none
   auto take_first = [&](int64_t k, int64_t hi) {
-    for (; k < hi; ++k)
-      if (take(token(k) - mid_begin)) return true;
-    return false;
+    return cuda::math::kvcrush_take_first(k, hi, [&](int64_t e) { return take(token(e) - mid_begin); }) < hi;
   };
   const bool firsts = order.buckets == buckets && static_cast<int64_t>(order.first.size()) == buckets;
   int64_t found = 0, missing = 0;
@@ -268,11 +267,10 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
     ++(ok ? found : missing);
   }
   // the places of buckets without a candidate: the first candidates in the order not yet taken
-  for (int64_t k = 0; k < m && missing > 0; ++k)
-    if (take_first(k, k + 1)) {
-      ++found;
-      --missing;
-    }
+  int64_t filled = 0;
+  for (int64_t k = 0; k < m && cuda::math::kvcrush_fill_takes(filled, missing); ++k)
+    if (take(token(k) - mid_begin)) ++filled;
+  found += filled;
   // the row, ascending, from the marks, clearing them. Without scores from the front (row is not read); with them
   // from the back, so that each important score is read before its place is written.
   const int64_t count = n_important + found;
@@ -300,7 +298,8 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
       const int bit = 63 - __builtin_clzll(bits);
       bits &= ~(uint64_t{1} << bit);
       row[--o] = static_cast<int32_t>(base + bit);
-      scores[o] = ((reps >> bit) & 1u) != 0 ? -std::numeric_limits<float>::infinity() : scores[--i];
+      const bool rep = ((reps >> bit) & 1u) != 0;
+      scores[o] = cuda::math::kvcrush_merged_score(rep, rep ? 0.0f : scores[--i]);
     }
   }
   return count;

@@ -2,14 +2,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "core/tensor_view.hpp"
 #include "engine/kvcrush_layer.hpp"
+#include "math/kvcrush_math.h"
 #include "select/kvcrush.hpp"
 #include "select/topk.hpp"
 #include "store/host_kv_store.hpp"
@@ -451,6 +454,137 @@ TEST(KvCrush, LayerStateFollowsTheLibraryRules) {
   check(800, 3);
   layer.truncate(600);
   EXPECT_EQ(layer.tokens(), 0);
+}
+
+/// The list search of kvcrush_math.h: the binary search (a device thread per entry) finds the list the CPU's forward
+/// walk finds, over prefix counts with empty lists anywhere.
+TEST(KvCrush, ListSearchEqualsTheWalk) {
+  std::mt19937_64 g(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int dists = 1 + static_cast<int>(g() % 12);
+    std::vector<int64_t> prefix(static_cast<size_t>(dists) + 1, 0);
+    for (int d = 0; d < dists; ++d)
+      prefix[static_cast<size_t>(d) + 1] =
+          prefix[static_cast<size_t>(d)] + (g() % 3 == 0 ? 0 : static_cast<int64_t>(g() % 5));
+    int walk = 0;
+    for (int64_t k = 0; k < prefix.back(); ++k) {
+      walk = cuda::math::kvcrush_list_from(prefix.data(), walk, k);
+      ASSERT_LE(prefix[static_cast<size_t>(walk)], k);
+      ASSERT_LT(k, prefix[static_cast<size_t>(walk) + 1]);
+      ASSERT_EQ(cuda::math::kvcrush_list_of(prefix.data(), dists, k), walk) << "trial " << trial << " k " << k;
+      ASSERT_EQ(cuda::math::kvcrush_list_from(prefix.data(), 0, k), walk);
+    }
+  }
+}
+
+/// add_representatives in the per-element form a device runs, from kvcrush_math.h alone: each bucket's first entry
+/// outside the important row (a binary search per entry), the fill of the buckets without one by the free entries'
+/// ranks, and each token's merged slot and score. Returns the row and its scores.
+std::pair<std::vector<int32_t>, std::vector<float>> per_element_representatives(
+    const std::vector<std::vector<int32_t>>& lists, const KvCrushLayer::MiddleOrder& order,
+    const std::vector<int32_t>& row, const std::vector<float>& scores, int64_t n_rep) {
+  namespace m = cuda::math;
+  const int64_t mid = order.mid_end - order.mid_begin;
+  const int dists = static_cast<int>(order.prefix.size()) - 1;
+  // the k-th entry's token, from the per-distance lists of every token (what a device copy holds)
+  auto token = [&](int64_t k) {
+    const int d = m::kvcrush_list_of(order.prefix.data(), dists, k);
+    return lists[static_cast<size_t>(d)]
+                [static_cast<size_t>(m::kvcrush_list_index(order.begin.data(), order.prefix.data(), d, k))];
+  };
+  auto important = [&](int32_t t) { return std::binary_search(row.begin(), row.end(), t); };
+  const int64_t buckets = m::kvcrush_bucket_count(n_rep, mid);
+  std::vector<char> rep_entry(static_cast<size_t>(mid), 0);
+  int64_t missing = 0;
+  for (int64_t b = 0; b < buckets; ++b) {  // one thread per bucket
+    const int64_t lo = m::kvcrush_bucket_begin(b, mid, buckets), hi = m::kvcrush_bucket_begin(b + 1, mid, buckets);
+    const int64_t e = m::kvcrush_take_first(lo, hi, [&](int64_t k) { return !important(token(k)); });
+    if (e < hi)
+      rep_entry[static_cast<size_t>(e)] = 1;
+    else
+      ++missing;
+  }
+  int64_t free_before = 0;  // an exclusive scan over the entries still free
+  std::vector<char> fill(static_cast<size_t>(mid), 0);
+  for (int64_t k = 0; k < mid; ++k) {
+    const bool free = !important(token(k)) && rep_entry[static_cast<size_t>(k)] == 0;
+    fill[static_cast<size_t>(k)] = free && m::kvcrush_fill_takes(free_before, missing);
+    free_before += free;
+  }
+  std::vector<int32_t> reps;
+  for (int64_t k = 0; k < mid; ++k)
+    if (rep_entry[static_cast<size_t>(k)] != 0 || fill[static_cast<size_t>(k)] != 0) reps.push_back(token(k));
+  std::sort(reps.begin(), reps.end());
+  std::vector<int32_t> out(row.size() + reps.size(), -1);
+  std::vector<float> out_scores(out.size(), 0.0f);
+  for (size_t i = 0; i < row.size(); ++i) {  // one thread per row entry
+    const auto below = std::lower_bound(reps.begin(), reps.end(), row[i]) - reps.begin();
+    const auto slot = static_cast<size_t>(m::kvcrush_merge_slot(static_cast<int64_t>(i), below));
+    out[slot] = row[i];
+    out_scores[slot] = m::kvcrush_merged_score(false, scores[i]);
+  }
+  for (size_t j = 0; j < reps.size(); ++j) {
+    const auto below = std::lower_bound(row.begin(), row.end(), reps[j]) - row.begin();
+    const auto slot = static_cast<size_t>(m::kvcrush_merge_slot(static_cast<int64_t>(j), below));
+    out[slot] = reps[j];
+    out_scores[slot] = m::kvcrush_merged_score(true, 0.0f);
+  }
+  return {out, out_scores};
+}
+
+/// The per-element form equals the layer's add_representatives (the CPU walk) bit for bit, positions and scores,
+/// over random and adversarial important rows (the first tokens of the order: buckets taken entirely), budgets up
+/// to the middle, and middles cut anywhere.
+TEST(KvCrush, PerElementRepresentativesEqualTheLayer) {
+  const int heads = 8, d = 32;
+  const int64_t total = 600;
+  test::F32 k({total, heads, d}), v({total, heads, d});
+  test::clustered_kv(total, heads, d, 23, k, v);
+  HostKvStore store{heads, d, DType::F32};
+  store.append(TensorView::from(&k, "k", kFloatTypes, {3}), TensorView::from(&v, "v", kFloatTypes, {3}), total, true);
+  KvCrushLayer layer;
+  layer.update(store, 1.0f / std::sqrt(static_cast<float>(d)));
+  const int words = signature_words(heads);
+  std::vector<uint64_t> anchor(static_cast<size_t>(words));
+  make_anchor(Anchor::kAlternating, heads, 0, nullptr, nullptr, 0, anchor.data());
+  std::mt19937_64 g(5);
+  for (const auto& [mid_begin, mid_end] : {std::pair<int64_t, int64_t>{0, total}, {4, 584}, {131, 140}, {300, 301}}) {
+    const int64_t mid = mid_end - mid_begin;
+    // the middle in (distance, position) order: what the lists hold, and what a device copy holds
+    std::vector<int32_t> by_order(static_cast<size_t>(mid));
+    std::iota(by_order.begin(), by_order.end(), static_cast<int32_t>(mid_begin));
+    auto dist = [&](int32_t p) { return hamming_distance(layer.bits().data() + p * words, anchor.data(), words); };
+    std::stable_sort(by_order.begin(), by_order.end(), [&](int32_t x, int32_t y) { return dist(x) < dist(y); });
+    std::vector<std::vector<int32_t>> lists(static_cast<size_t>(heads) + 1);  // every token, per distance
+    for (int32_t t = 0; t < static_cast<int32_t>(total); ++t) lists[static_cast<size_t>(dist(t))].push_back(t);
+    for (const int64_t budget : {int64_t{1}, int64_t{3}, int64_t{40}, mid})
+      for (const float share : {0.25f, 0.5f, 0.9f})
+        for (const bool adversarial : {false, true}) {
+          if (budget > mid) continue;  // a select's budget is at most the middle
+          const BudgetSplit s = split_budget(budget, share);
+          const KvCrushLayer::MiddleOrder order = layer.middle_order(mid_begin, mid_end, s.representatives);
+          std::vector<int32_t> all = by_order;
+          if (!adversarial) std::shuffle(all.begin(), all.end(), g);
+          std::vector<int32_t> row(all.begin(), all.begin() + s.important);
+          std::sort(row.begin(), row.end());
+          std::vector<float> scores(row.size());
+          for (auto& x : scores) x = static_cast<float>(g() % 1000) * 0.125f;
+          const auto [want, want_scores] = per_element_representatives(lists, order, row, scores, s.representatives);
+          std::vector<int32_t> got = row;
+          std::vector<float> got_scores = scores;
+          got.resize(static_cast<size_t>(budget));
+          got_scores.resize(static_cast<size_t>(budget));
+          const int64_t n =
+              layer.add_representatives(0, order, got.data(), got_scores.data(), s.important, s.representatives);
+          ASSERT_EQ(n, static_cast<int64_t>(want.size()));
+          got.resize(static_cast<size_t>(n));
+          got_scores.resize(static_cast<size_t>(n));
+          ASSERT_EQ(got, want) << "middle " << mid_begin << ".." << mid_end << " budget " << budget << " share "
+                               << share << " adversarial " << adversarial;
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got_scores[i]), std::bit_cast<uint32_t>(want_scores[i])) << i;
+        }
+  }
 }
 
 }  // namespace
