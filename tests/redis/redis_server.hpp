@@ -212,12 +212,22 @@ class RedisServer {
       Raw raw(port_);
       if (raw.ok()) {
         const auto r = raw.cmd({"PING"});
-        if (r && r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "PONG") return true;
+        // PONG from this child, not from another test's server that took the port meanwhile (ours then exits)
+        if (r && r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "PONG" && answers_as_ours(raw))
+          return true;
         if (r && r->type == REDIS_REPLY_ERROR && std::string(r->str, r->len).rfind("NOAUTH", 0) == 0) return true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return false;
+  }
+
+  /// Whether the server behind `raw` is this child (INFO's process_id).
+  bool answers_as_ours(Raw& raw) const {
+    const auto r = raw.cmd({"INFO", "server"});
+    if (!r || r->type != REDIS_REPLY_STRING) return false;
+    const std::string info(r->str, r->len);
+    return info.find("process_id:" + std::to_string(pid_) + "\r\n") != std::string::npos;
   }
 
   Options options_;

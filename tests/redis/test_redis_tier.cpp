@@ -562,7 +562,9 @@ TEST_F(RedisTierAuthTest, PasswordIsSentAndAWrongOneIsIoWithoutEchoingIt) {
 }
 
 class RedisTierPersistentTest : public RedisTierTest {
-  RedisServer::Options options() override { return {true, {}}; }
+  // appendfsync always: with everysec, a server whose background fsync is slow (a busy disk) postpones its AOF
+  // write for up to 2 s while it replies, so a kill -9 right after a put could lose it
+  RedisServer::Options options() override { return {true, {"--appendfsync", "always"}}; }
 };
 
 TEST_F(RedisTierPersistentTest, ARestartedServerStillServesTheBlob) {
