@@ -17,5 +17,7 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDeb
 cmake --build "$dir" --target test_cpu test_c_api
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 timeout 300 "$dir/bin/test_c_api"
-# OMP_NUM_THREADS=2: the suite's parallel loops run on two threads whatever the machine
-OMP_NUM_THREADS=2 timeout 900 "$dir/bin/test_cpu" --gtest_brief=1
+# OMP_NUM_THREADS=2: the suite's parallel loops run on two threads whatever the machine. The quality tests
+# (scripts/gtest_shards.sh) run in the ordinary build only.
+OMP_NUM_THREADS=2 scripts/gtest_shards.sh 900 "$dir/bin/test_cpu" --gtest_brief=1 \
+  --gtest_filter="-$(scripts/gtest_shards.sh --quality-tests)"

@@ -22,4 +22,5 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDeb
 cmake --build "$dir" --target test_cpu
 # second_deadlock_stack: a lock-order report names both acquisitions
 TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1" \
-  timeout 900 "$dir/bin/test_cpu" --gtest_brief=1
+  scripts/gtest_shards.sh 900 "$dir/bin/test_cpu" --gtest_brief=1 \
+  --gtest_filter="-$(scripts/gtest_shards.sh --quality-tests)"

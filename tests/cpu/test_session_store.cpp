@@ -1499,10 +1499,15 @@ TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
       ::execl(self.c_str(), self.c_str(), "--gtest_filter=SessionWriterChild.SavesInALoop", nullptr);
       ::_exit(127);
     }
-    // Wait for a whole save, then kill at a different moment each round.
-    for (int i = 0; i < 3000 && !fs::exists(disk + ".ready"); ++i)
+    // Wait for a whole save (generously: a sanitizer build on a loaded machine takes many seconds to fill and save
+    // the three versions), then kill at a different moment each round.
+    for (int i = 0; i < 24000 && !fs::exists(disk + ".ready"); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    ASSERT_TRUE(fs::exists(disk + ".ready")) << "the writer never finished a save";
+    if (!fs::exists(disk + ".ready")) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      FAIL() << "the writer never finished a save in two minutes";
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(3 + 11 * round));
     ::kill(pid, SIGKILL);
     int status = 0;
