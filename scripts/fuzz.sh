@@ -73,5 +73,6 @@ awk '/stat::number_of_executed_units/ { runs += $2 }
   "${logs[@]}"
 if [[ $status != 0 ]]; then
   echo "kvret-fuzz: a process stopped on a finding; see ${logs[*]} and $dir/crash-* / timeout-* / oom-*" >&2
+  tail -n 80 "${logs[@]}" >&2  # the finding's report, where a CI log shows it
   exit 1
 fi
