@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,9 +30,11 @@
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
 #include "backend/page_select_ops.hpp"
+#include "backend/quant_attend_ops.hpp"
 #include "backend/quant_select_ops.hpp"
 #include "core/attention.hpp"
 #include "core/error.hpp"
+#include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
 #include "index/page_retriever.hpp"
@@ -925,6 +928,135 @@ class CudaBackend final : public Backend {
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
   }
 
+  /// The low-bit logits [heads * group, n] of the copy `l` (blocks and residual set) at `scale`, from q [heads *
+  /// group, d] (select's first passes).
+  void quant_low_logits(const dm::QuantLayout& l, const float* q, float* logits, int64_t n, int32_t group, float scale,
+                        int threads, kvret_stream stream) {
+    const int64_t q_heads = l.heads * group;
+    if (l.blocks > 0)
+      for_each_index(stream, threads, q_heads * l.blocks, dm::QuantBlockLogits{l, q, logits, n, group, scale});
+    if (l.residual > 0)
+      for_each_index(stream, threads, q_heads * l.residual, dm::QuantResidualLogits{l, q, logits, n, group, scale});
+  }
+
+ public:
+  /// Quantized attention on the device (quant_attend_ops.hpp), attend_dense's rule: the low-bit logits from the
+  /// device copy, the candidates by select's passes, the exact rows (sink, local, selected) and candidate keys read
+  /// by the host from the store and copied in, then the logits, weights and weighted sums in double on the device.
+  bool attend_quantized_on_device(const QuantAttendJob& job, int64_t* key_rows, kvret_stream stream) override {
+    const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever);
+    const auto on_device = [](const TensorView* t) {
+      return t != nullptr && t->device().device_type == KVRET_DEVICE_CUDA;
+    };
+    if (quant == nullptr || job.store == nullptr || job.sequence == nullptr || !on_device(job.q) || !on_device(job.out))
+      return false;
+    const HostKvStore& store = *job.store;
+    const int64_t n = store.size(), begin = quant->indexed_begin(), end = quant->indexed_end(), middle = end - begin;
+    if (!quant->indexed() || middle <= 0 || quant->head(0).size() != middle || n <= 0) return false;
+    DeviceScope scope(device_id_);
+    const int32_t d = quant->head_dim(), group = job.group;
+    const int64_t heads = quant->n_kv_heads(), q_heads = heads * group;
+    const int threads = job.n_threads;
+    const IndexMirror* mirror = quant_mirror(*quant, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host attends
+    const KiviParams& p = quant->params();
+    dm::QuantLayout l = dm::quant_layout(mirror->data->get(), heads, mirror->capacity,
+                                         int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
+    l.blocks = quant->blocks();
+    l.residual = quant->head(0).residual_tokens();
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
+    const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const DeviceArray<float> low(static_cast<size_t>(q_heads * middle));
+    quant_low_logits(l, q.get(), low.get(), middle, group, select_scale, threads, stream);
+    const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
+    std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
+    if (candidates > 0) {
+      const DeviceArray<float> folding(low.size());
+      with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
+        thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
+      });
+      SelectRequest r;
+      r.n_q_heads = static_cast<int32_t>(q_heads);
+      r.group = group;
+      r.scale = select_scale;
+      r.mid_begin = begin;
+      r.mid_end = end;
+      r.budget = candidates;
+      r.fold = job.fold;
+      r.n_threads = threads;
+      const DeviceArray<uint64_t> keys(cand.size());
+      const DeviceArray<float> score(cand.size());
+      quant_top(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+      const DeviceArray<int32_t> positions(cand.size());
+      for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
+                     dm::QuantPositions{keys.get(), positions.get()});
+      copy_bytes(cand.data(), positions.get(), cand.size() * sizeof(int32_t), stream, true);
+    }
+    // the rows read exactly: per head its slot map and its rows' keys (and values where exact), as attend_dense
+    // decides them
+    std::vector<int32_t> slot(static_cast<size_t>(heads * n));
+    std::vector<uint8_t> kind(static_cast<size_t>(heads * n));  // 0 low-bit, 1 exact key, 2 exact row
+    int64_t key_only = 0, rows = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      uint8_t* k = kind.data() + h * n;
+      for (int64_t t = 0; t < n; ++t) k[t] = t >= begin && t < end ? 0 : 2;
+      for (int64_t i = 0; i < candidates; ++i) k[cand[static_cast<size_t>(h * candidates + i)]] = 1;
+      int64_t head_key_only = candidates;
+      for (int64_t i = 0; i < job.count; ++i) {
+        const int32_t t = job.selected[h][i];
+        if (t < begin || t >= end) continue;
+        head_key_only -= k[t] == 1;
+        k[t] = 2;
+      }
+      key_only += head_key_only;
+      int64_t exact = 0;
+      for (int64_t t = 0; t < n; ++t) exact += k[t] != 0;
+      rows = std::max(rows, exact);
+    }
+    std::vector<float> keys(static_cast<size_t>(heads * rows * d)), values(keys.size());
+    std::vector<uint8_t> exact_value(static_cast<size_t>(heads * rows), 0);
+    for (int64_t h = 0; h < heads; ++h) {
+      int32_t next = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t k = kind[static_cast<size_t>(h * n + t)];
+        if (k == 0) {
+          slot[static_cast<size_t>(h * n + t)] = -1;
+          continue;
+        }
+        const int64_t at = h * rows + next;
+        slot[static_cast<size_t>(h * n + t)] = next++;
+        load_row_f32(store.key_row(static_cast<int>(h), t), store.dtype(), keys.data() + at * d,
+                     static_cast<size_t>(d));
+        if (k == 2) {
+          load_row_f32(store.value_row(static_cast<int>(h), t), store.dtype(), values.data() + at * d,
+                       static_cast<size_t>(d));
+          exact_value[static_cast<size_t>(at)] = 1;
+        }
+      }
+    }
+    const DeviceArray<int32_t> slot_d(slot.size());
+    const DeviceArray<uint8_t> exact_value_d(exact_value.size());
+    const DeviceArray<float> keys_d(keys.size()), values_d(values.size());
+    copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
+    copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
+    copy_bytes(keys_d.get(), keys.data(), keys.size() * sizeof(float), stream, false);
+    copy_bytes(values_d.get(), values.data(), values.size() * sizeof(float), stream, true);
+    const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows};
+    // the logits, the weights and the output
+    const DeviceArray<double> logits(static_cast<size_t>(q_heads * n)), z(static_cast<size_t>(q_heads));
+    for_each_index(stream, threads, q_heads * n,
+                   dm::QuantAttendLogits{x, q.get(), low.get(), logits.get(), n, begin, middle, d, group, job.scale,
+                                         cuda::math::quant_rescale(job.scale, select_scale)});
+    for_each_index(stream, threads, q_heads, dm::QuantAttendWeights{logits.get(), z.get(), n});
+    for_each_index(stream, threads, q_heads * d,
+                   dm::QuantAttendOutput{l, x, logits.get(), z.get(), device_tensor(*job.out), n, begin, group});
+    *key_rows = key_only;
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+ private:
   /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
   /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
   /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them.

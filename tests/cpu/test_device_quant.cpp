@@ -465,4 +465,90 @@ TEST_F(DeviceQuant, BatchEqualsSingleSelects) {
   }
 }
 
+/// out of kvret_seq_attend into a tensor of `device_type` (q labelled so too), and the call's stats change.
+struct Attended {
+  std::vector<float> out;
+  int64_t fetched_rows = 0;
+};
+
+Attended attend(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
+                float scale) {
+  F32 qt({8, kDim});
+  qt.data = q;
+  qt.refresh();
+  label(qt, device_type);
+  F32 out({8, kDim}, -7.0f);
+  label(out, device_type);
+  const int64_t before = stats_of(seq).fetched_rows;
+  EXPECT_EQ(kvret_seq_attend(seq, layer, &qt.t, budget, scale, &out.t, nullptr), KVRET_OK) << kvret_last_error();
+  return {out.data, stats_of(seq).fetched_rows - before};
+}
+
+/// Quantized attention (quant_attention = 1) with q and out in device memory runs on the device and writes, bit
+/// for bit on Thrust's OpenMP system, the CPU backend's output (the same exponential there: std::exp), with the same
+/// rows counted, over appends, truncates, forks and budgets from 1 to the whole middle.
+TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
+  const QuantCase cases[] = {{2, 64, 1}, {1, 32, 4}, {2, 32, 4}, {1, 64, 1}};
+  int round = 0;
+  for (const QuantCase& qc : cases) {
+    for (const int kv : {KVRET_KV_F32, KVRET_KV_F16}) {
+      for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+        const std::string where = qc.name() + " kv " + std::to_string(kv) + " fold " + std::to_string(fold);
+        SCOPED_TRACE(where);
+        kvret_config dc = quant_config(KVRET_DEVICE_CUDA, kv, fold, qc);
+        kvret_config cc = quant_config(KVRET_DEVICE_CPU, kv, fold, qc);
+        dc.quant_attention = cc.quant_attention = 1;
+        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+        kvret_seq *a = nullptr, *b = nullptr;
+        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        append_both(a, b, dc.n_layers, 150 + 11 * round, 61 + static_cast<uint64_t>(round));
+        std::mt19937_64 rng(17 + static_cast<uint64_t>(round++));
+        int attends = 0;
+        for (int step = 0; step < 30; ++step) {
+          const int64_t length = length_of(a);
+          const uint64_t op = rng() % 10;
+          if (op == 0 && length > 120) {
+            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 50);
+            test::expect_ok(kvret_seq_truncate(a, to));
+            test::expect_ok(kvret_seq_truncate(b, to));
+          } else if (op == 1) {
+            kvret_seq *fa = nullptr, *fb = nullptr;
+            test::expect_ok(kvret_seq_fork(a, &fa));
+            test::expect_ok(kvret_seq_fork(b, &fb));
+            std::swap(a, fa), std::swap(b, fb);
+            test::expect_ok(kvret_seq_close(fa));
+            test::expect_ok(kvret_seq_close(fb));
+          } else if (op < 5) {
+            append_both(a, b, dc.n_layers, op < 4 ? 1 : 1 + static_cast<int64_t>(rng() % 40),
+                        3000 + static_cast<uint64_t>(step));
+          } else {
+            const int32_t layer = static_cast<int32_t>(rng() % 2);
+            const int64_t middle = length - dc.n_sink - dc.n_local;
+            const uint64_t kind = rng() % 3;
+            const auto budget =
+                static_cast<int32_t>(kind == 0   ? 1
+                                     : kind == 1 ? middle
+                                                 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle)));
+            const float scale = rng() % 2 == 0 ? 0.0f : 0.07f;
+            const std::vector<float> q = test::random_vector(8 * kDim, 7000 + static_cast<uint64_t>(step), 2.0f);
+            const Attended x = attend(a, KVRET_DEVICE_CUDA, layer, q, budget, scale);
+            const Attended y = attend(b, KVRET_DEVICE_CPU, layer, q, budget, scale);
+            const std::string at = where + " step " + std::to_string(step);
+            ASSERT_EQ(x.fetched_rows, y.fetched_rows) << at;
+            for (size_t i = 0; i < x.out.size(); ++i)
+              ASSERT_TRUE(same_bits(x.out[i], y.out[i]))
+                  << at << " element " << i << ": " << x.out[i] << " vs " << y.out[i];
+            EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the attention ran on the device";
+            ++attends;
+          }
+        }
+        EXPECT_GT(attends, 5);
+        test::expect_ok(kvret_seq_close(a));
+        test::expect_ok(kvret_seq_close(b));
+      }
+    }
+  }
+}
+
 }  // namespace
