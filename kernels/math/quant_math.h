@@ -9,6 +9,8 @@
 // - the low-bit logit of a token, computed from the codes without reconstructing the key: scale * ((q * step) .
 //   codes_t) + scale * (q . zero), both dot products in dot8's order (vec_math.hpp's dot and scaled_dots, which
 //   kivi_key_block_logits calls);
+// - the SUM_PROB fold's softmax over tokens (token_softmax_terms: select/gqa_fold.cpp's unweighted fold, which the
+//   CUDA backend's QUANT select uses with page_math.h's fold steps);
 // - quantized attention's output rule (QuantRetriever::attend_dense), accumulated in double: an exact logit
 //   (scale * sum q_i k_i, summed in channel order), a low-bit logit rescaled to the softmax's scale, a token's weight
 //   e^(l - max), and the weighted sums.

@@ -551,4 +551,28 @@ TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
   }
 }
 
+/// Where the device copy would pass config.device_bytes_limit, quantized attention runs on the host, with the same
+/// output, and keeps no device memory.
+TEST_F(DeviceQuant, AttentionPastTheLimitRunsOnTheHost) {
+  const QuantCase qc{2, 32, 4};
+  kvret_config dc = quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
+  kvret_config cc = quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
+  dc.quant_attention = cc.quant_attention = 1;
+  dc.device_bytes_limit = 1024;  // far below the copy of 400 tokens
+  auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+  kvret_seq *a = nullptr, *b = nullptr;
+  test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+  append_both(a, b, dc.n_layers, 400, 71);
+  ASSERT_GT(copy_bytes_of(a, 0), dc.device_bytes_limit);
+  const std::vector<float> q = test::random_vector(8 * kDim, 72, 2.0f);
+  const Attended x = attend(a, KVRET_DEVICE_CUDA, 0, q, 40, 0.0f);
+  const Attended y = attend(b, KVRET_DEVICE_CPU, 0, q, 40, 0.0f);
+  EXPECT_EQ(stats_of(a).device_bytes, 0);
+  EXPECT_EQ(x.fetched_rows, y.fetched_rows);
+  for (size_t i = 0; i < x.out.size(); ++i) ASSERT_TRUE(same_bits(x.out[i], y.out[i])) << i;
+  test::expect_ok(kvret_seq_close(a));
+  test::expect_ok(kvret_seq_close(b));
+}
+
 }  // namespace
