@@ -9,6 +9,8 @@
 // - the low-bit logit of a token, computed from the codes without reconstructing the key: scale * ((q * step) .
 //   codes_t) + scale * (q . zero), both dot products in dot8's order (vec_math.hpp's dot and scaled_dots, which
 //   kivi_key_block_logits calls);
+// - the SUM_PROB fold's softmax over tokens (token_softmax_terms: select/gqa_fold.cpp's unweighted fold, which the
+//   CUDA backend's QUANT select uses with page_math.h's fold steps);
 // - quantized attention's output rule (QuantRetriever::attend_dense), accumulated in double: an exact logit
 //   (scale * sum q_i k_i, summed in channel order), a low-bit logit rescaled to the softmax's scale, a token's weight
 //   e^(l - max), and the weighted sums.
@@ -117,6 +119,31 @@ KVRET_HD float kivi_logit_base(float scale, const float* q, const float* zero, i
 KVRET_HD float kivi_low_bit_logit(float scale, const float* w, float base, const uint8_t* block_codes, int group,
                                   int bits, int within, int d) {
   return add_rn(mul_rn(scale, kivi_code_dot(w, block_codes, group, bits, within, d)), base);
+}
+
+/// The SUM_PROB fold's softmax of one query head over n tokens, in place (select/gqa_fold.cpp's unweighted fold,
+/// operation for operation, which QUANT's select uses): the maximum (NaN ignored), l_u replaced by e^(l_u - max)
+/// (exp_nonpositive), the normaliser in eight double partial sums (lane i takes the terms at 8b + i of the whole
+/// blocks of eight) added in lane order, then the tail in order, and inv = (float)(1 / z). Without a finite maximum
+/// l is left as it was; with z <= 0 the head is not used either. The fold's step is page_sum_prob_step.
+KVRET_HD PageSoftmax token_softmax_terms(float* l, int64_t n) {
+  PageSoftmax s;
+  float mx = neg_inf();
+  for (int64_t u = 0; u < n; ++u) mx = page_max_step(mx, l[u]);
+  if (!(mx > neg_inf())) return s;
+  for (int64_t u = 0; u < n; ++u) l[u] = exp_nonpositive(sub_rn(l[u], mx));
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t u = 0;
+  for (; u + 8 <= n; u += 8)
+    for (int i = 0; i < 8; ++i) lane[i] = dadd_rn(lane[i], static_cast<double>(l[u + i]));
+  double z = 0;
+  for (int i = 0; i < 8; ++i) z = dadd_rn(z, lane[i]);
+  for (; u < n; ++u) z = dadd_rn(z, static_cast<double>(l[u]));
+  if (z <= 0) return s;
+  s.max = mx;
+  s.inv = static_cast<float>(quant_ddiv_rn(1.0, z));
+  s.used = true;
+  return s;
 }
 
 // Quantized attention's output rule (double precision).

@@ -55,6 +55,23 @@ struct DeviceSelectJob {
   int32_t layer = 0;
 };
 
+/// SpeCache's quantized attention of one QUANT layer on the device (QuantRetriever::attend_dense's rule and
+/// arguments; q and out the caller's tensors).
+struct QuantAttendJob {
+  const Retriever* retriever = nullptr;  ///< the layer's QuantRetriever
+  const HostKvStore* store = nullptr;
+  const TensorView* q = nullptr;             ///< [n_q_heads, head_dim], any float type
+  const TensorView* out = nullptr;           ///< f32 [n_q_heads, head_dim]
+  const int32_t* const* selected = nullptr;  ///< per KV head `count` ascending positions (host memory)
+  int64_t count = 0;
+  int32_t group = 1;
+  float scale = 1.0f;
+  kvret_gqa_fold fold = KVRET_FOLD_SUM_PROB;
+  int n_threads = 1;
+  const void* sequence = nullptr;  ///< with layer, the key of the device's copy of the index
+  int32_t layer = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -152,6 +169,15 @@ class Backend {
   /// check_finite.
   virtual bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) {
     (void)job;
+    (void)stream;
+    return false;
+  }
+  /// Quantized attention on the device, ordered on `stream`: out written as attend_dense writes it, and
+  /// *key_rows set to its return. Returns false, having written nothing, where it cannot (the default: never; q or
+  /// out not in device memory, no room for the index's device copy): the caller then attends on the host.
+  virtual bool attend_quantized_on_device(const QuantAttendJob& job, int64_t* key_rows, kvret_stream stream) {
+    (void)job;
+    (void)key_rows;
     (void)stream;
     return false;
   }

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,11 +30,16 @@
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
 #include "backend/page_select_ops.hpp"
+#include "backend/quant_attend_ops.hpp"
+#include "backend/quant_select_ops.hpp"
 #include "core/attention.hpp"
 #include "core/error.hpp"
+#include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
 #include "index/page_retriever.hpp"
+#include "index/quant_retriever.hpp"
+#include "store/host_kv_store.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime_api.h>
@@ -600,11 +606,14 @@ class CudaBackend final : public Backend {
                          const TensorView* scores) const override {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
     const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr;
+                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr ||
+                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
+    if (const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever))
+      return quant_select(*quant, job, stream);
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
     if ((page == nullptr && cluster == nullptr) || job.sequence == nullptr || job.q == nullptr || job.out == nullptr)
@@ -792,6 +801,296 @@ class CudaBackend final : public Backend {
                    dm::ClusterWrite{keys.get(), score.get(), device_tensor(*job.out),
                                     job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.budget});
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  /// The mirror of (sequence, layer) brought up to `quant`'s low-bit copy: the key blocks (and their value rows)
+  /// changed since the version it holds are copied in (every block when it was made or grown, or when that version
+  /// is too old to know), and the f16 residual window whole; the bytes copied count as the sequence's loaded bytes
+  /// (stats.bytes_h2d). Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot
+  /// hold it.
+  const IndexMirror* quant_mirror(const QuantRetriever& quant, const void* sequence, int32_t layer,
+                                  kvret_stream stream) {
+    const KiviParams& p = quant.params();
+    const int64_t heads = quant.n_kv_heads(), blocks = quant.blocks();
+    const int32_t d = quant.head_dim();
+    const int64_t res_cap = int64_t{p.residual} + p.group - 1;  // a head's residual never holds more rows
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    IndexMirror& m = mirrors_[{sequence, layer}];
+    int64_t from = m.retriever == &quant && m.data ? quant.blocks_changed_since(m.version) : 0;
+    if (!m.data || blocks > m.capacity) {
+      // room for a quarter more blocks: decode steps then send their change, not the whole copy
+      const int64_t capacity = std::max<int64_t>({blocks + blocks / 4, m.capacity + m.capacity / 2, 16});
+      if (!remake_mirror(m, sequence, layer, dm::QuantLayout::bytes_for(heads, capacity, res_cap, d, p.group, p.bits)))
+        return nullptr;
+      m.capacity = capacity;
+      from = 0;
+    }
+    return update_mirror(m, sequence, layer, &quant, quant.version(), [&] {
+      const dm::QuantLayout l = dm::quant_layout(m.data->get(), heads, m.capacity, res_cap, d, p.group, p.bits);
+      size_t sent = 0;
+      const auto send = [&](const void* dst, const void* src, size_t bytes) {
+        if (bytes == 0) return;
+        copy_bytes(const_cast<void*>(dst), src, bytes, stream, false);
+        sent += bytes;
+      };
+      for (int64_t h = 0; h < heads; ++h) {
+        const KiviHead& head = quant.head(static_cast<int>(h));
+        const int64_t rows = head.residual_tokens();
+        if (from < blocks) {
+          const auto b = static_cast<size_t>(blocks - from);
+          const auto t0 = from * p.group;
+          send(l.block_codes(h, from), head.key_codes(from), b * head.key_block_codes());
+          send(l.block_params(h, from), head.key_params(from), b * 2 * static_cast<size_t>(d) * 2);
+          send(l.value_codes + (h * l.cap_blocks * p.group + t0) * l.value_row_bytes(), head.value_codes(t0),
+               b * p.group * head.value_row_codes());
+          send(l.value_params + (h * l.cap_blocks * p.group + t0) * l.value_row_params(), head.value_params(t0),
+               b * p.group * head.value_row_params() * 2);
+        }
+        send(l.res_k + h * res_cap * d, head.residual_key_array().data(), static_cast<size_t>(rows * d) * 2);
+        send(l.res_v + h * res_cap * d, head.residual_value_array().data(), static_cast<size_t>(rows * d) * 2);
+      }
+      loaded_[sequence] += static_cast<int64_t>(sent);
+    });
+  }
+
+  /// QUANT's select on the device (quant_select_ops.hpp): false, having written nothing, where it cannot run (the
+  /// mirror cannot be made, or the request does not fit the index). With re-ranking the candidates' exact keys are
+  /// read from the store by the host and copied in (one wait per select; counted as loaded bytes).
+  bool quant_select(const QuantRetriever& quant, const DeviceSelectJob& job, kvret_stream stream) {
+    const SelectRequest& r = job.request;
+    const int64_t n = r.mid_end - r.mid_begin;
+    if (job.sequence == nullptr || job.q == nullptr || job.out == nullptr || quant.indexed_begin() != r.mid_begin ||
+        quant.indexed_end() != r.mid_end || r.budget <= 0 || r.budget > n || quant.head(0).size() != n)
+      return false;
+    const int64_t candidates = quant.rerank() > 1 ? std::min(n, r.budget * quant.rerank()) : r.budget;
+    if (quant.rerank() > 1 && job.store == nullptr) return false;
+    DeviceScope scope(device_id_);
+    const int32_t d = quant.head_dim();
+    const int32_t group = r.group;
+    const int64_t heads = quant.n_kv_heads();
+    const int64_t q_heads = heads * group;
+    const int threads = r.n_threads;
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    if (job.check_finite) {
+      int64_t bad = 0;
+      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
+        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
+      });
+      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
+    }
+    const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    const KiviParams& p = quant.params();
+    dm::QuantLayout l = dm::quant_layout(mirror->data->get(), heads, mirror->capacity,
+                                         int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
+    l.blocks = quant.blocks();
+    l.residual = quant.head(0).residual_tokens();
+    // the low-bit logits of every middle token
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n));
+    if (l.blocks > 0)
+      for_each_index(stream, threads, q_heads * l.blocks,
+                     dm::QuantBlockLogits{l, q.get(), logits.get(), n, group, r.scale});
+    if (l.residual > 0)
+      for_each_index(stream, threads, q_heads * l.residual,
+                     dm::QuantResidualLogits{l, q.get(), logits.get(), n, group, r.scale});
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates));
+    const DeviceArray<float> score(keys.size());
+    quant_top(heads, n, candidates, r, logits.get(), nullptr, keys.get(), score.get(), stream);
+    if (quant.rerank() == 1) {
+      quant_write(keys.get(), score.get(), heads, r.budget, job, stream);
+      return true;
+    }
+    // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
+    const DeviceArray<int32_t> cand(keys.size());
+    for_each_index(stream, threads, heads * candidates, dm::QuantPositions{keys.get(), cand.get()});
+    std::vector<int32_t> host_cand(cand.size());
+    copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
+    std::vector<float> host_keys(static_cast<size_t>(heads * candidates * d));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < candidates; ++i) {
+        const int32_t t = host_cand[static_cast<size_t>(h * candidates + i)];
+        job.store->keys_f32(static_cast<int>(h), t, t + 1, host_keys.data() + (h * candidates + i) * d);
+      }
+    const DeviceArray<float> exact_keys(host_keys.size());
+    copy_bytes(exact_keys.get(), host_keys.data(), host_keys.size() * sizeof(float), stream, true);
+    {
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      loaded_[job.sequence] += static_cast<int64_t>(host_keys.size() * sizeof(float));
+    }
+    const DeviceArray<float> exact(static_cast<size_t>(q_heads * candidates));
+    for_each_index(stream, threads, q_heads * candidates,
+                   dm::QuantExactLogits{q.get(), exact_keys.get(), exact.get(), candidates, d, group, r.scale});
+    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
+    const DeviceArray<float> top_score(top.size());
+    quant_top(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
+    quant_write(top.get(), top_score.get(), heads, r.budget, job, stream);
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  /// The low-bit logits [heads * group, n] of the copy `l` (blocks and residual set) at `scale`, from q [heads *
+  /// group, d] (select's first passes).
+  void quant_low_logits(const dm::QuantLayout& l, const float* q, float* logits, int64_t n, int32_t group, float scale,
+                        int threads, kvret_stream stream) {
+    const int64_t q_heads = l.heads * group;
+    if (l.blocks > 0)
+      for_each_index(stream, threads, q_heads * l.blocks, dm::QuantBlockLogits{l, q, logits, n, group, scale});
+    if (l.residual > 0)
+      for_each_index(stream, threads, q_heads * l.residual, dm::QuantResidualLogits{l, q, logits, n, group, scale});
+  }
+
+ public:
+  /// Quantized attention on the device (quant_attend_ops.hpp), attend_dense's rule: the low-bit logits from the
+  /// device copy, the candidates by select's passes, the exact rows (sink, local, selected) and candidate keys read
+  /// by the host from the store and copied in, then the logits, weights and weighted sums in double on the device.
+  bool attend_quantized_on_device(const QuantAttendJob& job, int64_t* key_rows, kvret_stream stream) override {
+    const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever);
+    const auto on_device = [](const TensorView* t) {
+      return t != nullptr && t->device().device_type == KVRET_DEVICE_CUDA;
+    };
+    if (quant == nullptr || job.store == nullptr || job.sequence == nullptr || !on_device(job.q) || !on_device(job.out))
+      return false;
+    const HostKvStore& store = *job.store;
+    const int64_t n = store.size(), begin = quant->indexed_begin(), end = quant->indexed_end(), middle = end - begin;
+    if (!quant->indexed() || middle <= 0 || quant->head(0).size() != middle || n <= 0) return false;
+    DeviceScope scope(device_id_);
+    const int32_t d = quant->head_dim(), group = job.group;
+    const int64_t heads = quant->n_kv_heads(), q_heads = heads * group;
+    const int threads = job.n_threads;
+    const IndexMirror* mirror = quant_mirror(*quant, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host attends
+    const KiviParams& p = quant->params();
+    dm::QuantLayout l = dm::quant_layout(mirror->data->get(), heads, mirror->capacity,
+                                         int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
+    l.blocks = quant->blocks();
+    l.residual = quant->head(0).residual_tokens();
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
+    const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const DeviceArray<float> low(static_cast<size_t>(q_heads * middle));
+    quant_low_logits(l, q.get(), low.get(), middle, group, select_scale, threads, stream);
+    const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
+    std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
+    if (candidates > 0) {
+      const DeviceArray<float> folding(low.size());
+      with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
+        thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
+      });
+      SelectRequest r;
+      r.n_q_heads = static_cast<int32_t>(q_heads);
+      r.group = group;
+      r.scale = select_scale;
+      r.mid_begin = begin;
+      r.mid_end = end;
+      r.budget = candidates;
+      r.fold = job.fold;
+      r.n_threads = threads;
+      const DeviceArray<uint64_t> keys(cand.size());
+      const DeviceArray<float> score(cand.size());
+      quant_top(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+      const DeviceArray<int32_t> positions(cand.size());
+      for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
+                     dm::QuantPositions{keys.get(), positions.get()});
+      copy_bytes(cand.data(), positions.get(), cand.size() * sizeof(int32_t), stream, true);
+    }
+    // the rows read exactly: per head its slot map and its rows' keys (and values where exact), as attend_dense
+    // decides them
+    std::vector<int32_t> slot(static_cast<size_t>(heads * n));
+    std::vector<uint8_t> kind(static_cast<size_t>(heads * n));  // 0 low-bit, 1 exact key, 2 exact row
+    int64_t key_only = 0, rows = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      uint8_t* k = kind.data() + h * n;
+      for (int64_t t = 0; t < n; ++t) k[t] = t >= begin && t < end ? 0 : 2;
+      for (int64_t i = 0; i < candidates; ++i) k[cand[static_cast<size_t>(h * candidates + i)]] = 1;
+      int64_t head_key_only = candidates;
+      for (int64_t i = 0; i < job.count; ++i) {
+        const int32_t t = job.selected[h][i];
+        if (t < begin || t >= end) continue;
+        head_key_only -= k[t] == 1;
+        k[t] = 2;
+      }
+      key_only += head_key_only;
+      int64_t exact = 0;
+      for (int64_t t = 0; t < n; ++t) exact += k[t] != 0;
+      rows = std::max(rows, exact);
+    }
+    std::vector<float> keys(static_cast<size_t>(heads * rows * d)), values(keys.size());
+    std::vector<uint8_t> exact_value(static_cast<size_t>(heads * rows), 0);
+    for (int64_t h = 0; h < heads; ++h) {
+      int32_t next = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t k = kind[static_cast<size_t>(h * n + t)];
+        if (k == 0) {
+          slot[static_cast<size_t>(h * n + t)] = -1;
+          continue;
+        }
+        const int64_t at = h * rows + next;
+        slot[static_cast<size_t>(h * n + t)] = next++;
+        load_row_f32(store.key_row(static_cast<int>(h), t), store.dtype(), keys.data() + at * d,
+                     static_cast<size_t>(d));
+        if (k == 2) {
+          load_row_f32(store.value_row(static_cast<int>(h), t), store.dtype(), values.data() + at * d,
+                       static_cast<size_t>(d));
+          exact_value[static_cast<size_t>(at)] = 1;
+        }
+      }
+    }
+    const DeviceArray<int32_t> slot_d(slot.size());
+    const DeviceArray<uint8_t> exact_value_d(exact_value.size());
+    const DeviceArray<float> keys_d(keys.size()), values_d(values.size());
+    copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
+    copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
+    copy_bytes(keys_d.get(), keys.data(), keys.size() * sizeof(float), stream, false);
+    copy_bytes(values_d.get(), values.data(), values.size() * sizeof(float), stream, true);
+    const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows};
+    // the logits, the weights and the output
+    const DeviceArray<double> logits(static_cast<size_t>(q_heads * n)), z(static_cast<size_t>(q_heads));
+    for_each_index(stream, threads, q_heads * n,
+                   dm::QuantAttendLogits{x, q.get(), low.get(), logits.get(), n, begin, middle, d, group, job.scale,
+                                         cuda::math::quant_rescale(job.scale, select_scale)});
+    for_each_index(stream, threads, q_heads, dm::QuantAttendWeights{logits.get(), z.get(), n});
+    for_each_index(stream, threads, q_heads * d,
+                   dm::QuantAttendOutput{l, x, logits.get(), z.get(), device_tensor(*job.out), n, begin, group});
+    *key_rows = key_only;
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+ private:
+  /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
+  /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
+  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them.
+  void quant_top(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
+                 uint64_t* keys, float* score, kvret_stream stream) {
+    const int threads = r.n_threads;
+    const int64_t q_heads = heads * r.group, entries = heads * n;
+    const DeviceArray<float> folded(static_cast<size_t>(entries));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
+      for_each_index(stream, threads, q_heads, dm::QuantSoftmaxes{logits, softmax.get(), n});
+    SelectRequest top = r;
+    top.budget = k;
+    take_passes(
+        heads, n, top, logits, softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t*, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight});
+        },
+        stream);
+    for_each_index(stream, threads, entries,
+                   dm::QuantPick{taken.get(), offset.get(), folded.get(), positions, keys, score, n, k, r.mid_begin});
+    with_policy(stream, threads, heads * k,
+                [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
+  }
+
+  /// The sorted keys' positions and their scores into the job's tensors.
+  void quant_write(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
+                   kvret_stream stream) {
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, job.request.n_threads, heads * budget,
+                   dm::ClusterWrite{keys, score, device_tensor(*job.out),
+                                    job.scores != nullptr ? device_tensor(*job.scores) : no_scores, budget});
   }
 
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and

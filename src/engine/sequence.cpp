@@ -993,19 +993,35 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
   const auto* quant = dynamic_cast<const QuantRetriever*>(&l.index());
   require(quant != nullptr, KVRET_ERR_INTERNAL, "config.quant_attention is set but the index is not the quant index");
   Backend& backend = ctx_.backend();
-  std::vector<std::byte> q_copy, out_copy;
-  const std::vector<float> qf = load_query(backend.host_readable(q, q_copy), false);
-  const TensorView out_host = backend.host_writable(out, out_copy);
   std::vector<const int32_t*> rows(static_cast<size_t>(c.n_kv_heads));
   for (int h = 0; h < c.n_kv_heads; ++h) rows[static_cast<size_t>(h)] = selected + h * width;
-  std::vector<float> o(static_cast<size_t>(c.n_q_heads) * c.head_dim);
-  const int64_t key_rows =
-      quant->attend_dense(l.store(), rows.data(), count, qf.data(), c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
-                          static_cast<kvret_gqa_fold>(c.gqa_fold), o.data(), ctx_.threads());
-  for (int h = 0; h < c.n_q_heads; ++h)
-    std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
-                static_cast<size_t>(c.head_dim) * sizeof(float));
-  backend.write_back(out_host, out);
+  int64_t key_rows = 0;
+  const QuantAttendJob job{quant,
+                           &l.store(),
+                           &q,
+                           &out,
+                           rows.data(),
+                           count,
+                           c.n_q_heads / c.n_kv_heads,
+                           attend_scale(c, scale),
+                           static_cast<kvret_gqa_fold>(c.gqa_fold),
+                           ctx_.threads(),
+                           this,
+                           layer};
+  if (backend.attend_quantized_on_device(job, &key_rows, nullptr)) {
+    note_cache_use();  // the device's copy of the index counts in device_bytes
+  } else {
+    std::vector<std::byte> q_copy, out_copy;
+    const std::vector<float> qf = load_query(backend.host_readable(q, q_copy), false);
+    const TensorView out_host = backend.host_writable(out, out_copy);
+    std::vector<float> o(static_cast<size_t>(c.n_q_heads) * c.head_dim);
+    key_rows = quant->attend_dense(l.store(), rows.data(), count, qf.data(), job.group, job.scale, job.fold, o.data(),
+                                   ctx_.threads());
+    for (int h = 0; h < c.n_q_heads; ++h)
+      std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
+                  static_cast<size_t>(c.head_dim) * sizeof(float));
+    backend.write_back(out_host, out);
+  }
   const TokenGroups g = groups(layer);
   // sink, selected and local rows, and the candidates whose keys alone were read (each counted as a row)
   const int64_t exact_rows = (g.mid_begin + count + (g.length - g.mid_end)) * c.n_kv_heads + key_rows;

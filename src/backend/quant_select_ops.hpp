@@ -1,0 +1,193 @@
+#pragma once
+// The CUDA backend's select for the QUANT index (SpeCache's low-bit copy; docs/quant.md, docs/cuda_backend.md), as
+// per-element functors for Thrust passes: compiled for the device by nvcc and for the host on Thrust's OpenMP
+// system. The math is kernels/math/quant_math.h, the functions the CPU index (src/core/kivi_quant.cpp,
+// src/index/quant_retriever.cpp) calls or is tested against, so both compute the same bits.
+//
+// The device mirror of one (sequence, layer)'s copy (QuantLayout): per KV head its packed key blocks and their
+// per-channel (lo, hi), its packed value rows and their per-group (lo, hi), and its f16 residual window.
+//
+// One select of one (sequence, layer), over the n middle tokens, is these passes, around page_select_ops.hpp's
+// shared ones (the fold, the two stable sorts and the take, with every token a group of weight 1: the top-k):
+//   PageLoadQuery        q into f32 [n_q_heads, d]
+//   QuantBlockLogits     per (query head, key block) the low-bit logits of its `group` tokens from the codes
+//   QuantResidualLogits  per (query head, residual token) its logit from the f16 key
+//   QuantSoftmaxes       KVRET_FOLD_SUM_PROB: per query head the maximum, the terms and the inverse normaliser
+//   PageFold, sorts, QuantUnitWeights, scans, PageTake: the top per head
+//   QuantPick            per taken token the key (head, position) and its score
+//   (sort by key: per head the positions ascending)
+//   ClusterWrite         the positions and scores into the caller's tensors
+// With re-ranking (quant_rerank = r > 1) the first pick takes min(n, r x budget) candidates; their exact keys come
+// from the store (QuantExactLogits: scale * q . k, EXACT's logit), and the same fold/top-k passes over the
+// candidates take the budget.
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cluster_select_ops.hpp"
+#include "backend/page_select_ops.hpp"
+#include "math/quant_math.h"
+
+namespace kvret::device_math {
+
+namespace qm = kvret::cuda::math;
+
+/// The device mirror of one (sequence, layer)'s low-bit copy, every head the same shape, `cap_blocks` key blocks
+/// (and cap_blocks * group value rows) and `res_cap` residual rows of room per head, `blocks` and `residual` of them
+/// in use.
+struct QuantLayout {
+  const uint8_t* key_codes;      ///< [heads][cap_blocks][d * group * bits / 8]
+  const uint16_t* key_params;    ///< [heads][cap_blocks][d][2]: f16 lo, hi
+  const uint8_t* value_codes;    ///< [heads][cap_blocks * group][d * bits / 8]
+  const uint16_t* value_params;  ///< [heads][cap_blocks * group][d / group][2]
+  const uint16_t* res_k;         ///< [heads][res_cap][d] f16
+  const uint16_t* res_v;         ///< [heads][res_cap][d] f16
+  int64_t heads, cap_blocks, res_cap, blocks, residual;
+  int32_t d, group, bits;
+
+  KVRET_BACKEND_HD int64_t key_block_bytes() const { return int64_t{d} * group * bits / 8; }
+  KVRET_BACKEND_HD int64_t value_row_bytes() const { return int64_t{d} * bits / 8; }
+  KVRET_BACKEND_HD int64_t value_row_params() const { return int64_t{d} / group * 2; }
+  /// Middle tokens in the copy: the quantized ones, then the residual.
+  KVRET_BACKEND_HD int64_t tokens() const { return blocks * group + residual; }
+  KVRET_BACKEND_HD const uint8_t* block_codes(int64_t h, int64_t b) const {
+    return key_codes + (h * cap_blocks + b) * key_block_bytes();
+  }
+  KVRET_BACKEND_HD const uint16_t* block_params(int64_t h, int64_t b) const {
+    return key_params + (h * cap_blocks + b) * 2 * d;
+  }
+  KVRET_BACKEND_HD const uint16_t* residual_key(int64_t h, int64_t j) const { return res_k + (h * res_cap + j) * d; }
+
+  /// Device bytes of a mirror of this shape (every array, every head).
+  static size_t bytes_for(int64_t heads, int64_t cap_blocks, int64_t res_cap, int32_t d, int32_t group, int32_t bits) {
+    const int64_t kb = int64_t{d} * group * bits / 8, vr = int64_t{d} * bits / 8, vp = int64_t{d} / group * 2;
+    return static_cast<size_t>(
+        heads * (cap_blocks * (kb + 4 * int64_t{d}) + cap_blocks * group * (vr + 2 * vp) + 2 * res_cap * d * 2));
+  }
+};
+
+/// QuantLayout's arrays at `base` (in its order), nothing in use yet.
+inline QuantLayout quant_layout(std::byte* base, int64_t heads, int64_t cap_blocks, int64_t res_cap, int32_t d,
+                                int32_t group, int32_t bits) {
+  QuantLayout l{};
+  l.heads = heads;
+  l.cap_blocks = cap_blocks;
+  l.res_cap = res_cap;
+  l.d = d;
+  l.group = group;
+  l.bits = bits;
+  std::byte* p = base;
+  l.key_codes = reinterpret_cast<const uint8_t*>(p);
+  p += heads * cap_blocks * l.key_block_bytes();
+  l.key_params = reinterpret_cast<const uint16_t*>(p);
+  p += heads * cap_blocks * 2 * d * 2;
+  l.value_codes = reinterpret_cast<const uint8_t*>(p);
+  p += heads * cap_blocks * group * l.value_row_bytes();
+  l.value_params = reinterpret_cast<const uint16_t*>(p);
+  p += heads * cap_blocks * group * l.value_row_params() * 2;
+  l.res_k = reinterpret_cast<const uint16_t*>(p);
+  p += heads * res_cap * d * 2;
+  l.res_v = reinterpret_cast<const uint16_t*>(p);
+  return l;
+}
+
+/// Per (query head, key block): the low-bit logits of the block's tokens, kivi_key_block_logits' bits: the
+/// channels' affine forms from their f16 (lo, hi), w = q * step, base = scale * (q . zero), then per token
+/// scale * (w . codes) + base.
+struct QuantBlockLogits {
+  QuantLayout l;
+  const float* q;  ///< [n_q_heads, d]
+  float* logits;   ///< [n_q_heads, n]
+  int64_t n;
+  int32_t group;  ///< query heads per KV head
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t hq = i / l.blocks, b = i % l.blocks, h = hq / group;
+    const float* qh = q + hq * l.d;
+    const uint8_t* codes = l.block_codes(h, b);
+    const uint16_t* params = l.block_params(h, b);
+    float w[256], zero[256];  // head_dim <= 256
+    for (int32_t c = 0; c < l.d; ++c) {
+      float step;
+      qm::kivi_affine(f16_to_f32(params[2 * c]), f16_to_f32(params[2 * c + 1]), l.bits, zero + c, &step);
+      w[c] = qm::mul_rn(qh[c], step);
+    }
+    const float base = qm::kivi_logit_base(scale, qh, zero, l.d);
+    float* out = logits + hq * n + b * l.group;
+    for (int32_t t = 0; t < l.group; ++t)
+      out[t] = qm::kivi_low_bit_logit(scale, w, base, codes, l.group, l.bits, t, l.d);
+  }
+};
+
+/// Per (query head, residual token): scale * q . k with the f16 key (scaled_dots' bits).
+struct QuantResidualLogits {
+  QuantLayout l;
+  const float* q;
+  float* logits;
+  int64_t n;
+  int32_t group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t hq = i / l.residual, j = i % l.residual;
+    const uint16_t* k16 = l.residual_key(hq / group, j);
+    float k[256];
+    for (int32_t c = 0; c < l.d; ++c) k[c] = f16_to_f32(k16[c]);
+    logits[hq * n + l.blocks * l.group + j] = qm::mul_rn(scale, qm::dot8(q + hq * l.d, k, l.d));
+  }
+};
+
+/// Per (query head, candidate): EXACT's logit scale * q . k from the candidate's exact key.
+struct QuantExactLogits {
+  const float* q;     ///< [n_q_heads, d]
+  const float* keys;  ///< [n_kv_heads, n, d]
+  float* logits;      ///< [n_q_heads, n]
+  int64_t n;
+  int32_t d, group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t hq = i / n, u = i % n;
+    logits[i] = qm::mul_rn(scale, qm::dot8(q + hq * d, keys + ((hq / group) * n + u) * d, d));
+  }
+};
+
+/// KVRET_FOLD_SUM_PROB: per query head the softmax over its n tokens (gqa_fold.cpp's unweighted fold).
+struct QuantSoftmaxes {
+  float* logits;         ///< [n_q_heads, n]: replaced by the softmax's terms
+  qm::PageSoftmax* out;  ///< [n_q_heads]
+  int64_t n;
+  KVRET_BACKEND_HD void operator()(int64_t hq) const { out[hq] = qm::token_softmax_terms(logits + hq * n, n); }
+};
+
+/// Every token is a group of weight 1 (so the grouped take is the top-k).
+struct QuantUnitWeights {
+  int64_t* weight;
+  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
+};
+
+/// Per (KV head, token u): when taken, its key head << 32 | position (positions[h * n + u], or base + u without
+/// them) and its score, at its offset in the head's row of `budget` entries.
+struct QuantPick {
+  const int64_t* taken;   ///< [n_kv_heads, n]
+  const int64_t* offset;  ///< exclusive scan of taken per head
+  const float* folded;
+  const int32_t* positions;  ///< [n_kv_heads, n] or null
+  uint64_t* keys;            ///< [n_kv_heads, budget]
+  float* score;              ///< [n_kv_heads, budget]
+  int64_t n, budget, base;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    if (taken[i] == 0) return;
+    const int64_t h = i / n, u = i % n;
+    const int64_t at = h * budget + offset[i];
+    const int64_t pos = positions != nullptr ? positions[i] : base + u;
+    keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(pos);
+    score[at] = folded[i];
+  }
+};
+
+/// The picked positions of each head, in key order (ascending), as i32 [n_kv_heads, budget].
+struct QuantPositions {
+  const uint64_t* keys;
+  int32_t* out;
+  KVRET_BACKEND_HD void operator()(int64_t i) const { out[i] = static_cast<int32_t>(keys[i] & 0xffffffffu); }
+};
+
+}  // namespace kvret::device_math
