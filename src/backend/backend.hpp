@@ -66,7 +66,6 @@ struct QuantAttendJob {
   int64_t count = 0;
   int32_t group = 1;
   float scale = 1.0f;
-  kvret_gqa_fold fold = KVRET_FOLD_SUM_PROB;
   int n_threads = 1;
   const void* sequence = nullptr;  ///< with layer, the key of the device's copy of the index
   int32_t layer = 0;

@@ -896,7 +896,10 @@ class CudaBackend final : public Backend {
                      dm::QuantResidualLogits{l, q.get(), logits.get(), n, group, r.scale});
     const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates));
     const DeviceArray<float> score(keys.size());
-    quant_top(heads, n, candidates, r, logits.get(), nullptr, keys.get(), score.get(), stream);
+    // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
+    SelectRequest low = r;
+    if (quant.rerank() > 1) low.fold = KVRET_FOLD_MAX_LOGIT;
+    quant_top(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
     if (quant.rerank() == 1) {
       quant_write(keys.get(), score.get(), heads, r.budget, job, stream);
       return true;
@@ -984,7 +987,7 @@ class CudaBackend final : public Backend {
       r.mid_begin = begin;
       r.mid_end = end;
       r.budget = candidates;
-      r.fold = job.fold;
+      r.fold = KVRET_FOLD_MAX_LOGIT;  // select's candidates (QuantRetriever::low_bit_candidates)
       r.n_threads = threads;
       const DeviceArray<uint64_t> keys(cand.size());
       const DeviceArray<float> score(cand.size());

@@ -5,8 +5,9 @@
 //
 // One call over the n tokens of a (sequence, layer), the middle [begin, end), is these passes:
 //   PageLoadQuery, QuantBlockLogits, QuantResidualLogits   q and the low-bit logits at select's scale (quant_select)
-//   (the candidates, with re-ranking: select's fold and top-k passes over a copy of those logits)
-//   QuantAttendLogits    per (query head, token) its logit in double: the rescaled low-bit logit, or the exact one
+//   (the candidates, with re-ranking: select's candidate passes, the maximum over each group, over a copy of those
+//   logits) QuantAttendLogits    per (query head, token) its logit in double: the rescaled low-bit logit, or the exact
+//   one
 //                        from the token's exact key (the sink, local, selected and candidate tokens)
 //   QuantAttendWeights   per query head the maximum, then e^(l - max) in place, and the normaliser, in token order
 //   QuantAttendOutput    per (query head, element) the weighted sum of the values in token order (the exact value of

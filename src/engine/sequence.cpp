@@ -996,18 +996,9 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
   std::vector<const int32_t*> rows(static_cast<size_t>(c.n_kv_heads));
   for (int h = 0; h < c.n_kv_heads; ++h) rows[static_cast<size_t>(h)] = selected + h * width;
   int64_t key_rows = 0;
-  const QuantAttendJob job{quant,
-                           &l.store(),
-                           &q,
-                           &out,
-                           rows.data(),
-                           count,
-                           c.n_q_heads / c.n_kv_heads,
-                           attend_scale(c, scale),
-                           static_cast<kvret_gqa_fold>(c.gqa_fold),
-                           ctx_.threads(),
-                           this,
-                           layer};
+  const QuantAttendJob job{
+      quant,          &l.store(), &q,   &out, rows.data(), count, c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
+      ctx_.threads(), this,       layer};
   if (backend.attend_quantized_on_device(job, &key_rows, nullptr)) {
     note_cache_use();  // the device's copy of the index counts in device_bytes
   } else {
@@ -1015,8 +1006,8 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
     const std::vector<float> qf = load_query(backend.host_readable(q, q_copy), false);
     const TensorView out_host = backend.host_writable(out, out_copy);
     std::vector<float> o(static_cast<size_t>(c.n_q_heads) * c.head_dim);
-    key_rows = quant->attend_dense(l.store(), rows.data(), count, qf.data(), job.group, job.scale, job.fold, o.data(),
-                                   ctx_.threads());
+    key_rows =
+        quant->attend_dense(l.store(), rows.data(), count, qf.data(), job.group, job.scale, o.data(), ctx_.threads());
     for (int h = 0; h < c.n_q_heads; ++h)
       std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
                   static_cast<size_t>(c.head_dim) * sizeof(float));

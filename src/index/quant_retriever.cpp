@@ -52,18 +52,17 @@ int64_t QuantRetriever::blocks_changed_since(uint64_t v) const noexcept {
   return 0;
 }
 
-void QuantRetriever::low_bit_candidates(int h, const float* qh, int group, float scale, kvret_gqa_fold fold,
-                                        int64_t base, int64_t n, int64_t k, float* logits, int32_t* cand) const {
+void QuantRetriever::low_bit_candidates(int h, const float* qh, int group, float scale, int64_t base, int64_t n,
+                                        int64_t k, float* logits, int32_t* cand) const {
   heads_[static_cast<size_t>(h)].logits(qh, group, scale, logits, n);
   if (k <= 0) return;
   std::vector<float> folded(static_cast<size_t>(n));
-  fold_logits(logits, group, n, fold, folded.data());
+  fold_logits(logits, group, n, KVRET_FOLD_MAX_LOGIT, folded.data());
   take_top_tokens(folded.data(), n, k, base, cand, nullptr);
 }
 
 int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count,
-                                     const float* q, int group, float scale, kvret_gqa_fold fold, float* out,
-                                     int n_threads) const {
+                                     const float* q, int group, float scale, float* out, int n_threads) const {
   const int64_t n = store.size();
   const int64_t begin = indexed_begin(), end = indexed_end(), middle = end - begin;
   const int64_t candidates = rerank_ > 1 && count > 0 ? std::min(middle, count * rerank_) : 0;
@@ -81,7 +80,7 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
     std::vector<uint8_t> kind(static_cast<size_t>(middle), 0);
     std::vector<float> low(static_cast<size_t>(group) * middle);
     std::vector<int32_t> cand(static_cast<size_t>(candidates));
-    low_bit_candidates(h, qh, group, select_scale, fold, begin, middle, candidates, low.data(), cand.data());
+    low_bit_candidates(h, qh, group, select_scale, begin, middle, candidates, low.data(), cand.data());
     for (const int32_t t : cand) kind[static_cast<size_t>(t - begin)] = 1;
     for (int64_t i = 0; i < count; ++i) {
       if (selected[h][i] < begin || selected[h][i] >= end) continue;  // not a middle token: exact anyway
@@ -194,7 +193,7 @@ int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r,
     }
     // The candidates (ascending positions), their exact logits as EXACT computes them, the fold over them, the top.
     std::vector<int32_t> cand(static_cast<size_t>(candidates));
-    low_bit_candidates(h, qh, r.group, r.scale, r.fold, r.mid_begin, n, candidates, logits.data(), cand.data());
+    low_bit_candidates(h, qh, r.group, r.scale, r.mid_begin, n, candidates, logits.data(), cand.data());
     std::vector<float> key(static_cast<size_t>(d_));
     std::vector<float> exact(static_cast<size_t>(r.group) * candidates);
     for (int64_t i = 0; i < candidates; ++i) {

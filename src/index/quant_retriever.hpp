@@ -39,14 +39,14 @@ class QuantRetriever final : public Retriever {
   /// SpeCache's output rule (config.quant_attention): attention of every query head over every token of the
   /// layer. The sink and local windows and each KV head's `count` selected middle positions (ascending) are the exact
   /// rows of `store`. With re-ranking (rerank() = r > 1) and count > 0, the min(r x count, middle) middle tokens the
-  /// low-bit keys score highest (select's candidates: the same logits, `fold` and ties) take their exact keys from
-  /// `store`, so their logits are exact, and keep the low-bit copy's values unless selected; every other middle token
-  /// is the low-bit copy's row (its logit from the packed codes as select scores it, its value dequantized). q: f32
-  /// [n_q_heads, head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head; logits scaled by
-  /// `scale`. Softmax per query head in double precision. count = 0: pure low-bit attention over the middle.
-  /// Returns the candidates read key only (not among the selected), summed over KV heads.
+  /// low-bit keys score highest (select's candidates: the same logits, maximum over the group and ties) take their
+  /// exact keys from `store`, so their logits are exact, and keep the low-bit copy's values unless selected; every
+  /// other middle token is the low-bit copy's row (its logit from the packed codes as select scores it, its value
+  /// dequantized). q: f32 [n_q_heads, head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head;
+  /// logits scaled by `scale`. Softmax per query head in double precision. count = 0: pure low-bit attention over the
+  /// middle. Returns the candidates read key only (not among the selected), summed over KV heads.
   int64_t attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count, const float* q,
-                       int group, float scale, kvret_gqa_fold fold, float* out, int n_threads) const;
+                       int group, float scale, float* out, int n_threads) const;
 
   // Introspection (tests, tools).
   const KiviParams& params() const noexcept { return p_; }
@@ -74,9 +74,12 @@ class QuantRetriever final : public Retriever {
   int d_;
   KiviParams p_;
   /// Head h's low-bit logits of the n middle tokens ([group][n], scaled by `scale`) and, with k > 0, the k middle
-  /// positions they rank highest after the fold (ascending, absolute: base + index) into cand.
-  void low_bit_candidates(int h, const float* qh, int group, float scale, kvret_gqa_fold fold, int64_t base, int64_t n,
-                          int64_t k, float* logits, int32_t* cand) const;
+  /// positions they rank highest (ascending, absolute: base + index) into cand: the re-ranking's candidates. They are
+  /// ranked by the maximum over the group's query heads (KVRET_FOLD_MAX_LOGIT) whatever the configured fold, which
+  /// only the exact re-ranking applies: a token any head rates highly is a candidate, and no low-bit logit goes
+  /// through a softmax over every token, where a few over-rated tokens take a head's whole weight (docs/quant.md).
+  void low_bit_candidates(int h, const float* qh, int group, float scale, int64_t base, int64_t n, int64_t k,
+                          float* logits, int32_t* cand) const;
 
   /// Records a change of the blocks from block `first` on under a new version.
   void changed(int64_t first) noexcept;

@@ -118,8 +118,7 @@ Errors quant_errors(int bits, int32_t budget, const F32& k, const F32& v, int64_
     e.mixed += relative_error(out.data, want) / steps;
     const auto& quant = dynamic_cast<const QuantRetriever&>(seq->index(0));
     std::vector<float> pure(static_cast<size_t>(kQHeads * kDim));
-    quant.attend_dense(seq->store(0), nullptr, 0, q.data.data(), kQHeads / kHeads, 1.0f / 8.0f, KVRET_FOLD_SUM_PROB,
-                       pure.data(), 1);
+    quant.attend_dense(seq->store(0), nullptr, 0, q.data.data(), kQHeads / kHeads, 1.0f / 8.0f, pure.data(), 1);
     e.pure += relative_error(pure, want) / steps;
   }
   ctx.close_sequence(seq);
@@ -232,7 +231,8 @@ double max_abs_difference(const std::vector<float>& got, const std::vector<doubl
 }
 
 /// With re-ranking (quant_rerank = r), the r x budget candidates the low-bit keys rank highest (a plain select of
-/// r x budget with quant_rerank = 1) enter the softmax with their exact keys; the budget of them selected by their
+/// r x budget with quant_rerank = 1 and the maximum over each group, whatever the configured fold) enter the softmax
+/// with their exact keys; the budget of them selected by their
 /// exact scores (select's answer) with their exact values too; every other middle token as the copy has it. The
 /// fetched rows count the sink, selected and local rows and the candidates read key only.
 TEST(QuantAttention, CandidatesEnterWithExactLogitsAndTheSelectedWithExactValues) {
@@ -250,6 +250,7 @@ TEST(QuantAttention, CandidatesEnterWithExactLogitsAndTheSelectedWithExactValues
       kvret_config plain = c;
       plain.quant_rerank = 1;
       plain.quant_attention = 0;
+      plain.gqa_fold = KVRET_FOLD_MAX_LOGIT;
       std::string disk, plain_disk;
       Context ctx(read_config(&c, &disk), disk), plain_ctx(read_config(&plain, &plain_disk), plain_disk);
       Sequence* seq = ctx.open_sequence();
