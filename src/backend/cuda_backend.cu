@@ -1,15 +1,18 @@
 // The CUDA backend (see cuda_backend.hpp). One source, two device systems: nvcc builds it on Thrust's CUDA system;
 // KVRET_THRUST_OMP builds it with the host compiler on Thrust's OpenMP system, where the same algorithms run on the
 // CPU and "device" memory is host memory.
+#include <thrust/binary_search.h>
 #include <thrust/copy.h>
 #include <thrust/count.h>
 #include <thrust/device_free.h>
 #include <thrust/device_malloc.h>
 #include <thrust/execution_policy.h>
+#include <thrust/fill.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/scan.h>
+#include <thrust/sequence.h>
 #include <thrust/sort.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system_error.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "backend/block_cache_ops.hpp"
+#include "backend/cluster_build_ops.hpp"
 #include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
@@ -33,6 +37,7 @@
 #include "core/error.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
+#include "index/kmeans.hpp"
 #include "index/page_retriever.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
@@ -403,6 +408,175 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
   return d;
 }
 
+/// CLUSTER's segment build on the device (cluster_build_ops.hpp): cluster_segment_index's result, bit for bit,
+/// from Thrust passes over device arrays; the keys go up once and the layout comes back (the host retriever keeps
+/// the index). The assignment is a reference pass (one dot8 per entry), not cuBLAS: a tuned SGEMM sums in another
+/// order and could change which cluster wins. Its passes run on the default stream (the build runs on the context's
+/// build thread, or in a decode call for a decode interval).
+class CudaClusterBuilder final : public ClusterSegmentBuilder {
+ public:
+  explicit CudaClusterBuilder(int device_id) : device_id_(device_id) {}
+
+  ClusterSegmentIndex build(const ClusterSegmentJob& job) const override {
+    DeviceScope scope(device_id_);
+    ClusterSegmentIndex out;
+    CosineKmeansResult& r = out.kmeans;
+    const int64_t n = job.n;
+    const int32_t d = job.d;
+    const int32_t k = std::max(1, job.k);
+    r.directions.assign(static_cast<size_t>(k) * d, 0.0f);
+    out.centroids.assign(static_cast<size_t>(k) * d, 0.0f);
+    out.sizes.assign(static_cast<size_t>(k), 0);
+    if (n <= 0) return out;
+    const auto nd = static_cast<size_t>(n) * d;
+    const kvret_stream s = nullptr;
+    const int threads = 0;
+    const auto up = [&](void* dst, const void* src, size_t bytes) {
+      if (bytes > 0) copy_bytes(dst, src, bytes, s, false);
+    };
+    const auto down = [&](void* dst, const void* src, size_t bytes) {
+      if (bytes > 0) copy_bytes(dst, src, bytes, s, true);
+    };
+    const auto iota = [&](int64_t* p, int64_t count) {
+      with_policy(s, threads, count, [&](const auto& policy) { thrust::sequence(policy, p, p + count); });
+    };
+    // lower bounds of 0..k in sorted keys [count]: offsets [k + 1]
+    const auto bounds = [&](const int32_t* sorted, int64_t count, int64_t* offsets) {
+      with_policy(s, threads, count, [&](const auto& policy) {
+        thrust::lower_bound(policy, sorted, sorted + count, thrust::counting_iterator<int32_t>(0),
+                            thrust::counting_iterator<int32_t>(k + 1), offsets);
+      });
+    };
+
+    const DeviceArray<float> keys(nd), unit(nd);
+    up(keys.get(), job.keys, nd * sizeof(float));
+    for_each_index(s, threads, n, dm::KmUnitRows{keys.get(), unit.get(), d});
+
+    // the training points and the seeds, drawn on the host as the CPU draws them
+    const std::vector<int64_t> sample = cosine_kmeans_sample(n, k, job.seed, job.sample);
+    const int64_t m = sample.empty() ? n : static_cast<int64_t>(sample.size());
+    r.trained = m;
+    std::unique_ptr<DeviceArray<float>> drawn;
+    if (m < n) {
+      drawn = std::make_unique<DeviceArray<float>>(static_cast<size_t>(m) * d);
+      const DeviceArray<int64_t> index(static_cast<size_t>(m));
+      up(index.get(), sample.data(), sample.size() * sizeof(int64_t));
+      for_each_index(s, threads, m, dm::KmGatherRows{unit.get(), index.get(), drawn->get(), d});
+    }
+    const float* train = m < n ? drawn->get() : unit.get();
+    const DeviceArray<float> directions(static_cast<size_t>(k) * d);
+    {
+      const std::vector<int64_t> seeds = forgy_indices(m, k, job.seed);
+      const DeviceArray<int64_t> index(seeds.size());
+      up(index.get(), seeds.data(), seeds.size() * sizeof(int64_t));
+      for_each_index(s, threads, k, dm::KmGatherRows{train, index.get(), directions.get(), d});
+    }
+
+    const DeviceArray<float> score(static_cast<size_t>(std::max(m, n)) * k), cosine(static_cast<size_t>(n));
+    const DeviceArray<int32_t> labels(static_cast<size_t>(n)), changed(static_cast<size_t>(n)),
+        sorted(static_cast<size_t>(n));
+    const DeviceArray<int64_t> order(static_cast<size_t>(n)), lowest(static_cast<size_t>(m));
+    const DeviceArray<int64_t> offsets(static_cast<size_t>(k) + 1), empty_rank(static_cast<size_t>(k));
+    const DeviceArray<double> sums(static_cast<size_t>(k) * d), objective(1);
+    const auto assign = [&](const float* x, int64_t count) {
+      with_policy(s, threads, count, [&](const auto& policy) { thrust::fill_n(policy, labels.get(), count, -1); });
+      for_each_index(s, threads, count * k, dm::KmCosineGemm{x, directions.get(), score.get(), k, d});
+      for_each_index(s, threads, count, dm::KmArgmax{score.get(), labels.get(), cosine.get(), changed.get(), k});
+    };
+    with_policy(s, threads, m, [&](const auto& policy) { thrust::fill_n(policy, labels.get(), m, -1); });
+    const int iters = std::max(1, job.max_iters);
+    std::vector<int64_t> host_offsets(static_cast<size_t>(k) + 1), host_rank(static_cast<size_t>(k));
+    for (int it = 0; it < iters; ++it) {
+      for_each_index(s, threads, m * k, dm::KmCosineGemm{train, directions.get(), score.get(), k, d});
+      for_each_index(s, threads, m, dm::KmArgmax{score.get(), labels.get(), cosine.get(), changed.get(), k});
+      for_each_index(s, threads, 1, dm::KmObjective{cosine.get(), m, objective.get()});
+      double value = 0;
+      down(&value, objective.get(), sizeof(double));
+      r.objective.push_back(value);
+      r.iterations = it + 1;
+      int64_t moved = 0;
+      with_policy(s, threads, m, [&](const auto& policy) {
+        moved = static_cast<int64_t>(thrust::count(policy, changed.get(), changed.get() + m, 1));
+      });
+      if (moved == 0 || it + 1 == iters) break;  // settled, or the cap: directions stay the ones assigned to
+
+      // each cluster's points in point order, their sums, the new directions
+      with_policy(s, threads, m, [&](const auto& policy) { thrust::copy_n(policy, labels.get(), m, sorted.get()); });
+      iota(order.get(), m);
+      with_policy(s, threads, m, [&](const auto& policy) {
+        thrust::stable_sort_by_key(policy, sorted.get(), sorted.get() + m, order.get());
+      });
+      bounds(sorted.get(), m, offsets.get());
+      for_each_index(s, threads, static_cast<int64_t>(k) * d,
+                     dm::KmClusterSums{train, order.get(), offsets.get(), sums.get(), d});
+      down(host_offsets.data(), offsets.get(), host_offsets.size() * sizeof(int64_t));
+      int64_t emptied = 0;
+      for (int32_t j = 0; j < k; ++j) {
+        host_rank[static_cast<size_t>(j)] = emptied;
+        if (host_offsets[static_cast<size_t>(j) + 1] == host_offsets[static_cast<size_t>(j)]) ++emptied;
+      }
+      if (emptied > 0) {  // points by increasing cosine, ties to the earlier: where emptied clusters re-seed
+        up(empty_rank.get(), host_rank.data(), host_rank.size() * sizeof(int64_t));
+        const DeviceArray<float> by(static_cast<size_t>(m));
+        with_policy(s, threads, m, [&](const auto& policy) { thrust::copy_n(policy, cosine.get(), m, by.get()); });
+        iota(lowest.get(), m);
+        with_policy(s, threads, m, [&](const auto& policy) {
+          thrust::stable_sort_by_key(policy, by.get(), by.get() + m, lowest.get());
+        });
+      }
+      for_each_index(
+          s, threads, k,
+          dm::KmDirections{sums.get(), offsets.get(), empty_rank.get(), lowest.get(), train, directions.get(), m, d});
+    }
+    if (m < n) assign(unit.get(), n);  // every key, once, to the max-cosine of the trained directions
+
+    // the exact singletons: the lowest fits (ties: the earlier position)
+    const int64_t e = std::min<int64_t>(std::max<int64_t>(job.exacts, 0), n);
+    with_policy(s, threads, n, [&](const auto& policy) { thrust::copy_n(policy, labels.get(), n, sorted.get()); });
+    if (e > 0) {
+      const DeviceArray<float> fit(static_cast<size_t>(n));
+      for_each_index(s, threads, n, dm::KmFit{keys.get(), directions.get(), labels.get(), fit.get(), d});
+      iota(order.get(), n);
+      with_policy(s, threads, n, [&](const auto& policy) {
+        thrust::stable_sort_by_key(policy, fit.get(), fit.get() + n, order.get());
+      });
+      for_each_index(s, threads, e, dm::KmMarkExact{order.get(), sorted.get(), k});
+    }
+    // the layout: positions sorted stably by cluster (the singletons last, ascending), sizes, the raw means
+    iota(order.get(), n);
+    with_policy(s, threads, n, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, sorted.get(), sorted.get() + n, order.get());
+    });
+    bounds(sorted.get(), n, offsets.get());
+    const DeviceArray<float> centroids(static_cast<size_t>(k) * d);
+    for_each_index(s, threads, static_cast<int64_t>(k) * d,
+                   dm::KmMeans{keys.get(), order.get(), offsets.get(), centroids.get(), d});
+
+    r.labels.resize(static_cast<size_t>(n));
+    down(r.labels.data(), labels.get(), static_cast<size_t>(n) * sizeof(int32_t));
+    down(r.directions.data(), directions.get(), r.directions.size() * sizeof(float));
+    down(out.centroids.data(), centroids.get(), out.centroids.size() * sizeof(float));
+    down(host_offsets.data(), offsets.get(), host_offsets.size() * sizeof(int64_t));
+    std::vector<int64_t> points(static_cast<size_t>(n));
+    down(points.data(), order.get(), points.size() * sizeof(int64_t));
+    for (int32_t j = 0; j < k; ++j)
+      out.sizes[static_cast<size_t>(j)] =
+          static_cast<int32_t>(host_offsets[static_cast<size_t>(j) + 1] - host_offsets[static_cast<size_t>(j)]);
+    out.ids.resize(static_cast<size_t>(n - e));
+    for (int64_t i = 0; i < n - e; ++i)
+      out.ids[static_cast<size_t>(i)] = static_cast<int32_t>(job.begin + points[static_cast<size_t>(i)]);
+    for (int64_t i = n - e; i < n; ++i) {
+      const int64_t p = points[static_cast<size_t>(i)];
+      out.exact_pos.push_back(static_cast<int32_t>(job.begin + p));
+      out.exact_keys.insert(out.exact_keys.end(), job.keys + p * d, job.keys + (p + 1) * d);
+    }
+    return out;
+  }
+
+ private:
+  int device_id_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const kvret_config& config)
@@ -595,6 +769,8 @@ class CudaBackend final : public Backend {
       use.held_bytes += it->second.bytes();
     return use;
   }
+
+  std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const override { return cluster_builder_; }
 
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
@@ -1150,6 +1326,7 @@ class CudaBackend final : public Backend {
   std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
+  std::shared_ptr<const ClusterSegmentBuilder> cluster_builder_ = std::make_shared<CudaClusterBuilder>(device_id_);
 };
 
 }  // namespace
