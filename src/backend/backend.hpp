@@ -160,6 +160,8 @@ class Backend {
   /// Where CLUSTER's segments are clustered when not on the CPU (the CUDA backend's device; the default: none, the
   /// CPU builds). The context's CLUSTER retrievers then build through it (with_cluster_builder).
   virtual std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const { return nullptr; }
+  /// Bytes copied into the device copies of CLUSTER indexes (select_on_device's) since the backend was made.
+  virtual int64_t cluster_upload_bytes() const noexcept { return 0; }
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

@@ -348,54 +348,60 @@ class LayerCache {
   uint32_t step_ = 0;
 };
 
-/// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
-/// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
-/// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), in `capacity` bytes.
-struct IndexMirror {
-  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
-  std::unique_ptr<DeviceArray<std::byte>> data;
-  const void* retriever = nullptr;
-  uint64_t version = 0;
-  int64_t capacity = 0;
-  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
-  float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
-};
-
-/// The sizes of a CLUSTER mirror's arrays, in elements (f32 or i32), for all heads.
+/// The sizes of a CLUSTER mirror's arrays per KV head: clusters, ids and exact singletons (rows of d elements for
+/// the centroids and the singletons' keys).
 struct ClusterCounts {
-  int64_t heads, clusters, ids, exacts;
-  int32_t d;
+  int64_t heads = 0, clusters = 0, ids = 0, exacts = 0;
+  int32_t d = 0;
+  ClusterCounts() = default;
   explicit ClusterCounts(const ClusterRetriever& c)
       : heads(c.n_kv_heads()),
         clusters(c.clusters()),
         ids(c.sorted_ids(0).size()),
         exacts(c.exacts()),
         d(c.head_dim()) {}
-  int64_t centroids() const { return heads * clusters * d; }
-  int64_t sizes() const { return heads * clusters; }
-  int64_t offsets() const { return heads * (clusters + 1); }
-  int64_t all_ids() const { return heads * ids; }
-  int64_t exact_pos() const { return heads * exacts; }
-  int64_t exact_keys() const { return heads * exacts * d; }
+  bool fits(const ClusterCounts& n) const { return n.clusters <= clusters && n.ids <= ids && n.exacts <= exacts; }
+  /// The bytes of arrays of these sizes for every head (4-byte elements).
   size_t bytes() const {
-    return static_cast<size_t>(centroids() + sizes() + offsets() + all_ids() + exact_pos() + exact_keys()) * 4;
+    return static_cast<size_t>(heads * (clusters * d + clusters + (clusters + 1) + ids + exacts + exacts * d)) * 4;
   }
 };
 
-/// The CLUSTER mirror's arrays at `base` (4-byte elements, in ClusterCounts' order), the pending tail not set.
-dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n) {
+/// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
+/// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
+/// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), each head's part `room` elements long, the
+/// first of them the retriever's segments `held` (stamp and segment).
+struct IndexMirror {
+  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
+  std::unique_ptr<DeviceArray<std::byte>> data;
+  const void* retriever = nullptr;
+  uint64_t version = 0;
+  int64_t capacity = 0;
+  ClusterCounts room;
+  std::vector<std::pair<uint64_t, ClusterRetriever::Segment>> held;
+  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
+  float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
+};
+
+/// The CLUSTER mirror's arrays at `base` (4-byte elements; each array `room` long per head, in ClusterCounts'
+/// order) holding `n`, the pending tail not set.
+dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n, const ClusterCounts& room) {
   dm::ClusterLayout l{};
   auto* f = reinterpret_cast<float*>(base);
+  const int64_t h = room.heads;
   l.centroids = f;
-  auto* i = reinterpret_cast<int32_t*>(f + n.centroids());
+  auto* i = reinterpret_cast<int32_t*>(f + h * room.clusters * room.d);
   l.sizes = i;
-  l.offsets = i + n.sizes();
-  l.ids = i + n.sizes() + n.offsets();
-  l.exact_pos = i + n.sizes() + n.offsets() + n.all_ids();
-  l.exact_keys = reinterpret_cast<const float*>(i + n.sizes() + n.offsets() + n.all_ids() + n.exact_pos());
+  l.offsets = i + h * room.clusters;
+  l.ids = l.offsets + h * (room.clusters + 1);
+  l.exact_pos = l.ids + h * room.ids;
+  l.exact_keys = reinterpret_cast<const float*>(l.exact_pos + h * room.exacts);
   l.clusters = n.clusters;
   l.ids_per_head = n.ids;
   l.exacts = n.exacts;
+  l.cluster_stride = room.clusters;
+  l.id_stride = room.ids;
+  l.exact_stride = room.exacts;
   l.d = n.d;
   return l;
 }
@@ -771,6 +777,7 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const override { return cluster_builder_; }
+  int64_t cluster_upload_bytes() const noexcept override { return cluster_upload_bytes_.load(); }
 
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
@@ -877,42 +884,72 @@ class CudaBackend final : public Backend {
     });
   }
 
-  /// The mirror of (sequence, layer) holding `cluster`'s clusters: copied whole when the version it holds is not
-  /// the retriever's (a decode interval clustered, a cut, a rebuild, a restore), in memory grown by half when it no
-  /// longer fits. Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold
-  /// it.
+  /// The mirror of (sequence, layer) holding `cluster`'s clusters. Only what changed since the version it holds
+  /// is copied: the segments after the ones it still holds (those whose stamps it has; a decode interval sends its
+  /// own clusters, a cut sends nothing); everything when it is new (with room for half as much again) or has no room
+  /// left (it grows by half).
+  /// Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
   const IndexMirror* cluster_mirror(const ClusterRetriever& cluster, const void* sequence, int32_t layer,
                                     kvret_stream stream) {
     const ClusterCounts n(cluster);
-    const auto bytes = static_cast<int64_t>(n.bytes());
     std::lock_guard<std::mutex> lock(caches_mutex_);
     IndexMirror& m = mirrors_[{sequence, layer}];
     if (m.retriever == &cluster && m.data && m.version == cluster.version()) return &m;
-    if (bytes > m.capacity) {
-      const int64_t capacity = std::max<int64_t>({bytes, m.capacity + m.capacity / 2, 4096});
-      if (!remake_mirror(m, sequence, layer, static_cast<size_t>(capacity))) return nullptr;
-      m.capacity = capacity;
+    const std::vector<ClusterRetriever::Segment>& segments = cluster.segments();
+    size_t keep = 0;  // the segments the mirror holds still
+    if (m.retriever == &cluster && m.data)
+      while (keep < m.held.size() && keep < segments.size() &&
+             m.held[keep] == std::make_pair(cluster.segment_stamp(keep), segments[keep]))
+        ++keep;
+    if (!m.data || !m.room.fits(n)) {
+      // room for half as much again (decode intervals), or the old room grown by half
+      const auto grow = [](int64_t need, int64_t had) { return std::max(need + need / 2 + 8, had + had / 2); };
+      ClusterCounts room = n;
+      room.clusters = grow(n.clusters, m.data ? m.room.clusters : 0);
+      room.ids = grow(n.ids, m.data ? m.room.ids : 0);
+      room.exacts = grow(n.exacts, m.data ? m.room.exacts : 0);
+      if (!remake_mirror(m, sequence, layer, room.bytes())) return nullptr;
+      m.room = room;
+      keep = 0;
     }
+    m.held.clear();  // until the copy is done
     return update_mirror(m, sequence, layer, &cluster, cluster.version(), [&] {
-      const dm::ClusterLayout l = cluster_layout(m.data->get(), n);
-      const auto per_head = [&](auto* dst, auto get, int64_t count) {  // head h's array at dst + h * count
-        for (int64_t h = 0; h < n.heads; ++h)
-          if (count > 0)
-            copy_bytes(dst + h * count, get(static_cast<int>(h)).data(), static_cast<size_t>(count) * 4, stream, false);
+      const dm::ClusterLayout l = cluster_layout(m.data->get(), n, m.room);
+      const int64_t c0 = keep < segments.size() ? segments[keep].first_cluster : n.clusters;
+      const int64_t e0 = keep < segments.size() ? segments[keep].first_exact : n.exacts;
+      const int64_t i0 = cluster.offsets(0)[static_cast<size_t>(c0)];  // every head has as many ids per segment
+      const int64_t o0 = keep == 0 ? 0 : c0 + 1;                       // offsets[0] = 0 goes with the first copy
+      const auto d = static_cast<int64_t>(n.d);
+      int64_t sent = 0;
+      // elements [from, count) of head h's array, `width` 4-byte words each, at dst + h * stride
+      const auto per_head = [&](auto* dst, auto get, int64_t stride, int64_t from, int64_t count, int64_t width) {
+        for (int64_t h = 0; h < n.heads && count > from; ++h) {
+          const auto bytes = static_cast<size_t>((count - from) * width) * 4;
+          copy_bytes(dst + (h * stride + from) * width, get(static_cast<int>(h)).data() + from * width, bytes, stream,
+                     false);
+          sent += static_cast<int64_t>(bytes);
+        }
       };
       per_head(
-          const_cast<float*>(l.centroids), [&](int h) -> const auto& { return cluster.centroids(h); }, n.clusters* n.d);
+          const_cast<float*>(l.centroids), [&](int h) -> const auto& { return cluster.centroids(h); }, m.room.clusters,
+          c0, n.clusters, d);
       per_head(
-          const_cast<int32_t*>(l.sizes), [&](int h) -> const auto& { return cluster.sizes(h); }, n.clusters);
+          const_cast<int32_t*>(l.sizes), [&](int h) -> const auto& { return cluster.sizes(h); }, m.room.clusters, c0,
+          n.clusters, 1);
       per_head(
-          const_cast<int32_t*>(l.offsets), [&](int h) -> const auto& { return cluster.offsets(h); }, n.clusters + 1);
+          const_cast<int32_t*>(l.offsets), [&](int h) -> const auto& { return cluster.offsets(h); },
+          m.room.clusters + 1, o0, n.clusters + 1, 1);
       per_head(
-          const_cast<int32_t*>(l.ids), [&](int h) -> const auto& { return cluster.sorted_ids(h); }, n.ids);
+          const_cast<int32_t*>(l.ids), [&](int h) -> const auto& { return cluster.sorted_ids(h); }, m.room.ids, i0,
+          n.ids, 1);
       per_head(
           const_cast<int32_t*>(l.exact_pos), [&](int h) -> const auto& { return cluster.exact_positions(h); },
-          n.exacts);
+          m.room.exacts, e0, n.exacts, 1);
       per_head(
-          const_cast<float*>(l.exact_keys), [&](int h) -> const auto& { return cluster.exact_keys(h); }, n.exacts* n.d);
+          const_cast<float*>(l.exact_keys), [&](int h) -> const auto& { return cluster.exact_keys(h); }, m.room.exacts,
+          e0, n.exacts, d);
+      for (size_t i = 0; i < segments.size(); ++i) m.held.emplace_back(cluster.segment_stamp(i), segments[i]);
+      cluster_upload_bytes_ += sent;
     });
   }
 
@@ -923,7 +960,7 @@ class CudaBackend final : public Backend {
     const SelectRequest& r = job.request;
     const IndexMirror* mirror = cluster_mirror(cluster, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster));
+    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster), mirror->room);
     const int64_t heads = cluster.n_kv_heads();
     l.pending = cluster.pending();
     l.first_pending = cluster.clustered_end();
@@ -1327,6 +1364,7 @@ class CudaBackend final : public Backend {
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
   std::shared_ptr<const ClusterSegmentBuilder> cluster_builder_ = std::make_shared<CudaClusterBuilder>(device_id_);
+  std::atomic<int64_t> cluster_upload_bytes_{0};  // bytes copied into CLUSTER mirrors
 };
 
 }  // namespace

@@ -334,6 +334,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   const auto total_exact = static_cast<size_t>(next_exact);
   const auto total_ids = static_cast<size_t>(clustered - base) - total_exact;
   reserve_for(segments_, segments_.size() + fresh.size());
+  reserve_for(stamps_, segments_.size() + fresh.size());
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     reserve_for(centroids_[i], total_clusters * static_cast<size_t>(d_));
@@ -345,7 +346,9 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   }
 
   // commit (no throw below: every insert fits the reserved capacity)
+  const uint64_t version = new_version();
   segments_.insert(segments_.end(), fresh.begin(), fresh.end());
+  stamps_.resize(segments_.size(), version);
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     for (int64_t f = 0; f < n_fresh; ++f) {  // the head's segments in order
@@ -358,7 +361,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
       exact_keys_[i].insert(exact_keys_[i].end(), t.exact_keys.begin(), t.exact_keys.end());
     }
   }
-  version_ = new_version();
+  version_ = version;
 }
 
 bool ClusterRetriever::can_cut(int64_t end) const noexcept {
@@ -371,6 +374,7 @@ void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
   if (keep < segments_.size()) version_ = new_version();
   segments_.resize(keep);  // shrinking: no allocation
+  stamps_.resize(keep);
   const auto c = static_cast<size_t>(clusters());
   const auto e = static_cast<size_t>(exacts());
   for (int h = 0; h < n_kv_; ++h) {
@@ -584,8 +588,12 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
     }
   }
   require_intact(r.left() == 0, "trailing bytes");
+  std::vector<uint64_t> stamps(segments.size());
+  const uint64_t version = new_version();
+  std::fill(stamps.begin(), stamps.end(), version);
   // commit
   segments_.swap(segments);
+  stamps_.swap(stamps);
   centroids_.swap(centroids);
   sizes_.swap(sizes);
   offsets_.swap(offsets);
@@ -593,7 +601,7 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   exact_pos_.swap(exact_pos);
   exact_keys_.swap(exact_keys);
   set_range(range);
-  version_ = new_version();
+  version_ = version;
 }
 
 namespace {

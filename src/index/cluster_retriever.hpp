@@ -150,6 +150,10 @@ class ClusterRetriever final : public Retriever {
   /// process, after every change of them (an extend that clusters a segment, a cut that drops one, a restore); the
   /// pending tail may grow and shrink under one version. A copy (clone) keeps it. (The CUDA backend's mirror.)
   uint64_t version() const noexcept { return version_; }
+  /// The version that segment i came with (the index's version once the extend or restore that made it committed):
+  /// while segment i keeps its stamp, it and every segment before it are as they were then (the CUDA backend's
+  /// mirror sends only the segments after the ones it holds).
+  uint64_t segment_stamp(size_t i) const noexcept { return stamps_[i]; }
   /// Where segments are clustered: `builder` (a backend's device), or the CPU when null. Copies share it.
   void set_builder(std::shared_ptr<const ClusterSegmentBuilder> builder) noexcept { builder_ = std::move(builder); }
   const ClusterSegmentBuilder* builder() const noexcept { return builder_.get(); }
@@ -163,6 +167,7 @@ class ClusterRetriever final : public Retriever {
   int d_;
   Params params_;
   std::vector<Segment> segments_;
+  std::vector<uint64_t> stamps_;                 ///< per segment: segment_stamp
   std::vector<std::vector<float>> centroids_;    ///< per head [C, d]
   std::vector<std::vector<int32_t>> sizes_;      ///< per head [C]
   std::vector<std::vector<int32_t>> offsets_;    ///< per head [C + 1], offsets[0] = 0

@@ -20,6 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
+#include "engine/context.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
 #include "index/kmeans.hpp"
@@ -473,6 +474,72 @@ TEST_F(ClusterDeviceIndex, EqualsTheCpuBackendsOverPrefillDecodesAndEdits) {
       test::expect_ok(kvret_seq_close(a));
       test::expect_ok(kvret_seq_close(b));
     }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+/// The bytes of segments [from, end) of a CLUSTER index, every head: centroids, sizes, offsets, ids, singletons.
+int64_t segment_bytes(const ClusterRetriever& c, size_t from) {
+  int64_t clusters = 0, tokens = 0, exacts = 0;
+  for (size_t s = from; s < c.segments().size(); ++s) {
+    const ClusterRetriever::Segment& g = c.segments()[s];
+    clusters += g.clusters;
+    tokens += g.end - g.begin;
+    exacts += g.exacts;
+  }
+  return c.n_kv_heads() * 4 *
+         (clusters * c.head_dim() + 2 * clusters + (from == 0 ? 1 : 0) + tokens + exacts * c.head_dim());
+}
+
+/// After a long prefill's copy, a decode interval sends its own clusters only: exactly the bytes of its segment,
+/// a small part of a full copy; a truncate back into the prefill's segments sends nothing; selects stay equal.
+TEST_F(ClusterDeviceIndex, MirrorSendsOnlyWhatADecodeIntervalAdded) {
+  for (const float exact : {0.0f, 0.1f}) {
+    SCOPED_TRACE(exact);
+    kvret_config dc = build_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, exact),
+                 cc = build_config(KVRET_DEVICE_CPU, KVRET_KV_F32, exact);
+    dc.cluster_segment_tokens = cc.cluster_segment_tokens = 0;
+    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+    const Backend& backend = context_from_handle(dev_ctx.get())->backend();
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, 3000, 77);
+    const std::vector<float> q = test::random_vector(8 * kDim, 78, 2.0f);
+    const auto select_both = [&](const std::string& at) {
+      const Picked x = select(a, KVRET_DEVICE_CUDA, 0, q, 200);
+      const Picked y = select(b, KVRET_DEVICE_CPU, 0, q, 200);
+      ASSERT_EQ(x.positions, y.positions) << at;
+      expect_same_floats(x.scores, y.scores, at);
+    };
+    int64_t sent = backend.cluster_upload_bytes();
+    select_both("prefill");
+    const int64_t full = backend.cluster_upload_bytes() - sent;
+    const ClusterRetriever& c = cluster_of(a, 0);
+    EXPECT_EQ(full, segment_bytes(c, 0)) << "the first copy is the whole index";
+    for (int interval = 0; interval < 8; ++interval) {
+      const size_t before = c.segments().size();
+      for (int t = 0; t < 24; ++t) append_both(a, b, 1, 5000 + static_cast<uint64_t>(interval * 24 + t));
+      ASSERT_EQ(c.segments().size(), before + 1) << "one decode interval clustered";
+      sent = backend.cluster_upload_bytes();
+      select_both("interval " + std::to_string(interval));
+      const int64_t step = backend.cluster_upload_bytes() - sent;
+      EXPECT_EQ(step, segment_bytes(c, before)) << "interval " << interval;
+      EXPECT_LT(step * 50, full) << "interval " << interval;
+    }
+    // a truncate to a segment boundary drops the decode segments: nothing to send
+    const int64_t to = c.segments()[1].begin + dc.n_local;  // the middle then ends where segment 1 begins
+    test::expect_ok(kvret_seq_truncate(a, to));
+    test::expect_ok(kvret_seq_truncate(b, to));
+    sent = backend.cluster_upload_bytes();
+    select_both("truncated");
+    EXPECT_EQ(cluster_of(a, 0).segments().size(), 1u);
+    EXPECT_EQ(backend.cluster_upload_bytes(), sent);
+    test::expect_ok(kvret_seq_close(a));
+    test::expect_ok(kvret_seq_close(b));
   }
 }
 
