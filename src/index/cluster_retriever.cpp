@@ -323,8 +323,9 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   // one task per (head, segment): a long prefill's segments keep more threads busy than its heads alone
   const auto n_fresh = static_cast<int64_t>(fresh.size());
   std::vector<ClusterSegmentIndex> tails(static_cast<size_t>(n_kv_ * n_fresh));  // [head][segment]
-  parallel_for(n_kv_ * n_fresh, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic,
-               [&](int64_t task) {
+  // (a device builder takes them one at a time: its passes are parallel themselves)
+  parallel_for(n_kv_ * n_fresh, n_threads, builder_ == nullptr && clustered - fresh.front().begin >= kParallelTokens,
+               Schedule::kDynamic, [&](int64_t task) {
                  const auto h = static_cast<int>(task / n_fresh);
                  const Segment& seg = fresh[static_cast<size_t>(task % n_fresh)];
                  cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_, builder_.get(),
