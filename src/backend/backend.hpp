@@ -15,6 +15,8 @@
 
 namespace kvret {
 
+class ClusterSegmentBuilder;
+
 /// Memory a backend hands out for kvret's own tensors (kvret_seq_attend's working set): host memory on the CPU
 /// backend, device memory on the CUDA backend.
 class DeviceBuffer {
@@ -180,6 +182,11 @@ class Backend {
     (void)stream;
     return false;
   }
+  /// Where CLUSTER's segments are clustered when not on the CPU (the CUDA backend's device; the default: none, the
+  /// CPU builds). The context's CLUSTER retrievers then build through it (with_cluster_builder).
+  virtual std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const { return nullptr; }
+  /// Bytes copied into the device copies of CLUSTER indexes (select_on_device's) since the backend was made.
+  virtual int64_t cluster_upload_bytes() const noexcept { return 0; }
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

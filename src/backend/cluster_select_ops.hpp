@@ -24,33 +24,35 @@
 
 namespace kvret::device_math {
 
-/// The device mirror of one (sequence, layer)'s clusters, all heads side by side (every head has the same counts).
+/// The device mirror of one (sequence, layer)'s clusters, all heads side by side (every head has the same counts),
+/// each head's part of an array `*_stride` elements (rows) after the previous head's (room for decode intervals).
 struct ClusterLayout {
-  const float* centroids;     ///< [heads, C, d]
-  const int32_t* sizes;       ///< [heads, C]
-  const int32_t* offsets;     ///< [heads, C + 1]
-  const int32_t* ids;         ///< [heads, N]: positions sorted by cluster, ascending within one
-  const int32_t* exact_pos;   ///< [heads, E]
-  const float* exact_keys;    ///< [heads, E, d]
+  const float* centroids;     ///< [heads, cluster_stride, d]
+  const int32_t* sizes;       ///< [heads, cluster_stride]
+  const int32_t* offsets;     ///< [heads, cluster_stride + 1]
+  const int32_t* ids;         ///< [heads, id_stride]: positions sorted by cluster, ascending within one
+  const int32_t* exact_pos;   ///< [heads, exact_stride]
+  const float* exact_keys;    ///< [heads, exact_stride, d]
   const float* pending_keys;  ///< [heads, P, d]: this select's pending tail
   int64_t clusters, ids_per_head, exacts, pending, first_pending;
+  int64_t cluster_stride, id_stride, exact_stride;
   int32_t d;
   KVRET_BACKEND_HD int64_t groups() const { return clusters + exacts + pending; }
   /// The row [d] scored for group u of head h.
   KVRET_BACKEND_HD const float* row(int64_t h, int64_t u) const {
-    if (u < clusters) return centroids + (h * clusters + u) * d;
+    if (u < clusters) return centroids + (h * cluster_stride + u) * d;
     u -= clusters;
-    if (u < exacts) return exact_keys + (h * exacts + u) * d;
+    if (u < exacts) return exact_keys + (h * exact_stride + u) * d;
     return pending_keys + (h * pending + u - exacts) * d;
   }
   KVRET_BACKEND_HD int32_t weight(int64_t h, int64_t u) const {
-    return pm::cluster_weight(sizes + h * clusters, clusters, u);
+    return pm::cluster_weight(sizes + h * cluster_stride, clusters, u);
   }
   /// Position t (< the group's weight) of group u of head h: a cluster's are ascending.
   KVRET_BACKEND_HD int32_t position(int64_t h, int64_t u, int64_t t) const {
-    if (u < clusters) return ids[h * ids_per_head + offsets[h * (clusters + 1) + u] + t];
+    if (u < clusters) return ids[h * id_stride + offsets[h * (cluster_stride + 1) + u] + t];
     u -= clusters;
-    if (u < exacts) return exact_pos[h * exacts + u];
+    if (u < exacts) return exact_pos[h * exact_stride + u];
     return static_cast<int32_t>(first_pending + u - exacts);
   }
 };
@@ -74,8 +76,8 @@ struct ClusterSoftmaxes {
   int32_t group;
   KVRET_BACKEND_HD void operator()(int64_t hq) const {
     const int64_t n = layout.groups();
-    out[hq] =
-        pm::cluster_softmax_terms(logits + hq * n, n, layout.sizes + hq / group * layout.clusters, layout.clusters);
+    out[hq] = pm::cluster_softmax_terms(logits + hq * n, n, layout.sizes + hq / group * layout.cluster_stride,
+                                        layout.clusters);
   }
 };
 

@@ -1,15 +1,18 @@
 // The CUDA backend (see cuda_backend.hpp). One source, two device systems: nvcc builds it on Thrust's CUDA system;
 // KVRET_THRUST_OMP builds it with the host compiler on Thrust's OpenMP system, where the same algorithms run on the
 // CPU and "device" memory is host memory.
+#include <thrust/binary_search.h>
 #include <thrust/copy.h>
 #include <thrust/count.h>
 #include <thrust/device_free.h>
 #include <thrust/device_malloc.h>
 #include <thrust/execution_policy.h>
+#include <thrust/fill.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/scan.h>
+#include <thrust/sequence.h>
 #include <thrust/sort.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system_error.h>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "backend/block_cache_ops.hpp"
+#include "backend/cluster_build_ops.hpp"
 #include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
@@ -37,6 +41,7 @@
 #include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
+#include "index/kmeans.hpp"
 #include "index/page_retriever.hpp"
 #include "index/quant_retriever.hpp"
 #include "store/host_kv_store.hpp"
@@ -349,54 +354,60 @@ class LayerCache {
   uint32_t step_ = 0;
 };
 
-/// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
-/// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
-/// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), in `capacity` bytes.
-struct IndexMirror {
-  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
-  std::unique_ptr<DeviceArray<std::byte>> data;
-  const void* retriever = nullptr;
-  uint64_t version = 0;
-  int64_t capacity = 0;
-  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
-  float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
-};
-
-/// The sizes of a CLUSTER mirror's arrays, in elements (f32 or i32), for all heads.
+/// The sizes of a CLUSTER mirror's arrays per KV head: clusters, ids and exact singletons (rows of d elements for
+/// the centroids and the singletons' keys).
 struct ClusterCounts {
-  int64_t heads, clusters, ids, exacts;
-  int32_t d;
+  int64_t heads = 0, clusters = 0, ids = 0, exacts = 0;
+  int32_t d = 0;
+  ClusterCounts() = default;
   explicit ClusterCounts(const ClusterRetriever& c)
       : heads(c.n_kv_heads()),
         clusters(c.clusters()),
         ids(c.sorted_ids(0).size()),
         exacts(c.exacts()),
         d(c.head_dim()) {}
-  int64_t centroids() const { return heads * clusters * d; }
-  int64_t sizes() const { return heads * clusters; }
-  int64_t offsets() const { return heads * (clusters + 1); }
-  int64_t all_ids() const { return heads * ids; }
-  int64_t exact_pos() const { return heads * exacts; }
-  int64_t exact_keys() const { return heads * exacts * d; }
+  bool fits(const ClusterCounts& n) const { return n.clusters <= clusters && n.ids <= ids && n.exacts <= exacts; }
+  /// The bytes of arrays of these sizes for every head (4-byte elements).
   size_t bytes() const {
-    return static_cast<size_t>(centroids() + sizes() + offsets() + all_ids() + exact_pos() + exact_keys()) * 4;
+    return static_cast<size_t>(heads * (clusters * d + clusters + (clusters + 1) + ids + exacts + exacts * d)) * 4;
   }
 };
 
-/// The CLUSTER mirror's arrays at `base` (4-byte elements, in ClusterCounts' order), the pending tail not set.
-dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n) {
+/// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
+/// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
+/// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), each head's part `room` elements long, the
+/// first of them the retriever's segments `held` (stamp and segment).
+struct IndexMirror {
+  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
+  std::unique_ptr<DeviceArray<std::byte>> data;
+  const void* retriever = nullptr;
+  uint64_t version = 0;
+  int64_t capacity = 0;
+  ClusterCounts room;
+  std::vector<std::pair<uint64_t, ClusterRetriever::Segment>> held;
+  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
+  float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
+};
+
+/// The CLUSTER mirror's arrays at `base` (4-byte elements; each array `room` long per head, in ClusterCounts'
+/// order) holding `n`, the pending tail not set.
+dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n, const ClusterCounts& room) {
   dm::ClusterLayout l{};
   auto* f = reinterpret_cast<float*>(base);
+  const int64_t h = room.heads;
   l.centroids = f;
-  auto* i = reinterpret_cast<int32_t*>(f + n.centroids());
+  auto* i = reinterpret_cast<int32_t*>(f + h * room.clusters * room.d);
   l.sizes = i;
-  l.offsets = i + n.sizes();
-  l.ids = i + n.sizes() + n.offsets();
-  l.exact_pos = i + n.sizes() + n.offsets() + n.all_ids();
-  l.exact_keys = reinterpret_cast<const float*>(i + n.sizes() + n.offsets() + n.all_ids() + n.exact_pos());
+  l.offsets = i + h * room.clusters;
+  l.ids = l.offsets + h * (room.clusters + 1);
+  l.exact_pos = l.ids + h * room.ids;
+  l.exact_keys = reinterpret_cast<const float*>(l.exact_pos + h * room.exacts);
   l.clusters = n.clusters;
   l.ids_per_head = n.ids;
   l.exacts = n.exacts;
+  l.cluster_stride = room.clusters;
+  l.id_stride = room.ids;
+  l.exact_stride = room.exacts;
   l.d = n.d;
   return l;
 }
@@ -408,6 +419,175 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
   for (int i = 0; i < t.ndim() && i < 3; ++i) d.stride[i] = t.stride(i);
   return d;
 }
+
+/// CLUSTER's segment build on the device (cluster_build_ops.hpp): cluster_segment_index's result, bit for bit,
+/// from Thrust passes over device arrays; the keys go up once and the layout comes back (the host retriever keeps
+/// the index). The assignment is a reference pass (one dot8 per entry), not cuBLAS: a tuned SGEMM sums in another
+/// order and could change which cluster wins. Its passes run on the default stream (the build runs on the context's
+/// build thread, or in a decode call for a decode interval).
+class CudaClusterBuilder final : public ClusterSegmentBuilder {
+ public:
+  explicit CudaClusterBuilder(int device_id) : device_id_(device_id) {}
+
+  ClusterSegmentIndex build(const ClusterSegmentJob& job) const override {
+    DeviceScope scope(device_id_);
+    ClusterSegmentIndex out;
+    CosineKmeansResult& r = out.kmeans;
+    const int64_t n = job.n;
+    const int32_t d = job.d;
+    const int32_t k = std::max(1, job.k);
+    r.directions.assign(static_cast<size_t>(k) * d, 0.0f);
+    out.centroids.assign(static_cast<size_t>(k) * d, 0.0f);
+    out.sizes.assign(static_cast<size_t>(k), 0);
+    if (n <= 0) return out;
+    const auto nd = static_cast<size_t>(n) * d;
+    const kvret_stream s = nullptr;
+    const int threads = 0;
+    const auto up = [&](void* dst, const void* src, size_t bytes) {
+      if (bytes > 0) copy_bytes(dst, src, bytes, s, false);
+    };
+    const auto down = [&](void* dst, const void* src, size_t bytes) {
+      if (bytes > 0) copy_bytes(dst, src, bytes, s, true);
+    };
+    const auto iota = [&](int64_t* p, int64_t count) {
+      with_policy(s, threads, count, [&](const auto& policy) { thrust::sequence(policy, p, p + count); });
+    };
+    // lower bounds of 0..k in sorted keys [count]: offsets [k + 1]
+    const auto bounds = [&](const int32_t* sorted, int64_t count, int64_t* offsets) {
+      with_policy(s, threads, count, [&](const auto& policy) {
+        thrust::lower_bound(policy, sorted, sorted + count, thrust::counting_iterator<int32_t>(0),
+                            thrust::counting_iterator<int32_t>(k + 1), offsets);
+      });
+    };
+
+    const DeviceArray<float> keys(nd), unit(nd);
+    up(keys.get(), job.keys, nd * sizeof(float));
+    for_each_index(s, threads, n, dm::KmUnitRows{keys.get(), unit.get(), d});
+
+    // the training points and the seeds, drawn on the host as the CPU draws them
+    const std::vector<int64_t> sample = cosine_kmeans_sample(n, k, job.seed, job.sample);
+    const int64_t m = sample.empty() ? n : static_cast<int64_t>(sample.size());
+    r.trained = m;
+    std::unique_ptr<DeviceArray<float>> drawn;
+    if (m < n) {
+      drawn = std::make_unique<DeviceArray<float>>(static_cast<size_t>(m) * d);
+      const DeviceArray<int64_t> index(static_cast<size_t>(m));
+      up(index.get(), sample.data(), sample.size() * sizeof(int64_t));
+      for_each_index(s, threads, m, dm::KmGatherRows{unit.get(), index.get(), drawn->get(), d});
+    }
+    const float* train = m < n ? drawn->get() : unit.get();
+    const DeviceArray<float> directions(static_cast<size_t>(k) * d);
+    {
+      const std::vector<int64_t> seeds = forgy_indices(m, k, job.seed);
+      const DeviceArray<int64_t> index(seeds.size());
+      up(index.get(), seeds.data(), seeds.size() * sizeof(int64_t));
+      for_each_index(s, threads, k, dm::KmGatherRows{train, index.get(), directions.get(), d});
+    }
+
+    const DeviceArray<float> score(static_cast<size_t>(std::max(m, n)) * k), cosine(static_cast<size_t>(n));
+    const DeviceArray<int32_t> labels(static_cast<size_t>(n)), changed(static_cast<size_t>(n)),
+        sorted(static_cast<size_t>(n));
+    const DeviceArray<int64_t> order(static_cast<size_t>(n)), lowest(static_cast<size_t>(m));
+    const DeviceArray<int64_t> offsets(static_cast<size_t>(k) + 1), empty_rank(static_cast<size_t>(k));
+    const DeviceArray<double> sums(static_cast<size_t>(k) * d), objective(1);
+    const auto assign = [&](const float* x, int64_t count) {
+      with_policy(s, threads, count, [&](const auto& policy) { thrust::fill_n(policy, labels.get(), count, -1); });
+      for_each_index(s, threads, count * k, dm::KmCosineGemm{x, directions.get(), score.get(), k, d});
+      for_each_index(s, threads, count, dm::KmArgmax{score.get(), labels.get(), cosine.get(), changed.get(), k});
+    };
+    with_policy(s, threads, m, [&](const auto& policy) { thrust::fill_n(policy, labels.get(), m, -1); });
+    const int iters = std::max(1, job.max_iters);
+    std::vector<int64_t> host_offsets(static_cast<size_t>(k) + 1), host_rank(static_cast<size_t>(k));
+    for (int it = 0; it < iters; ++it) {
+      for_each_index(s, threads, m * k, dm::KmCosineGemm{train, directions.get(), score.get(), k, d});
+      for_each_index(s, threads, m, dm::KmArgmax{score.get(), labels.get(), cosine.get(), changed.get(), k});
+      for_each_index(s, threads, 1, dm::KmObjective{cosine.get(), m, objective.get()});
+      double value = 0;
+      down(&value, objective.get(), sizeof(double));
+      r.objective.push_back(value);
+      r.iterations = it + 1;
+      int64_t moved = 0;
+      with_policy(s, threads, m, [&](const auto& policy) {
+        moved = static_cast<int64_t>(thrust::count(policy, changed.get(), changed.get() + m, 1));
+      });
+      if (moved == 0 || it + 1 == iters) break;  // settled, or the cap: directions stay the ones assigned to
+
+      // each cluster's points in point order, their sums, the new directions
+      with_policy(s, threads, m, [&](const auto& policy) { thrust::copy_n(policy, labels.get(), m, sorted.get()); });
+      iota(order.get(), m);
+      with_policy(s, threads, m, [&](const auto& policy) {
+        thrust::stable_sort_by_key(policy, sorted.get(), sorted.get() + m, order.get());
+      });
+      bounds(sorted.get(), m, offsets.get());
+      for_each_index(s, threads, static_cast<int64_t>(k) * d,
+                     dm::KmClusterSums{train, order.get(), offsets.get(), sums.get(), d});
+      down(host_offsets.data(), offsets.get(), host_offsets.size() * sizeof(int64_t));
+      int64_t emptied = 0;
+      for (int32_t j = 0; j < k; ++j) {
+        host_rank[static_cast<size_t>(j)] = emptied;
+        if (host_offsets[static_cast<size_t>(j) + 1] == host_offsets[static_cast<size_t>(j)]) ++emptied;
+      }
+      if (emptied > 0) {  // points by increasing cosine, ties to the earlier: where emptied clusters re-seed
+        up(empty_rank.get(), host_rank.data(), host_rank.size() * sizeof(int64_t));
+        const DeviceArray<float> by(static_cast<size_t>(m));
+        with_policy(s, threads, m, [&](const auto& policy) { thrust::copy_n(policy, cosine.get(), m, by.get()); });
+        iota(lowest.get(), m);
+        with_policy(s, threads, m, [&](const auto& policy) {
+          thrust::stable_sort_by_key(policy, by.get(), by.get() + m, lowest.get());
+        });
+      }
+      for_each_index(
+          s, threads, k,
+          dm::KmDirections{sums.get(), offsets.get(), empty_rank.get(), lowest.get(), train, directions.get(), m, d});
+    }
+    if (m < n) assign(unit.get(), n);  // every key, once, to the max-cosine of the trained directions
+
+    // the exact singletons: the lowest fits (ties: the earlier position)
+    const int64_t e = std::min<int64_t>(std::max<int64_t>(job.exacts, 0), n);
+    with_policy(s, threads, n, [&](const auto& policy) { thrust::copy_n(policy, labels.get(), n, sorted.get()); });
+    if (e > 0) {
+      const DeviceArray<float> fit(static_cast<size_t>(n));
+      for_each_index(s, threads, n, dm::KmFit{keys.get(), directions.get(), labels.get(), fit.get(), d});
+      iota(order.get(), n);
+      with_policy(s, threads, n, [&](const auto& policy) {
+        thrust::stable_sort_by_key(policy, fit.get(), fit.get() + n, order.get());
+      });
+      for_each_index(s, threads, e, dm::KmMarkExact{order.get(), sorted.get(), k});
+    }
+    // the layout: positions sorted stably by cluster (the singletons last, ascending), sizes, the raw means
+    iota(order.get(), n);
+    with_policy(s, threads, n, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, sorted.get(), sorted.get() + n, order.get());
+    });
+    bounds(sorted.get(), n, offsets.get());
+    const DeviceArray<float> centroids(static_cast<size_t>(k) * d);
+    for_each_index(s, threads, static_cast<int64_t>(k) * d,
+                   dm::KmMeans{keys.get(), order.get(), offsets.get(), centroids.get(), d});
+
+    r.labels.resize(static_cast<size_t>(n));
+    down(r.labels.data(), labels.get(), static_cast<size_t>(n) * sizeof(int32_t));
+    down(r.directions.data(), directions.get(), r.directions.size() * sizeof(float));
+    down(out.centroids.data(), centroids.get(), out.centroids.size() * sizeof(float));
+    down(host_offsets.data(), offsets.get(), host_offsets.size() * sizeof(int64_t));
+    std::vector<int64_t> points(static_cast<size_t>(n));
+    down(points.data(), order.get(), points.size() * sizeof(int64_t));
+    for (int32_t j = 0; j < k; ++j)
+      out.sizes[static_cast<size_t>(j)] =
+          static_cast<int32_t>(host_offsets[static_cast<size_t>(j) + 1] - host_offsets[static_cast<size_t>(j)]);
+    out.ids.resize(static_cast<size_t>(n - e));
+    for (int64_t i = 0; i < n - e; ++i)
+      out.ids[static_cast<size_t>(i)] = static_cast<int32_t>(job.begin + points[static_cast<size_t>(i)]);
+    for (int64_t i = n - e; i < n; ++i) {
+      const int64_t p = points[static_cast<size_t>(i)];
+      out.exact_pos.push_back(static_cast<int32_t>(job.begin + p));
+      out.exact_keys.insert(out.exact_keys.end(), job.keys + p * d, job.keys + (p + 1) * d);
+    }
+    return out;
+  }
+
+ private:
+  int device_id_;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -602,6 +782,9 @@ class CudaBackend final : public Backend {
     return use;
   }
 
+  std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const override { return cluster_builder_; }
+  int64_t cluster_upload_bytes() const noexcept override { return cluster_upload_bytes_.load(); }
+
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
@@ -710,42 +893,72 @@ class CudaBackend final : public Backend {
     });
   }
 
-  /// The mirror of (sequence, layer) holding `cluster`'s clusters: copied whole when the version it holds is not
-  /// the retriever's (a decode interval clustered, a cut, a rebuild, a restore), in memory grown by half when it no
-  /// longer fits. Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold
-  /// it.
+  /// The mirror of (sequence, layer) holding `cluster`'s clusters. Only what changed since the version it holds
+  /// is copied: the segments after the ones it still holds (those whose stamps it has; a decode interval sends its
+  /// own clusters, a cut sends nothing); everything when it is new (with room for half as much again) or has no room
+  /// left (it grows by half).
+  /// Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
   const IndexMirror* cluster_mirror(const ClusterRetriever& cluster, const void* sequence, int32_t layer,
                                     kvret_stream stream) {
     const ClusterCounts n(cluster);
-    const auto bytes = static_cast<int64_t>(n.bytes());
     std::lock_guard<std::mutex> lock(caches_mutex_);
     IndexMirror& m = mirrors_[{sequence, layer}];
     if (m.retriever == &cluster && m.data && m.version == cluster.version()) return &m;
-    if (bytes > m.capacity) {
-      const int64_t capacity = std::max<int64_t>({bytes, m.capacity + m.capacity / 2, 4096});
-      if (!remake_mirror(m, sequence, layer, static_cast<size_t>(capacity))) return nullptr;
-      m.capacity = capacity;
+    const std::vector<ClusterRetriever::Segment>& segments = cluster.segments();
+    size_t keep = 0;  // the segments the mirror holds still
+    if (m.retriever == &cluster && m.data)
+      while (keep < m.held.size() && keep < segments.size() &&
+             m.held[keep] == std::make_pair(cluster.segment_stamp(keep), segments[keep]))
+        ++keep;
+    if (!m.data || !m.room.fits(n)) {
+      // room for half as much again (decode intervals), or the old room grown by half
+      const auto grow = [](int64_t need, int64_t had) { return std::max(need + need / 2 + 8, had + had / 2); };
+      ClusterCounts room = n;
+      room.clusters = grow(n.clusters, m.data ? m.room.clusters : 0);
+      room.ids = grow(n.ids, m.data ? m.room.ids : 0);
+      room.exacts = grow(n.exacts, m.data ? m.room.exacts : 0);
+      if (!remake_mirror(m, sequence, layer, room.bytes())) return nullptr;
+      m.room = room;
+      keep = 0;
     }
+    m.held.clear();  // until the copy is done
     return update_mirror(m, sequence, layer, &cluster, cluster.version(), [&] {
-      const dm::ClusterLayout l = cluster_layout(m.data->get(), n);
-      const auto per_head = [&](auto* dst, auto get, int64_t count) {  // head h's array at dst + h * count
-        for (int64_t h = 0; h < n.heads; ++h)
-          if (count > 0)
-            copy_bytes(dst + h * count, get(static_cast<int>(h)).data(), static_cast<size_t>(count) * 4, stream, false);
+      const dm::ClusterLayout l = cluster_layout(m.data->get(), n, m.room);
+      const int64_t c0 = keep < segments.size() ? segments[keep].first_cluster : n.clusters;
+      const int64_t e0 = keep < segments.size() ? segments[keep].first_exact : n.exacts;
+      const int64_t i0 = cluster.offsets(0)[static_cast<size_t>(c0)];  // every head has as many ids per segment
+      const int64_t o0 = keep == 0 ? 0 : c0 + 1;                       // offsets[0] = 0 goes with the first copy
+      const auto d = static_cast<int64_t>(n.d);
+      int64_t sent = 0;
+      // elements [from, count) of head h's array, `width` 4-byte words each, at dst + h * stride
+      const auto per_head = [&](auto* dst, auto get, int64_t stride, int64_t from, int64_t count, int64_t width) {
+        for (int64_t h = 0; h < n.heads && count > from; ++h) {
+          const auto bytes = static_cast<size_t>((count - from) * width) * 4;
+          copy_bytes(dst + (h * stride + from) * width, get(static_cast<int>(h)).data() + from * width, bytes, stream,
+                     false);
+          sent += static_cast<int64_t>(bytes);
+        }
       };
       per_head(
-          const_cast<float*>(l.centroids), [&](int h) -> const auto& { return cluster.centroids(h); }, n.clusters* n.d);
+          const_cast<float*>(l.centroids), [&](int h) -> const auto& { return cluster.centroids(h); }, m.room.clusters,
+          c0, n.clusters, d);
       per_head(
-          const_cast<int32_t*>(l.sizes), [&](int h) -> const auto& { return cluster.sizes(h); }, n.clusters);
+          const_cast<int32_t*>(l.sizes), [&](int h) -> const auto& { return cluster.sizes(h); }, m.room.clusters, c0,
+          n.clusters, 1);
       per_head(
-          const_cast<int32_t*>(l.offsets), [&](int h) -> const auto& { return cluster.offsets(h); }, n.clusters + 1);
+          const_cast<int32_t*>(l.offsets), [&](int h) -> const auto& { return cluster.offsets(h); },
+          m.room.clusters + 1, o0, n.clusters + 1, 1);
       per_head(
-          const_cast<int32_t*>(l.ids), [&](int h) -> const auto& { return cluster.sorted_ids(h); }, n.ids);
+          const_cast<int32_t*>(l.ids), [&](int h) -> const auto& { return cluster.sorted_ids(h); }, m.room.ids, i0,
+          n.ids, 1);
       per_head(
           const_cast<int32_t*>(l.exact_pos), [&](int h) -> const auto& { return cluster.exact_positions(h); },
-          n.exacts);
+          m.room.exacts, e0, n.exacts, 1);
       per_head(
-          const_cast<float*>(l.exact_keys), [&](int h) -> const auto& { return cluster.exact_keys(h); }, n.exacts* n.d);
+          const_cast<float*>(l.exact_keys), [&](int h) -> const auto& { return cluster.exact_keys(h); }, m.room.exacts,
+          e0, n.exacts, d);
+      for (size_t i = 0; i < segments.size(); ++i) m.held.emplace_back(cluster.segment_stamp(i), segments[i]);
+      cluster_upload_bytes_ += sent;
     });
   }
 
@@ -756,7 +969,7 @@ class CudaBackend final : public Backend {
     const SelectRequest& r = job.request;
     const IndexMirror* mirror = cluster_mirror(cluster, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster));
+    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster), mirror->room);
     const int64_t heads = cluster.n_kv_heads();
     l.pending = cluster.pending();
     l.first_pending = cluster.clustered_end();
@@ -1452,6 +1665,8 @@ class CudaBackend final : public Backend {
   std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
+  std::shared_ptr<const ClusterSegmentBuilder> cluster_builder_ = std::make_shared<CudaClusterBuilder>(device_id_);
+  std::atomic<int64_t> cluster_upload_bytes_{0};  // bytes copied into CLUSTER mirrors
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "core/vec_math.hpp"
 #include "engine/sequence.hpp"
+#include "index/cluster_retriever.hpp"
 
 namespace kvret {
 
@@ -18,6 +19,7 @@ Context::Context(const kvret_config& config, std::string disk_path, std::unique_
       threads_(resolve_threads(config.n_threads)) {
   if (kind_ == nullptr)  // neither built in nor registered
     throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(config.index_kind));
+  kind_ = with_cluster_builder(kind_, backend_->cluster_builder());  // CLUSTER built on the backend's device
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
   config_.session_shared_url = shared_url_.empty() ? nullptr : shared_url_.c_str();
 }

@@ -14,6 +14,7 @@
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
 #include "math/cluster_math.h"
+#include "math/kmeans_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 
@@ -24,20 +25,9 @@ namespace {
 constexpr int64_t kAssignBlock = 64;       ///< points scored against every centroid at a time
 constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode intervals)
 
-/// Unit rows of x [n, d]; a zero (or non-finite) row stays zero.
+/// Unit rows of x [n, d]; a zero (or non-finite) row stays zero (kmeans_math.h).
 void normalize_rows(const float* x, int64_t n, int d, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = x + i * d;
-    float* o = out + i * d;
-    double s = 0;
-    for (int t = 0; t < d; ++t) s += static_cast<double>(row[t]) * row[t];
-    if (s > 0 && std::isfinite(s)) {
-      const double inv = 1.0 / std::sqrt(s);
-      for (int t = 0; t < d; ++t) o[t] = static_cast<float>(row[t] * inv);
-    } else {
-      std::fill_n(o, d, 0.0f);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) cuda::math::kmeans_unit_row(x + i * d, d, out + i * d);
 }
 
 /// The centroid of maximum cosine (ties: the lower index) of each of n unit rows against k unit centroids: writes
@@ -50,10 +40,8 @@ int64_t assign_max_cosine(const float* xn, int64_t n, int d, const float* direct
     const int64_t m = std::min(kAssignBlock, n - i0);
     scaled_dots(xn + i0 * d, d, static_cast<int>(m), directions, d, k, d, 1.0f, scratch.data(), k);
     for (int64_t p = 0; p < m; ++p) {
-      const float* s = scratch.data() + p * k;
-      int best = 0;
-      for (int j = 1; j < k; ++j)
-        if (s[j] > s[best]) best = j;
+      const float* s = scratch.data() + p * k;  // scaled_dots with scale 1: kmeans_cosine's bits (dot8's order)
+      const int32_t best = cuda::math::kmeans_argmax(s, k);
       int32_t& label = labels[i0 + p];
       if (label != best) {
         ++changed;
@@ -65,15 +53,6 @@ int64_t assign_max_cosine(const float* xn, int64_t n, int d, const float* direct
   return changed;
 }
 
-/// One segment's clusters for one head.
-struct HeadTail {
-  std::vector<float> centroids;
-  std::vector<int32_t> sizes;
-  std::vector<int32_t> ids;
-  std::vector<int32_t> exact_pos;
-  std::vector<float> exact_keys;
-};
-
 /// The seg.exacts points of lowest cosine to their cluster's direction (ties: the earlier position), marked in
 /// `exact` ([n]); the rest keep their labels.
 void mark_exact(const float* keys, int64_t n, int d, const CosineKmeansResult& km, int64_t exacts,
@@ -82,68 +61,33 @@ void mark_exact(const float* keys, int64_t n, int d, const CosineKmeansResult& k
   if (exacts <= 0) return;
   std::vector<std::pair<float, int64_t>> fit(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    const float* key = keys + i * d;
     const float* dir = km.directions.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * d;
-    double dot = 0, norm = 0;
-    for (int t = 0; t < d; ++t) {
-      dot += static_cast<double>(key[t]) * dir[t];
-      norm += static_cast<double>(key[t]) * key[t];
-    }
-    const float cos = norm > 0 && std::isfinite(norm) ? static_cast<float>(dot / std::sqrt(norm)) : 0.0f;
-    fit[static_cast<size_t>(i)] = {std::isnan(cos) ? -2.0f : cos, i};
+    fit[static_cast<size_t>(i)] = {cuda::math::kmeans_fit(keys + i * d, dir, d), i};
   }
   const auto cut = fit.begin() + std::min(exacts, n);
   std::nth_element(fit.begin(), cut - 1, fit.end());
   for (auto it = fit.begin(); it != cut; ++it) exact[static_cast<size_t>(it->second)] = 1;
 }
 
+/// One (head, segment)'s part of the index, built by `builder` (the backend's device) or on the CPU.
 void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRetriever::Segment& seg, uint64_t seed,
-                     const ClusterRetriever::Params& params, HeadTail& out) {
+                     const ClusterRetriever::Params& params, const ClusterSegmentBuilder* builder,
+                     ClusterSegmentIndex& out) {
   const int64_t n = seg.end - seg.begin;
-  const int k = seg.clusters;
   std::vector<float> keys(static_cast<size_t>(n) * d);
   store.keys_f32(head, seg.begin, seg.end, keys.data());
-  const int64_t sample = static_cast<int64_t>(params.sample_per_cluster) * k;
-  const CosineKmeansResult km = cosine_kmeans(keys.data(), n, d, k, seed, params.max_iters, sample);
-  std::vector<uint8_t> exact;
-  mark_exact(keys.data(), n, d, km, seg.exacts, exact);
-  for (int64_t i = 0; i < n; ++i)
-    if (exact[static_cast<size_t>(i)]) {
-      out.exact_pos.push_back(static_cast<int32_t>(seg.begin + i));
-      out.exact_keys.insert(out.exact_keys.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
-    }
-
-  std::vector<int32_t> sizes(static_cast<size_t>(k), 0);
-  for (int64_t i = 0; i < n; ++i)
-    if (!exact[static_cast<size_t>(i)]) ++sizes[static_cast<size_t>(km.labels[static_cast<size_t>(i)])];
-  std::vector<int64_t> next(static_cast<size_t>(k), 0);  // stable counting sort by label
-  for (int j = 1; j < k; ++j)
-    next[static_cast<size_t>(j)] = next[static_cast<size_t>(j - 1)] + sizes[static_cast<size_t>(j - 1)];
-  std::vector<int32_t> ids(static_cast<size_t>(n - seg.exacts));
-  for (int64_t i = 0; i < n; ++i)
-    if (!exact[static_cast<size_t>(i)])
-      ids[static_cast<size_t>(next[static_cast<size_t>(km.labels[static_cast<size_t>(i)])]++)] =
-          static_cast<int32_t>(seg.begin + i);
-
-  // scoring centroids: the raw mean of each cluster's keys (q . mu is the cluster's mean logit)
-  std::vector<double> sums(static_cast<size_t>(k) * d, 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    if (exact[static_cast<size_t>(i)]) continue;
-    double* s = sums.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * d;
-    const float* key = keys.data() + static_cast<size_t>(i) * d;
-    for (int t = 0; t < d; ++t) s[t] += key[t];
-  }
-  std::vector<float> centroids(static_cast<size_t>(k) * d, 0.0f);
-  for (int j = 0; j < k; ++j) {
-    const int32_t size = sizes[static_cast<size_t>(j)];
-    if (size == 0) continue;
-    const double inv = 1.0 / size;
-    for (int t = 0; t < d; ++t)
-      centroids[static_cast<size_t>(j) * d + t] = static_cast<float>(sums[static_cast<size_t>(j) * d + t] * inv);
-  }
-  out.centroids.insert(out.centroids.end(), centroids.begin(), centroids.end());
-  out.sizes.insert(out.sizes.end(), sizes.begin(), sizes.end());
-  out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+  ClusterSegmentJob job;
+  job.keys = keys.data();
+  job.n = n;
+  job.d = d;
+  job.k = seg.clusters;
+  job.exacts = seg.exacts;
+  job.begin = seg.begin;
+  job.seed = seed;
+  job.max_iters = params.max_iters;
+  job.sample = static_cast<int64_t>(params.sample_per_cluster) * seg.clusters;
+  out = builder != nullptr ? builder->build(job) : cluster_segment_index(job);
+  out.kmeans = CosineKmeansResult{};  // only the layout is kept
 }
 
 /// A version no other index of the process has had.
@@ -170,17 +114,10 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
   normalize_rows(x, n, d, xn.data());
 
   // the training points: all of them, or a sample of at least k drawn without repeats, in their order
-  const int64_t m = sample > 0 ? std::min(n, std::max<int64_t>(sample, k)) : n;
+  const std::vector<int64_t> order = cosine_kmeans_sample(n, k, seed, sample);
+  const auto m = order.empty() ? n : static_cast<int64_t>(order.size());
   std::vector<float> drawn;
   if (m < n) {
-    std::vector<int64_t> order(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-    uint64_t state = seed ^ 0x73616d706c65ull;  // another stream than forgy_init's
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t j = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(n - i));
-      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-    }
-    std::sort(order.begin(), order.begin() + m);
     drawn.resize(static_cast<size_t>(m) * d);
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(drawn.data() + i * d, xn.data() + order[static_cast<size_t>(i)] * d,
@@ -213,7 +150,7 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
       ++counts[c];
       const float* xi = train + i * d;
       double* s = &sums[c * static_cast<size_t>(d)];
-      for (int t = 0; t < d; ++t) s[t] += xi[t];
+      for (int t = 0; t < d; ++t) s[t] = cuda::math::kmeans_sum_step(s[t], xi[t]);
     }
     std::vector<int64_t> lowest;  // points by increasing cosine, built only if a centroid emptied
     size_t next_low = 0;
@@ -221,12 +158,8 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
       float* c = &r.directions[static_cast<size_t>(j) * d];
       const double* s = &sums[static_cast<size_t>(j) * d];
       if (counts[static_cast<size_t>(j)] > 0) {
-        double norm = 0;
-        for (int t = 0; t < d; ++t) norm += s[t] * s[t];
-        if (norm > 0) {  // a sum of zero keeps the centroid: the cluster's cosines are 0 whatever it is
-          const double inv = 1.0 / std::sqrt(norm);
-          for (int t = 0; t < d; ++t) c[t] = static_cast<float>(s[t] * inv);
-        }
+        // a sum of zero keeps the centroid: the cluster's cosines are 0 whatever it is
+        cuda::math::kmeans_direction(s, d, c);
         continue;
       }
       if (lowest.empty()) {
@@ -249,6 +182,68 @@ CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64
     assign_max_cosine(xn.data(), n, d, r.directions.data(), k, r.labels.data(), cosine.data(), scratch);
   }
   return r;
+}
+
+std::vector<int64_t> cosine_kmeans_sample(int64_t n, int k, uint64_t seed, int64_t sample) {
+  const int64_t m = sample > 0 ? std::min(n, std::max<int64_t>(sample, k)) : n;
+  if (m >= n) return {};
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  uint64_t state = seed ^ 0x73616d706c65ull;  // another stream than forgy_init's
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t j = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(n - i));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  order.resize(static_cast<size_t>(m));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+ClusterSegmentIndex cluster_segment_index(const ClusterSegmentJob& job) {
+  const int64_t n = job.n;
+  const int d = job.d;
+  const int k = job.k;
+  ClusterSegmentIndex out;
+  out.kmeans = cosine_kmeans(job.keys, n, d, k, job.seed, job.max_iters, job.sample);
+  const CosineKmeansResult& km = out.kmeans;
+  std::vector<uint8_t> exact;
+  mark_exact(job.keys, n, d, km, job.exacts, exact);
+  for (int64_t i = 0; i < n; ++i)
+    if (exact[static_cast<size_t>(i)]) {
+      out.exact_pos.push_back(static_cast<int32_t>(job.begin + i));
+      out.exact_keys.insert(out.exact_keys.end(), job.keys + i * d, job.keys + (i + 1) * d);
+    }
+
+  std::vector<int32_t>& sizes = out.sizes;
+  sizes.assign(static_cast<size_t>(k), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (!exact[static_cast<size_t>(i)]) ++sizes[static_cast<size_t>(km.labels[static_cast<size_t>(i)])];
+  std::vector<int64_t> next(static_cast<size_t>(k), 0);  // stable counting sort by label
+  for (int j = 1; j < k; ++j)
+    next[static_cast<size_t>(j)] = next[static_cast<size_t>(j - 1)] + sizes[static_cast<size_t>(j - 1)];
+  out.ids.assign(static_cast<size_t>(n - job.exacts), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (!exact[static_cast<size_t>(i)])
+      out.ids[static_cast<size_t>(next[static_cast<size_t>(km.labels[static_cast<size_t>(i)])]++)] =
+          static_cast<int32_t>(job.begin + i);
+
+  // scoring centroids: the raw mean of each cluster's keys (q . mu is the cluster's mean logit)
+  std::vector<double> sums(static_cast<size_t>(k) * d, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (exact[static_cast<size_t>(i)]) continue;
+    double* s = sums.data() + static_cast<size_t>(km.labels[static_cast<size_t>(i)]) * d;
+    const float* key = job.keys + static_cast<size_t>(i) * d;
+    for (int t = 0; t < d; ++t) s[t] = cuda::math::kmeans_sum_step(s[t], key[t]);
+  }
+  out.centroids.assign(static_cast<size_t>(k) * d, 0.0f);
+  for (int j = 0; j < k; ++j) {
+    const int32_t size = sizes[static_cast<size_t>(j)];
+    if (size == 0) continue;
+    for (int t = 0; t < d; ++t)
+      out.centroids[static_cast<size_t>(j) * d + t] =
+          cuda::math::kmeans_mean(sums[static_cast<size_t>(j) * d + t], size);
+  }
+  return out;
 }
 
 ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& params)
@@ -327,18 +322,20 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   // Cluster aside; everything that may throw happens before the commit.
   // one task per (head, segment): a long prefill's segments keep more threads busy than its heads alone
   const auto n_fresh = static_cast<int64_t>(fresh.size());
-  std::vector<HeadTail> tails(static_cast<size_t>(n_kv_ * n_fresh));  // [head][segment]
-  parallel_for(n_kv_ * n_fresh, n_threads, clustered - fresh.front().begin >= kParallelTokens, Schedule::kDynamic,
-               [&](int64_t task) {
+  std::vector<ClusterSegmentIndex> tails(static_cast<size_t>(n_kv_ * n_fresh));  // [head][segment]
+  // (a device builder takes them one at a time: its passes are parallel themselves)
+  parallel_for(n_kv_ * n_fresh, n_threads, builder_ == nullptr && clustered - fresh.front().begin >= kParallelTokens,
+               Schedule::kDynamic, [&](int64_t task) {
                  const auto h = static_cast<int>(task / n_fresh);
                  const Segment& seg = fresh[static_cast<size_t>(task % n_fresh)];
-                 cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_,
+                 cluster_segment(store, h, d_, seg, segment_seed(h, seg.begin), params_, builder_.get(),
                                  tails[static_cast<size_t>(task)]);
                });
   const auto total_clusters = static_cast<size_t>(next_cluster);
   const auto total_exact = static_cast<size_t>(next_exact);
   const auto total_ids = static_cast<size_t>(clustered - base) - total_exact;
   reserve_for(segments_, segments_.size() + fresh.size());
+  reserve_for(stamps_, segments_.size() + fresh.size());
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     reserve_for(centroids_[i], total_clusters * static_cast<size_t>(d_));
@@ -350,11 +347,13 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   }
 
   // commit (no throw below: every insert fits the reserved capacity)
+  const uint64_t version = new_version();
   segments_.insert(segments_.end(), fresh.begin(), fresh.end());
+  stamps_.resize(segments_.size(), version);
   for (int h = 0; h < n_kv_; ++h) {
     const auto i = static_cast<size_t>(h);
     for (int64_t f = 0; f < n_fresh; ++f) {  // the head's segments in order
-      const HeadTail& t = tails[static_cast<size_t>(h * n_fresh + f)];
+      const ClusterSegmentIndex& t = tails[static_cast<size_t>(h * n_fresh + f)];
       centroids_[i].insert(centroids_[i].end(), t.centroids.begin(), t.centroids.end());
       sizes_[i].insert(sizes_[i].end(), t.sizes.begin(), t.sizes.end());
       for (const int32_t s : t.sizes) offsets_[i].push_back(offsets_[i].back() + s);
@@ -363,7 +362,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
       exact_keys_[i].insert(exact_keys_[i].end(), t.exact_keys.begin(), t.exact_keys.end());
     }
   }
-  version_ = new_version();
+  version_ = version;
 }
 
 bool ClusterRetriever::can_cut(int64_t end) const noexcept {
@@ -376,6 +375,7 @@ void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
   if (keep < segments_.size()) version_ = new_version();
   segments_.resize(keep);  // shrinking: no allocation
+  stamps_.resize(keep);
   const auto c = static_cast<size_t>(clusters());
   const auto e = static_cast<size_t>(exacts());
   for (int h = 0; h < n_kv_; ++h) {
@@ -589,8 +589,12 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
     }
   }
   require_intact(r.left() == 0, "trailing bytes");
+  std::vector<uint64_t> stamps(segments.size());
+  const uint64_t version = new_version();
+  std::fill(stamps.begin(), stamps.end(), version);
   // commit
   segments_.swap(segments);
+  stamps_.swap(stamps);
   centroids_.swap(centroids);
   sizes_.swap(sizes);
   offsets_.swap(offsets);
@@ -598,13 +602,14 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   exact_pos_.swap(exact_pos);
   exact_keys_.swap(exact_keys);
   set_range(range);
-  version_ = new_version();
+  version_ = version;
 }
 
 namespace {
 
 class ClusterKind final : public RetrieverKind {
  public:
+  explicit ClusterKind(std::shared_ptr<const ClusterSegmentBuilder> builder = nullptr) : builder_(std::move(builder)) {}
   const char* name() const noexcept override { return "cluster"; }
   std::unique_ptr<Retriever> make(const kvret_config& c, int layer) const override {
     ClusterRetriever::Params p;
@@ -615,12 +620,23 @@ class ClusterKind final : public RetrieverKind {
     p.exact_fraction = c.cluster_exact_fraction;
     uint64_t state = c.seed ^ (static_cast<uint64_t>(layer) << 32) ^ 0x436c75737465724bull;
     p.seed = splitmix64(state);
-    return std::make_unique<ClusterRetriever>(c.n_kv_heads, c.head_dim, p);
+    auto r = std::make_unique<ClusterRetriever>(c.n_kv_heads, c.head_dim, p);
+    r->set_builder(builder_);
+    return r;
   }
+
+ private:
+  std::shared_ptr<const ClusterSegmentBuilder> builder_;
 };
 
 }  // namespace
 
 std::shared_ptr<const RetrieverKind> make_cluster_kind() { return std::make_shared<ClusterKind>(); }
+
+std::shared_ptr<const RetrieverKind> with_cluster_builder(std::shared_ptr<const RetrieverKind> kind,
+                                                          std::shared_ptr<const ClusterSegmentBuilder> builder) {
+  if (builder == nullptr || dynamic_cast<const ClusterKind*>(kind.get()) == nullptr) return kind;
+  return std::make_shared<ClusterKind>(std::move(builder));
+}
 
 }  // namespace kvret

@@ -47,6 +47,46 @@ struct CosineKmeansResult {
 CosineKmeansResult cosine_kmeans(const float* x, int64_t n, int d, int k, uint64_t seed, int max_iters,
                                  int64_t sample = 0);
 
+/// cosine_kmeans' training points for that sample: their indices, ascending, or none when every point trains.
+std::vector<int64_t> cosine_kmeans_sample(int64_t n, int k, uint64_t seed, int64_t sample);
+
+/// One (KV head, segment) to cluster: its n keys [n, d] (f32, host memory), k clusters, `exacts` singletons, the
+/// position of its first key, the k-means seed, iteration cap and training sample.
+struct ClusterSegmentJob {
+  const float* keys = nullptr;
+  int64_t n = 0;
+  int d = 0;
+  int k = 1;
+  int64_t exacts = 0;
+  int64_t begin = 0;
+  uint64_t seed = 0;
+  int max_iters = 1;
+  int64_t sample = 0;
+};
+
+/// A segment's part of one head's index: the scoring centroids [k, d] (the raw means of the clusters' keys), the
+/// sizes [k], the clustered positions sorted stably by cluster, the exact singletons' positions (ascending) and keys
+/// [E, d]; and the k-means behind them (its directions, labels and objective).
+struct ClusterSegmentIndex {
+  std::vector<float> centroids;
+  std::vector<int32_t> sizes;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> exact_pos;
+  std::vector<float> exact_keys;
+  CosineKmeansResult kmeans;
+};
+
+/// The CPU build of one segment: cosine_kmeans, the exact singletons (the lowest fits), the layout.
+ClusterSegmentIndex cluster_segment_index(const ClusterSegmentJob& job);
+
+/// Builds segments elsewhere (the CUDA backend's device: Backend::cluster_builder), with cluster_segment_index's
+/// result bit for bit. Called from build threads and decode calls at once: it keeps no state between calls.
+class ClusterSegmentBuilder {
+ public:
+  virtual ~ClusterSegmentBuilder() = default;
+  virtual ClusterSegmentIndex build(const ClusterSegmentJob& job) const = 0;
+};
+
 class ClusterRetriever final : public Retriever {
  public:
   struct Params {
@@ -110,6 +150,13 @@ class ClusterRetriever final : public Retriever {
   /// process, after every change of them (an extend that clusters a segment, a cut that drops one, a restore); the
   /// pending tail may grow and shrink under one version. A copy (clone) keeps it. (The CUDA backend's mirror.)
   uint64_t version() const noexcept { return version_; }
+  /// The version that segment i came with (the index's version once the extend or restore that made it committed):
+  /// while segment i keeps its stamp, it and every segment before it are as they were then (the CUDA backend's
+  /// mirror sends only the segments after the ones it holds).
+  uint64_t segment_stamp(size_t i) const noexcept { return stamps_[i]; }
+  /// Where segments are clustered: `builder` (a backend's device), or the CPU when null. Copies share it.
+  void set_builder(std::shared_ptr<const ClusterSegmentBuilder> builder) noexcept { builder_ = std::move(builder); }
+  const ClusterSegmentBuilder* builder() const noexcept { return builder_.get(); }
 
  protected:
   void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
@@ -120,6 +167,7 @@ class ClusterRetriever final : public Retriever {
   int d_;
   Params params_;
   std::vector<Segment> segments_;
+  std::vector<uint64_t> stamps_;                 ///< per segment: segment_stamp
   std::vector<std::vector<float>> centroids_;    ///< per head [C, d]
   std::vector<std::vector<int32_t>> sizes_;      ///< per head [C]
   std::vector<std::vector<int32_t>> offsets_;    ///< per head [C + 1], offsets[0] = 0
@@ -127,9 +175,15 @@ class ClusterRetriever final : public Retriever {
   std::vector<std::vector<int32_t>> exact_pos_;  ///< per head [E]: the exact singletons' positions
   std::vector<std::vector<float>> exact_keys_;   ///< per head [E, d]: their keys
   uint64_t version_;
+  std::shared_ptr<const ClusterSegmentBuilder> builder_;
 };
 
 /// The KVRET_INDEX_CLUSTER kind.
 std::shared_ptr<const RetrieverKind> make_cluster_kind();
+
+/// `kind` itself, or, when it is the KVRET_INDEX_CLUSTER kind and `builder` is not null, a CLUSTER kind whose
+/// retrievers cluster their segments with `builder`.
+std::shared_ptr<const RetrieverKind> with_cluster_builder(std::shared_ptr<const RetrieverKind> kind,
+                                                          std::shared_ptr<const ClusterSegmentBuilder> builder);
 
 }  // namespace kvret

@@ -153,7 +153,7 @@ void assign_nearest(const float* x, int64_t n, int d, int64_t x_stride, const fl
 template void assign_nearest<uint8_t>(const float*, int64_t, int, int64_t, const float*, int, uint8_t*, float*, bool);
 template void assign_nearest<int32_t>(const float*, int64_t, int, int64_t, const float*, int, int32_t*, float*, bool);
 
-void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint64_t seed, float* out) {
+std::vector<int64_t> forgy_indices(int64_t n, int k, uint64_t seed) {
   // a partial Fisher-Yates shuffle of the point indices; with fewer points than centroids they repeat
   uint64_t state = seed;
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -163,8 +163,15 @@ void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint6
     const int64_t j = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(n - i));
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
+  std::vector<int64_t> out(static_cast<size_t>(std::max(k, 0)));
+  for (int j = 0; j < k; ++j) out[static_cast<size_t>(j)] = order[static_cast<size_t>(j % distinct)];
+  return out;
+}
+
+void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint64_t seed, float* out) {
+  const std::vector<int64_t> points = forgy_indices(n, k, seed);
   for (int j = 0; j < k; ++j)
-    std::memcpy(out + static_cast<size_t>(j) * d, x + order[static_cast<size_t>(j % distinct)] * x_stride,
+    std::memcpy(out + static_cast<size_t>(j) * d, x + points[static_cast<size_t>(j)] * x_stride,
                 sizeof(float) * static_cast<size_t>(d));
 }
 

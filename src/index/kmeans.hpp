@@ -34,6 +34,9 @@ KmeansResult kmeans(const float* x, int64_t n, int d, int64_t x_stride, const Km
 /// partial Fisher-Yates shuffle seeded with `seed` (points repeat, in the same order, when n < k).
 void forgy_init(const float* x, int64_t n, int d, int64_t x_stride, int k, uint64_t seed, float* out);
 
+/// The points forgy_init copies, in order: out[j] (j < k) is the index of centroid j's point (n > 0).
+std::vector<int64_t> forgy_indices(int64_t n, int k, uint64_t seed);
+
 /// For each of n points (row i at x + i * x_stride) the index of the nearest of k centroids ([k, d] row-major),
 /// written to codes[i]; the squared distance to it to distances[i] when distances is not NULL.
 template <class Code>
