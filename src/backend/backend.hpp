@@ -41,6 +41,19 @@ struct GatherJob {
   int64_t served_by_sources = 0;  ///< out: rows the sources wrote, over all heads
 };
 
+/// KVCrush's part of a device select (config.hamming_fraction > 0): the layer's signatures, host memory, rows
+/// [0, tokens) of `words` words (`heads` bits each), and their epoch (KvCrushLayer::epoch: rows already copied stay
+/// valid while it holds). The backend adds `representatives` per head to the important part by the rule of
+/// KvCrushLayer::add_representatives (docs/kvcrush.md), bit for bit.
+struct DeviceCrush {
+  const uint64_t* bits = nullptr;
+  int64_t tokens = 0;
+  int32_t heads = 0;
+  int32_t words = 0;
+  uint64_t epoch = 0;
+  int64_t representatives = 0;
+};
+
 /// One select a backend may run on its device (Backend::select_on_device): the layer's index, the request (its q
 /// unused: the device reads `q` where it is) and the caller's tensors, checked by Sequence::check_select.
 struct DeviceSelectJob {
@@ -53,6 +66,9 @@ struct DeviceSelectJob {
   const void* sequence = nullptr;      ///< with layer, the key of the device's copy of the index
   const HostKvStore* store = nullptr;  ///< the layer's store (CLUSTER reads its pending tail's keys)
   int32_t layer = 0;
+  /// Not null: request.budget is the important part and the representatives follow (a backend that cannot add them
+  /// returns false); the count written per head is then kvcrush_selected_count (kernels/math/kvcrush_math.h).
+  const DeviceCrush* crush = nullptr;
 };
 
 class Backend {
