@@ -650,8 +650,11 @@ class CudaBackend final : public Backend {
     }
     // KVCrush: the signatures' copy first, so that a refused one leaves the tensors unwritten
     const CrushMirror* crush = nullptr;
-    if (job.crush != nullptr && (crush = crush_mirror(*job.crush, job.sequence, job.layer, stream)) == nullptr)
-      return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    if (job.crush != nullptr) {
+      if (!job.crush->prepare || !job.crush->prepare(*job.crush)) return false;
+      crush = crush_mirror(*job.crush, job.sequence, job.layer, stream);
+      if (crush == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    }
     if (cluster != nullptr) {
       if (!cluster_select(*cluster, job, q.get(), stream)) return false;
     } else {

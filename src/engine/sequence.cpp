@@ -456,11 +456,18 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
     const BudgetSplit split = split_budget(n, c.hamming_fraction, c.hamming_buckets);
     important = split.important;
     if (split.representatives > 0) {
-      KvCrushLayer& k = crush_[static_cast<size_t>(layer)];
-      refresh_crush(layer, k);
-      if (k.tokens() < g.mid_end) return false;  // the host's rule for signatures short of the middle
-      crush = {k.bits().data(), k.tokens(),           k.signature_heads(), signature_words(k.signature_heads()),
-               k.epoch(),       split.representatives};
+      crush.representatives = split.representatives;
+      crush.prepare = [this, layer, mid_end = g.mid_end](DeviceCrush& d) {  // after the backend's checks of q
+        KvCrushLayer& k = crush_[static_cast<size_t>(layer)];
+        refresh_crush(layer, k);
+        if (k.tokens() < mid_end) return false;  // the host's rule for signatures short of the middle
+        d.bits = k.bits().data();
+        d.tokens = k.tokens();
+        d.heads = k.signature_heads();
+        d.words = signature_words(k.signature_heads());
+        d.epoch = k.epoch();
+        return true;
+      };
       job.crush = &crush;
       selected = cuda::math::kvcrush_selected_count(important, split.representatives, g.mid_end - g.mid_begin);
     }

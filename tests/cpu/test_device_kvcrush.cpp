@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -562,6 +563,48 @@ TEST_F(DeviceKvCrush, BatchEqualsSingleSelects) {
       test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
       test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
     }
+  }
+}
+
+/// A select refused for a non-finite q (config.check_finite) changes nothing: not the tensors, not the layer's
+/// signatures (computed at the first select that goes on, from the keys it then holds, as on the CPU backend).
+TEST_F(DeviceKvCrush, NonFiniteQueryLeavesTheSignaturesAsTheyWere) {
+  for (const Case& c : {kCases[0], kCases[2]}) {
+    SCOPED_TRACE(c.name());
+    kvret_config dc = crush_config(c, KVRET_DEVICE_CUDA, KVRET_KV_F32, 0.5f, Importance::kKeys);
+    kvret_config cc = crush_config(c, KVRET_DEVICE_CPU, KVRET_KV_F32, 0.5f, Importance::kKeys);
+    dc.check_finite = cc.check_finite = 1;
+    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, 300, 61);
+    for (const auto& [s, device] : {std::pair{a, KVRET_DEVICE_CUDA}, std::pair{b, KVRET_DEVICE_CPU}}) {
+      F32 q({kQHeads, kDim});
+      q.data = test::random_vector(kQHeads * kDim, 6);
+      q.data[static_cast<size_t>(3 * kDim + 1)] = std::numeric_limits<float>::quiet_NaN();
+      q.refresh();
+      I32 out({kHeads, 40}, -7);
+      F32 sc({kHeads, 40}, -7.0f);
+      label(q, device);
+      label(out, device);
+      label(sc, device);
+      int32_t count = -1;
+      EXPECT_EQ(kvret_select_scored(s, 0, &q.t, 40, &out.t, &sc.t, &count), KVRET_ERR_NONFINITE);
+      EXPECT_EQ(count, -1);
+      EXPECT_EQ(std::vector<int32_t>(out.data.begin(), out.data.end()), std::vector<int32_t>(2 * 40, -7));
+      EXPECT_EQ(std::vector<float>(sc.data.begin(), sc.data.end()), std::vector<float>(2 * 40, -7.0f));
+    }
+    append_both(a, b, 40, 62);  // the keys' window of the first signatures: the last 32 of these
+    const std::vector<float> q = test::random_vector(kQHeads * kDim, 63, 2.0f);
+    for (const int32_t budget : {40, 7, 200}) {
+      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, budget, budget, true),
+                  select(b, KVRET_DEVICE_CPU, 0, q, budget, budget, true), "budget " + std::to_string(budget));
+      ASSERT_FALSE(HasFatalFailure());
+    }
+    EXPECT_GT(stats_of(a).device_bytes, 0);
+    test::expect_ok(kvret_seq_close(a));
+    test::expect_ok(kvret_seq_close(b));
   }
 }
 
