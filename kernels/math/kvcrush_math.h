@@ -35,6 +35,24 @@ KVRET_HD uint64_t kvcrush_alternating_word(int w, int heads) {
   return 0xaaaaaaaaaaaaaaaaull & kvcrush_word_mask(w, heads);
 }
 
+/// The Hamming distance of a signature of `heads` bits (`words` words) to the alternating anchor: a token's place in
+/// the grouping's order. The CPU's distance lists and the device's order keys both come from it.
+KVRET_HD int kvcrush_alternating_distance(const uint64_t* bits, int words, int heads) {
+  int d = 0;
+  for (int w = 0; w < words; ++w) d += popcount64(bits[w] ^ kvcrush_alternating_word(w, heads));
+  return d;
+}
+
+/// A token's key in the grouping's (distance, position) order: ascending keys are that order (distance first, then
+/// position; distance >= 0, position >= 0).
+KVRET_HD uint64_t kvcrush_order_key(int distance, int64_t position) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(distance)) << 32) |
+         static_cast<uint64_t>(static_cast<uint32_t>(position));
+}
+
+/// The position of an order key.
+KVRET_HD int32_t kvcrush_key_position(uint64_t key) { return static_cast<int32_t>(static_cast<uint32_t>(key)); }
+
 /// Bucket b of n ordered entries cut into `buckets` buckets (b in 0..buckets): entries [begin(b), begin(b + 1)),
 /// begin(b) = floor(b * n / buckets). Sizes differ by at most one; none is empty when n >= buckets.
 /// b * n must fit in 64 bits (positions are int32: it does).
@@ -89,6 +107,15 @@ KVRET_HD int64_t kvcrush_take_first(int64_t k, int64_t hi, Take&& take) {
 /// `free_before` such entries before it is taken when free_before < missing (the places of the `missing` buckets go
 /// to the first free entries in the order).
 KVRET_HD bool kvcrush_fill_takes(int64_t free_before, int64_t missing) { return free_before < missing; }
+
+/// The row's count after the representatives: n_important + min(buckets, candidates), where buckets =
+/// kvcrush_bucket_count(n_rep, m) and the candidates are the m - n_important middle tokens outside the important row
+/// (0 <= n_important <= m). Never more than n_important + n_rep, nor than m: an n_rep past the middle adds no more.
+KVRET_HD int64_t kvcrush_selected_count(int64_t n_important, int64_t n_rep, int64_t m) {
+  const int64_t buckets = n_rep > 0 ? kvcrush_bucket_count(n_rep, m) : 0;
+  const int64_t candidates = m - n_important;
+  return n_important + (buckets < candidates ? buckets : candidates);
+}
 
 /// The merged row: a token's slot is its index among its own kind (important, or representative; both ascending)
 /// plus the count of the other kind's tokens below it.

@@ -3,6 +3,7 @@
 // it orders work on. The CPU backend implements all of it; a CUDA backend fills the same interface (pinned,
 // device-mapped pages; kernels on the caller's stream). The context owns one, made from config.device_type.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,23 @@ struct GatherJob {
   int64_t served_by_sources = 0;  ///< out: rows the sources wrote, over all heads
 };
 
+/// KVCrush's part of a device select (config.hamming_fraction > 0): the layer's signatures, host memory, rows
+/// [0, tokens) of `words` words (`heads` bits each), and their epoch (KvCrushLayer::epoch: rows already copied stay
+/// valid while it holds). The backend adds `representatives` per head to the important part by the rule of
+/// KvCrushLayer::add_representatives (docs/kvcrush.md), bit for bit.
+struct DeviceCrush {
+  int64_t representatives = 0;
+  /// Brings the layer's signatures up to date and sets the fields below; false when the host must select. The
+  /// backend calls it after checking the call's inputs (a refused call leaves the signatures as they were) and
+  /// before it writes anything.
+  std::function<bool(DeviceCrush&)> prepare;
+  const uint64_t* bits = nullptr;
+  int64_t tokens = 0;
+  int32_t heads = 0;
+  int32_t words = 0;
+  uint64_t epoch = 0;
+};
+
 /// One select a backend may run on its device (Backend::select_on_device): the layer's index, the request (its q
 /// unused: the device reads `q` where it is) and the caller's tensors, checked by Sequence::check_select.
 struct DeviceSelectJob {
@@ -55,6 +73,9 @@ struct DeviceSelectJob {
   const void* sequence = nullptr;      ///< with layer, the key of the device's copy of the index
   const HostKvStore* store = nullptr;  ///< the layer's store (CLUSTER reads its pending tail's keys)
   int32_t layer = 0;
+  /// Not null: request.budget is the important part and the representatives follow (a backend that cannot add them
+  /// returns false); the count written per head is then kvcrush_selected_count (kernels/math/kvcrush_math.h).
+  DeviceCrush* crush = nullptr;
 };
 
 /// SpeCache's quantized attention of one QUANT layer on the device (QuantRetriever::attend_dense's rule and

@@ -33,6 +33,7 @@
 #include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
+#include "backend/kvcrush_select_ops.hpp"
 #include "backend/page_select_ops.hpp"
 #include "backend/quant_attend_ops.hpp"
 #include "backend/quant_select_ops.hpp"
@@ -352,6 +353,17 @@ class LayerCache {
   std::unique_ptr<DeviceArray<int32_t>> table_;
   int32_t max_blocks_ = 0;
   uint32_t step_ = 0;
+};
+
+/// The device copy of one (sequence, layer)'s KVCrush signatures: rows [0, tokens) of `words` words, equal to the
+/// layer's of `epoch` (KvCrushLayer::epoch), in room for `capacity` rows; its device memory counts in the budget.
+struct CrushMirror {
+  std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
+  std::unique_ptr<DeviceArray<uint64_t>> bits;
+  uint64_t epoch = 0;
+  int64_t tokens = 0, capacity = 0;
+  int32_t words = 0;
+  int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
 };
 
 /// The sizes of a CLUSTER mirror's arrays per KV head: clusters, ids and exact singletons (rows of d elements for
@@ -763,6 +775,8 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(caches_mutex_);
     caches_.erase(caches_.lower_bound({sequence, INT32_MIN}), caches_.upper_bound({sequence, INT32_MAX}));
     mirrors_.erase(mirrors_.lower_bound({sequence, INT32_MIN}), mirrors_.upper_bound({sequence, INT32_MAX}));
+    crush_mirrors_.erase(crush_mirrors_.lower_bound({sequence, INT32_MIN}),
+                         crush_mirrors_.upper_bound({sequence, INT32_MAX}));
     loaded_.erase(sequence);
   }
 
@@ -778,6 +792,9 @@ class CudaBackend final : public Backend {
       use.held_bytes += it->second->bytes();
     for (auto it = mirrors_.lower_bound({sequence, INT32_MIN}); it != mirrors_.end() && it->first.first == sequence;
          ++it)
+      use.held_bytes += it->second.bytes();
+    for (auto it = crush_mirrors_.lower_bound({sequence, INT32_MIN});
+         it != crush_mirrors_.end() && it->first.first == sequence; ++it)
       use.held_bytes += it->second.bytes();
     return use;
   }
@@ -795,8 +812,9 @@ class CudaBackend final : public Backend {
   }
 
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
+    // QUANT adds no KVCrush representatives on the device: with them the host selects
     if (const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever))
-      return quant_select(*quant, job, stream);
+      return job.crush == nullptr && quant_select(*quant, job, stream);
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
     if ((page == nullptr && cluster == nullptr) || job.sequence == nullptr || job.q == nullptr || job.out == nullptr)
@@ -823,12 +841,23 @@ class CudaBackend final : public Backend {
       });
       require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
     }
-    if (cluster != nullptr) return cluster_select(*cluster, job, q.get(), stream);
-    const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
-    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
-    for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
-    page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
+    // KVCrush: the signatures' copy first, so that a refused one leaves the tensors unwritten
+    const CrushMirror* crush = nullptr;
+    if (job.crush != nullptr) {
+      if (!job.crush->prepare || !job.crush->prepare(*job.crush)) return false;
+      crush = crush_mirror(*job.crush, job.sequence, job.layer, stream);
+      if (crush == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    }
+    if (cluster != nullptr) {
+      if (!cluster_select(*cluster, job, q.get(), stream)) return false;
+    } else {
+      const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
+      if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+      const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
+      for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
+      page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
+    }
+    if (crush != nullptr) crush_passes(*crush, *job.crush, r, job.out->dim(0), *job.out, job.scores, stream);
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
   }
 
@@ -1309,6 +1338,93 @@ class CudaBackend final : public Backend {
                                     job.scores != nullptr ? device_tensor(*job.scores) : no_scores, budget});
   }
 
+  /// The KVCrush signatures' copy of (sequence, layer) brought up to `c`: the rows appended since the epoch it holds
+  /// are copied in (every row when it was made or grown, or when the epoch changed). Null, with no copy kept, when it
+  /// would pass config.device_bytes_limit or the device cannot hold it.
+  const CrushMirror* crush_mirror(const DeviceCrush& c, const void* sequence, int32_t layer, kvret_stream stream) {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    CrushMirror& m = crush_mirrors_[{sequence, layer}];
+    int64_t from = m.bits && m.epoch == c.epoch && m.words == c.words && m.tokens <= c.tokens ? m.tokens : 0;
+    if (c.tokens > m.capacity || m.words != c.words) {
+      const int64_t capacity = std::max<int64_t>({c.tokens, m.capacity + m.capacity / 2, 256});
+      m = CrushMirror{};  // the old copy goes first: the new one may need its share of the budget
+      try {
+        const size_t words = static_cast<size_t>(capacity) * static_cast<size_t>(c.words);
+        m.share = std::make_unique<BudgetShare>(words * sizeof(uint64_t), budget_);
+        m.bits = std::make_unique<DeviceArray<uint64_t>>(words);
+      } catch (const std::bad_alloc&) {
+        crush_mirrors_.erase({sequence, layer});
+        return nullptr;
+      } catch (const Error& e) {
+        crush_mirrors_.erase({sequence, layer});
+        if (e.status() != KVRET_ERR_CAPACITY) throw;
+        return nullptr;
+      }
+      m.capacity = capacity;
+      m.words = c.words;
+      from = 0;
+    }
+    try {
+      if (from < c.tokens)
+        copy_bytes(m.bits->get() + from * c.words, c.bits + from * c.words,
+                   static_cast<size_t>((c.tokens - from) * c.words) * sizeof(uint64_t), stream, false);
+    } catch (...) {
+      crush_mirrors_.erase({sequence, layer});
+      throw;
+    }
+    m.epoch = c.epoch;
+    m.tokens = c.tokens;
+    return &m;
+  }
+
+  /// KVCrush's representatives added on the device (kvcrush_select_ops.hpp) to the important part the select's
+  /// passes wrote (request.budget per head), ordered on `stream`: the row becomes kvcrush_selected_count entries.
+  void crush_passes(const CrushMirror& mirror, const DeviceCrush& c, const SelectRequest& r, int64_t heads,
+                    const TensorView& out, const TensorView* scores, kvret_stream stream) {
+    const int64_t m = r.mid_end - r.mid_begin, n_important = r.budget;
+    const int64_t buckets = cuda::math::kvcrush_bucket_count(c.representatives, m);
+    if (buckets <= 0 || n_important >= m) return;  // no candidate: the important row is the row
+    const int threads = r.n_threads;
+    const int64_t cells = heads * m;
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(m));
+    const DeviceArray<int64_t> important(static_cast<size_t>(cells)), chosen(important.size()),
+        is_free(important.size()), free_before(important.size()), rep(important.size()), important_below(rep.size()),
+        rep_below(rep.size()), none(static_cast<size_t>(heads * buckets)), missing(static_cast<size_t>(heads));
+    const DeviceArray<float> score(static_cast<size_t>(cells));
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    const dm::DeviceTensor out_t = device_tensor(out),
+                           scores_t = scores != nullptr ? device_tensor(*scores) : no_scores;
+    for_each_index(stream, threads, m,
+                   dm::CrushOrderKeys{mirror.bits->get(), keys.get(), r.mid_begin, c.words, c.heads});
+    with_policy(stream, threads, m, [&](const auto& policy) { thrust::sort(policy, keys.get(), keys.get() + m); });
+    for_each_index(stream, threads, cells, dm::CrushClear{important.get(), chosen.get()});
+    if (n_important > 0)
+      for_each_index(
+          stream, threads, heads * n_important,
+          dm::CrushMarkImportant{out_t, scores_t, important.get(), score.get(), n_important, m, r.mid_begin});
+    for_each_index(stream, threads, heads * buckets,
+                   dm::CrushBuckets{keys.get(), important.get(), chosen.get(), none.get(), m, buckets, r.mid_begin});
+    for_each_index(stream, threads, heads, dm::CrushMissing{none.get(), missing.get(), buckets});
+    for_each_index(stream, threads, cells,
+                   dm::CrushFree{keys.get(), important.get(), chosen.get(), is_free.get(), m, r.mid_begin});
+    const auto scan = [&](const int64_t* in, int64_t* below) {  // exclusive, per head
+      with_policy(stream, threads, cells, [&](const auto& policy) {
+        const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{m});
+        thrust::exclusive_scan_by_key(policy, head_of, head_of + cells, in, below);
+      });
+    };
+    scan(is_free.get(), free_before.get());
+    for_each_index(stream, threads, cells,
+                   dm::CrushChoose{keys.get(), chosen.get(), is_free.get(), free_before.get(), missing.get(), rep.get(),
+                                   m, r.mid_begin});
+    scan(important.get(), important_below.get());
+    scan(rep.get(), rep_below.get());
+    for_each_index(stream, threads, cells,
+                   dm::CrushWrite{important.get(), rep.get(), important_below.get(), rep_below.get(), score.get(),
+                                  out_t, scores_t, m, r.mid_begin});
+  }
+
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and
   /// softmaxes (SUM_PROB) are computed: the fold and order keys, the two stable sorts (per head the groups best
   /// first), sorted_weights(index, weight) writing each sorted group's tokens, the inclusive scan, the take and the
@@ -1662,6 +1778,7 @@ class CudaBackend final : public Backend {
   std::mutex caches_mutex_;
   std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
   std::map<std::pair<const void*, int32_t>, IndexMirror> mirrors_;  // PAGE bounds or clusters, by (sequence, layer)
+  std::map<std::pair<const void*, int32_t>, CrushMirror> crush_mirrors_;  // KVCrush signatures, by (sequence, layer)
   std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
   [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;

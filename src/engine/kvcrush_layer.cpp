@@ -1,6 +1,7 @@
 #include "engine/kvcrush_layer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "core/parallel.hpp"
@@ -11,7 +12,16 @@
 
 namespace kvret {
 
+namespace {
+/// A value no state of the process had before (epoch()).
+uint64_t next_epoch() noexcept {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
+}  // namespace
+
 void KvCrushLayer::init(int sig_heads, int kv_heads) {
+  epoch_ = next_epoch();
   sig_heads_ = sig_heads;
   heads_ = kv_heads;
   group_ = sig_heads / kv_heads;
@@ -41,7 +51,7 @@ void KvCrushLayer::append_tokens(const uint64_t* bits, const std::vector<std::ve
   std::vector<int> distance(static_cast<size_t>(count));
   std::vector<int64_t> per(static_cast<size_t>(sig_heads_) + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
-    distance[static_cast<size_t>(t)] = cuda::math::kvcrush_hamming(bits + t * words_, anchor_.data(), words_);
+    distance[static_cast<size_t>(t)] = cuda::math::kvcrush_alternating_distance(bits + t * words_, words_, sig_heads_);
     ++per[static_cast<size_t>(distance[static_cast<size_t>(t)])];
   }
   // everything that may throw first: the room in every list
@@ -149,7 +159,8 @@ void KvCrushLayer::truncate(int64_t length) noexcept {
     list.resize(keep);
     importance_by_distance_[d].resize(keep * static_cast<size_t>(heads_));
   }
-  n_ = length;  // bits_ keeps its tail until the next append overwrites it
+  n_ = length;            // bits_ keeps its tail until the next append overwrites it
+  epoch_ = next_epoch();  // rows from `length` on will hold other tokens
 }
 
 float KvCrushLayer::importance(int h, int64_t t) const noexcept {
@@ -212,8 +223,12 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
                                           int64_t n_important, int64_t n_rep) const {
   (void)h;  // the representatives do not depend on the head beyond its important set
   const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin;
+  // n_rep past the middle: min(n_rep, m) buckets, and never more than the candidates are added (the row is written
+  // up to kvcrush_selected_count, at most m); a negative n_rep or an important row longer than the middle adds none
   const int64_t buckets = cuda::math::kvcrush_bucket_count(n_rep, m);
-  if (buckets <= 0 || n_ < order.mid_end || order.prefix.empty() || order.prefix.back() != m) return n_important;
+  if (buckets <= 0 || n_important < 0 || n_important > m || n_ < order.mid_end || order.prefix.empty() ||
+      order.prefix.back() != m)
+    return n_important;
   // `taken` marks the row and the representatives chosen over the middle; `chosen` the representatives alone. Both
   // are all zero between calls: the read-back below clears every word it set.
   thread_local std::vector<uint64_t> tls_taken, tls_chosen;

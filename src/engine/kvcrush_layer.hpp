@@ -63,8 +63,11 @@ class KvCrushLayer {
   /// first candidate in that order not yet taken. O(n_important + n_rep + middle / 64) per call, from the lists:
   /// nothing is scored (fastest when `order` holds the first token of each of its buckets). The row stays ascending;
   /// scores (when not null) follow their positions and representatives score -infinity. Returns the row's new count,
-  /// n_important + min(buckets, candidates) (the same for every head). row and scores hold n_important + n_rep. `order`
-  /// is middle_order(mid_begin, mid_end) of this state.
+  /// n_important + min(buckets, candidates) (kvcrush_selected_count of kernels/math/kvcrush_math.h; the same for
+  /// every head). row and scores hold that count: n_important + min(n_rep, middle - n_important) entries suffice, so
+  /// an n_rep larger than the middle (or than its candidates) is safe and adds the same as n_rep = middle. A negative
+  /// n_rep, or an important row longer than the middle, adds nothing. `order` is middle_order(mid_begin, mid_end) of
+  /// this state.
   int64_t add_representatives(int h, const MiddleOrder& order, int32_t* row, float* scores, int64_t n_important,
                               int64_t n_rep) const;
   /// The same, computing middle_order itself.
@@ -72,6 +75,11 @@ class KvCrushLayer {
                               int64_t n_important, int64_t n_rep) const;
 
   int64_t tokens() const noexcept { return n_; }
+  /// The identity of the token rows: a value of this process that no other state had, renewed whenever rows already
+  /// held may change (a new state, a truncate); appends keep it. Rows [0, tokens()) of two looks at one object with
+  /// the same epoch are the same where both hold them (a copy keeps its source's epoch until either changes). A
+  /// device copy of the signatures uses it to copy only the appended rows.
+  uint64_t epoch() const noexcept { return epoch_; }
   /// The signatures, [tokens(), words] (the vector may hold rows past tokens()).
   const std::vector<uint64_t>& bits() const noexcept { return bits_; }
   /// Head h's importance of token t < tokens() (a search of the distance lists: for tests).
@@ -107,6 +115,7 @@ class KvCrushLayer {
   std::vector<std::vector<float>> importance_by_distance_;
   int64_t window_end_ = 0;  ///< the window is the keys [window_end_ - w, window_end_); 0: none yet
   int64_t n_ = 0;           ///< tokens with a signature
+  uint64_t epoch_ = 0;      ///< epoch(); 0 before the first init
   bool from_sums_ = false;
   int64_t sums_steps_ = 0;
 };

@@ -15,6 +15,7 @@
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
 #include "index/quant_retriever.hpp"
+#include "math/kvcrush_math.h"
 #include "select/kvcrush.hpp"
 
 namespace kvret {
@@ -444,18 +445,40 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   const int64_t n = check_select(layer, q, budget, out, scores);
   LayerState& l = *layers_[static_cast<size_t>(layer)];
   Backend& backend = ctx_.backend();
-  if (n == 0 || !crush_.empty() || !backend.selects_on_device(l.index(), q, out, scores)) return false;
+  if (n == 0 || !backend.selects_on_device(l.index(), q, out, scores)) return false;
   l.wait();
   const TokenGroups g = groups(layer);
   l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
   DeviceSelectJob job;
+  DeviceCrush crush;  // KVCrush: the device adds the representatives to the important part
+  int64_t important = n, selected = n;
+  if (!crush_.empty()) {
+    const BudgetSplit split = split_budget(n, c.hamming_fraction, c.hamming_buckets);
+    important = split.important;
+    if (split.representatives > 0) {
+      crush.representatives = split.representatives;
+      crush.prepare = [this, layer, mid_end = g.mid_end](DeviceCrush& d) {  // after the backend's checks of q
+        KvCrushLayer& k = crush_[static_cast<size_t>(layer)];
+        refresh_crush(layer, k);
+        if (k.tokens() < mid_end) return false;  // the host's rule for signatures short of the middle
+        d.bits = k.bits().data();
+        d.tokens = k.tokens();
+        d.heads = k.signature_heads();
+        d.words = signature_words(k.signature_heads());
+        d.epoch = k.epoch();
+        return true;
+      };
+      job.crush = &crush;
+      selected = cuda::math::kvcrush_selected_count(important, split.representatives, g.mid_end - g.mid_begin);
+    }
+  }
   job.retriever = &l.index();
   job.request.n_q_heads = c.n_q_heads;
   job.request.group = c.n_q_heads / c.n_kv_heads;
   job.request.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   job.request.mid_begin = g.mid_begin;
   job.request.mid_end = g.mid_end;
-  job.request.budget = n;
+  job.request.budget = important;
   job.request.fold = static_cast<kvret_gqa_fold>(c.gqa_fold);
   job.request.n_threads = ctx_.threads();
   job.q = &q;
@@ -468,7 +491,7 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   if (!backend.select_on_device(job, nullptr)) return false;
   stats_.selections += 1;
   note_cache_use();  // the device's copy of the index counts in device_bytes
-  *count = n;
+  *count = selected;
   return true;
 }
 
