@@ -1,7 +1,9 @@
 #pragma once
 // Per-element and decision math of the PQ kernels (pq_scores.cuh, pq_encode.cuh, pq_kmeans.cuh): the lookup-table
-// entry, the code lookup of a token's logit, the encoder's squared distance and nearest-centroid rule, k-means'
-// assignment distance, and the clamp of a sequence's device-side token count. Every sum runs in the CPU core's
+// entry, the code lookup of a token's logit, the select's cell path (a cell's logit, an exact token's logit, the
+// items' weights and which tokens a take keeps; the fold and take are page_math.h's weighted ones), the encoder's
+// squared distance and nearest-centroid rule, k-means' assignment distance, and the clamp of a sequence's
+// device-side token count. Every sum runs in the CPU core's
 // order (core/vec_math.hpp: dot, squared_distance, pq_token_logits), so the entries, logits and distances are
 // bit-identical to the CPU index's.
 #include "hd.h"
@@ -40,6 +42,41 @@ KVRET_HD float pq_token_logit(const float* lut_head, const uint8_t* codes, int p
   float s = 0.0f;
   for (int j = 0; j < pq_m; ++j) s = add_rn(s, lut_head[j * k + codes[j]]);
   return s;
+}
+
+/// The code cells of an index of pq_m sub-spaces of 2^bits centroids: k^m when bits * m <= 16 (select then scores,
+/// folds and takes cells instead of tokens), else 0 (a score per token).
+KVRET_HD int64_t pq_cells(int pq_m, int bits) { return bits * pq_m <= 16 ? int64_t{1} << (bits * pq_m) : 0; }
+
+/// The logit of code cell u = sum_j c_j k^j for one query head (lut_head is [pq_m][k]): l_0[c_0], then + l_j[c_j]
+/// for j = 1..pq_m-1 in order (no leading +0: the CPU select's cell table, built by k^j-strided copies).
+KVRET_HD float pq_cell_logit(const float* lut_head, int64_t cell, int pq_m, int k) {
+  float s = lut_head[cell % k];
+  for (int j = 1; j < pq_m; ++j) {
+    cell /= k;
+    s = add_rn(s, lut_head[j * k + cell % k]);
+  }
+  return s;
+}
+
+/// The logit of an exact token for one query head: scale * (q . key), key its stored key as f32, in the CPU dot's
+/// order (scaled_dots' bits).
+KVRET_HD float pq_exact_logit(float scale, const float* q, const float* key, int d) {
+  return mul_rn(scale, dot_cpu_order(q, key, d));
+}
+
+/// The items a select of the cell path ranks, per KV head: its `cells` code cells (item u < cells), then its
+/// n_exact exact tokens (item cells + e, in position order). The weight of an item: a cell's token count without
+/// the exact tokens, 1 for an exact token, 0 past them (padding).
+KVRET_HD int32_t pq_item_weight(const int32_t* cell_counts, int64_t cells, int64_t n_exact, int64_t u) {
+  return u < cells ? cell_counts[u] : u < cells + n_exact ? 1 : 0;
+}
+
+/// Whether a token is selected: its item (of `weight` tokens) had `taken` of them taken (grouped_take: whole items
+/// best first, the one that crosses the budget trimmed to its earliest tokens); `rank` is the token's place among
+/// its item's tokens in position order (only needed for a trimmed item).
+KVRET_HD bool pq_token_taken(int64_t taken, int64_t weight, int64_t rank) {
+  return taken >= weight ? taken > 0 : rank < taken;
 }
 
 /// The encoder's squared distance of a sub-vector to a centroid in the order of the CPU's squared_distance():

@@ -1,6 +1,7 @@
 #include "index/pq_retriever.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
+#include "math/pq_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 #include "select/topk.hpp"
@@ -78,6 +80,12 @@ SelectScratch& select_scratch() {
   return scratch;
 }
 
+/// A version number unique in the process (0 is never issued).
+uint64_t next_version() noexcept {
+  static std::atomic<uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 /// The error a token ranks by for the exact set: NaN (a NaN key) ranks lowest.
 inline float rank_error(float e) noexcept { return e == e ? e : -std::numeric_limits<float>::infinity(); }
 }  // namespace
@@ -94,14 +102,16 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       m_(params.m),
       dsub_(head_dim / params.m),
       k_(1 << params.bits),
-      cells_(params.bits * params.m <= 16 ? int64_t{1} << (params.bits * params.m) : 0),
+      cells_(cuda::math::pq_cells(params.m, params.bits)),
       params_(params),
       codes_(static_cast<size_t>(n_kv_heads)),
       cell_counts_(static_cast<size_t>(n_kv_heads)),
       cells_of_(static_cast<size_t>(n_kv_heads)),
       exact_pos_(static_cast<size_t>(n_kv_heads)),
       exact_keys_(static_cast<size_t>(n_kv_heads)),
-      exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()) {}
+      exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()),
+      version_(next_version()),
+      layout_version_(version_) {}
 
 int64_t PqRetriever::bytes() const noexcept {
   if (base_ < 0) return 0;  // nothing indexed yet
@@ -271,6 +281,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     key_dtype_ = key_dtype;
     exact_threshold_.swap(threshold);
     trained_on_ = total;
+    layout_version_ = version_ = next_version();
     return;
   }
 
@@ -335,6 +346,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     const auto& keys = new_keys[static_cast<size_t>(h)];
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
+  version_ = next_version();
 }
 
 bool PqRetriever::can_cut(int64_t end) const noexcept { return base_ < 0 || end >= end_ || end >= base_ + trained_on_; }
@@ -362,6 +374,7 @@ void PqRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
     pos.resize(first_cut);
     exact_keys_[static_cast<size_t>(h)].resize(first_cut * row_bytes);
   }
+  layout_version_ = version_ = next_version();
 }
 
 std::vector<float> PqRetriever::exact_keys_f32(int head) const {
@@ -370,6 +383,24 @@ std::vector<float> PqRetriever::exact_keys_f32(int head) const {
   std::vector<float> out(n);
   convert_row(rows.data(), key_dtype_, reinterpret_cast<std::byte*>(out.data()), DType::F32, n);
   return out;
+}
+
+std::vector<float> PqRetriever::exact_keys_f32(int head, int64_t from) const {
+  const auto& rows = exact_keys_[static_cast<size_t>(head)];
+  const auto total = static_cast<int64_t>(exact_pos_[static_cast<size_t>(head)].size());
+  const size_t n = static_cast<size_t>(std::max<int64_t>(0, total - from)) * static_cast<size_t>(d_);
+  std::vector<float> out(n);
+  convert_row(rows.data() + static_cast<size_t>(from) * static_cast<size_t>(d_) * dtype_size(key_dtype_), key_dtype_,
+              reinterpret_cast<std::byte*>(out.data()), DType::F32, n);
+  return out;
+}
+
+void PqRetriever::items(int head, int64_t from, int64_t to, int32_t* out) const {
+  const auto& cell = cells_of_[static_cast<size_t>(head)];
+  for (int64_t t = from; t < to; ++t) out[t - from] = cell[static_cast<size_t>(t)];
+  const auto& pos = exact_pos_[static_cast<size_t>(head)];
+  for (auto e = std::lower_bound(pos.begin(), pos.end(), base_ + from); e != pos.end() && *e < base_ + to; ++e)
+    out[*e - base_ - from] = static_cast<int32_t>(cells_ + (e - pos.begin()));
 }
 
 namespace {
@@ -440,6 +471,7 @@ void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_
   base_ = base;
   end_ = end;
   trained_on_ = trained_on;
+  layout_version_ = version_ = next_version();
 }
 
 void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut) const {
@@ -527,7 +559,8 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
         for (int c = k_ - 1; c >= 0; --c) {
           const float add = l[j * k_ + c];
           float* dst = s + c * size;
-          for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;  // c == 0 last: reads s before it changes
+          // c == 0 last: reads s before it changes (pq_math.h's pq_cell_logit)
+          for (int64_t u = 0; u < size; ++u) dst[u] = cuda::math::add_rn(s[u], add);
         }
     }
     // The exact logits, straight into their items: [group, n_exact] at column cells_ (each key row is read once
