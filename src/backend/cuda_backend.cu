@@ -405,8 +405,9 @@ dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n) {
   return l;
 }
 
-/// The PQ mirror's arrays at `base` (4-byte elements: codebook, counts, exact counts, items, exact keys), for
-/// capacities of `tokens` items and `exacts` exact keys per head; tokens and max_exact not set.
+/// The PQ mirror's arrays at `base` (4-byte elements: codebook, counts, exact counts, items, exact keys; then the
+/// codes, bytes, on the per-token path), for capacities of `tokens` tokens and `exacts` exact keys per head; tokens
+/// and max_exact not set.
 dm::PqLayout pq_layout(std::byte* base, const PqRetriever& pq, int64_t tokens, int64_t exacts) {
   dm::PqLayout l{};
   const int64_t heads = pq.n_kv_heads();
@@ -424,6 +425,7 @@ dm::PqLayout pq_layout(std::byte* base, const PqRetriever& pq, int64_t tokens, i
   l.n_exact = i + heads * l.cells;
   l.items = l.n_exact + heads;
   l.exact_keys = reinterpret_cast<const float*>(l.items + heads * tokens);
+  l.codes = reinterpret_cast<const uint8_t*>(l.exact_keys + heads * exacts * l.d);
   return l;
 }
 
@@ -431,7 +433,8 @@ size_t pq_mirror_bytes(const PqRetriever& pq, int64_t tokens, int64_t exacts) {
   const int64_t heads = pq.n_kv_heads();
   return static_cast<size_t>(
              heads * (int64_t{pq.m()} * pq.k() * pq.sub_dim() + pq.n_cells() + 1 + tokens + exacts * pq.head_dim())) *
-         4;
+             4 +
+         (pq.scores_cells() ? 0 : static_cast<size_t>(heads * tokens * pq.m()));
 }
 
 dm::DeviceTensor device_tensor(const TensorView& t) {
@@ -640,8 +643,7 @@ class CudaBackend final : public Backend {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
     const auto* pq = dynamic_cast<const PqRetriever*>(&retriever);
     const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr ||
-                      (pq != nullptr && pq->scores_cells());  // PQ's per-token path selects on the host
+                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr || pq != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
@@ -649,7 +651,6 @@ class CudaBackend final : public Backend {
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
     const auto* pq = dynamic_cast<const PqRetriever*>(job.retriever);
-    if (pq != nullptr && !pq->scores_cells()) pq = nullptr;
     if ((page == nullptr && cluster == nullptr && pq == nullptr) || job.sequence == nullptr || job.q == nullptr ||
         job.out == nullptr)
       return false;
@@ -875,7 +876,10 @@ class CudaBackend final : public Backend {
       std::vector<int32_t> counts(static_cast<size_t>(heads * l.cells)), exacts(static_cast<size_t>(heads));
       std::vector<int32_t> items(static_cast<size_t>(n - m.pq.tokens));
       for (int h = 0; h < heads; ++h) {
-        std::copy(pq.cell_counts(h).begin(), pq.cell_counts(h).end(), counts.begin() + h * l.cells);
+        if (l.cells > 0) std::copy(pq.cell_counts(h).begin(), pq.cell_counts(h).end(), counts.begin() + h * l.cells);
+        if (l.cells == 0 && n > m.pq.tokens)  // the new tokens' codes
+          copy_bytes(const_cast<uint8_t*>(l.codes) + (h * l.capacity + m.pq.tokens) * l.m,
+                     pq.codes(h) + m.pq.tokens * l.m, static_cast<size_t>((n - m.pq.tokens) * l.m), stream, false);
         const auto e = static_cast<int64_t>(pq.exact_positions(h).size());
         exacts[static_cast<size_t>(h)] = static_cast<int32_t>(e);
         if (!items.empty()) {
@@ -891,15 +895,15 @@ class CudaBackend final : public Backend {
         }
         m.pq.exacts[static_cast<size_t>(h)] = e;
       }
-      copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, true);
+      if (!counts.empty()) copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, true);
       copy_bytes(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream, true);
       m.pq.tokens = n;
       m.pq.layout_version = pq.layout_version();
     });
   }
 
-  /// PQ's select on the device (pq_select_ops.hpp; the cell path), q already loaded: false, having written nothing,
-  /// where the mirror cannot be made.
+  /// PQ's select on the device (pq_select_ops.hpp), q already loaded: false, having written nothing, where the
+  /// mirror cannot be made.
   bool pq_select(const PqRetriever& pq, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
     const SelectRequest& r = job.request;
     const IndexMirror* mirror = pq_mirror(pq, job.sequence, job.layer, stream);
@@ -920,6 +924,10 @@ class CudaBackend final : public Backend {
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
     for_each_index(stream, threads, q_heads * l.m * l.k, dm::PqLut{l, q, lut.get(), group, r.scale});
+    if (l.cells == 0) {
+      pq_token_select(l, r, q, lut.get(), *job.out, job.scores, stream);
+      return true;
+    }
     for_each_index(stream, threads, q_heads * n, dm::PqItemLogits{l, q, lut.get(), logits.get(), group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
       for_each_index(stream, threads, q_heads, dm::PqSoftmaxes{l, logits.get(), softmax.get(), group});
@@ -948,6 +956,36 @@ class CudaBackend final : public Backend {
                    dm::PqWrite{l, flag.get(), scan.get(), folded.get(), device_tensor(*job.out),
                                job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.mid_begin});
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
+  /// exponentials where it applies), a top-k over tokens, the positions and scores written.
+  void pq_token_select(const dm::PqLayout& l, const SelectRequest& r, const float* q, const float* lut,
+                       const TensorView& out, const TensorView* scores, kvret_stream stream) {
+    const int64_t heads = r.n_q_heads / r.group;
+    const int64_t n = l.tokens, q_heads = heads * r.group, entries = heads * n;
+    const int threads = r.n_threads;
+    const bool pq4 = l.m == 4 && l.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
+    const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(q_heads));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    for_each_index(stream, threads, q_heads * n, dm::PqTokenLogits{l, q, lut, logits.get(), r.group, r.scale});
+    if (r.fold != KVRET_FOLD_MAX_LOGIT) {
+      for_each_index(stream, threads, q_heads, dm::PqTokenHeads{l, lut, logits.get(), head.get(), r.group, pq4});
+      for_each_index(stream, threads, q_heads * n, dm::PqTokenTerms{l, lut, head.get(), logits.get(), r.group, pq4});
+      for_each_index(stream, threads, q_heads,
+                     dm::PqTokenSums{l, head.get(), logits.get(), softmax.get(), r.group, pq4});
+    }
+    take_passes(
+        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
+        stream);
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, threads, entries,
+                   dm::PageWrite{taken.get(), offset.get(), folded.get(), device_tensor(out),
+                                 scores != nullptr ? device_tensor(*scores) : no_scores, n, r.mid_begin, 1});
   }
 
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and

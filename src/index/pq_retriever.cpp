@@ -396,8 +396,12 @@ std::vector<float> PqRetriever::exact_keys_f32(int head, int64_t from) const {
 }
 
 void PqRetriever::items(int head, int64_t from, int64_t to, int32_t* out) const {
-  const auto& cell = cells_of_[static_cast<size_t>(head)];
-  for (int64_t t = from; t < to; ++t) out[t - from] = cell[static_cast<size_t>(t)];
+  if (uses_cells()) {
+    const auto& cell = cells_of_[static_cast<size_t>(head)];
+    for (int64_t t = from; t < to; ++t) out[t - from] = cell[static_cast<size_t>(t)];
+  } else {
+    std::fill(out, out + (to - from), -1);
+  }
   const auto& pos = exact_pos_[static_cast<size_t>(head)];
   for (auto e = std::lower_bound(pos.begin(), pos.end(), base_ + from); e != pos.end() && *e < base_ + to; ++e)
     out[*e - base_ - from] = static_cast<int32_t>(cells_ + (e - pos.begin()));

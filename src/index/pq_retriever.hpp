@@ -82,8 +82,8 @@ class PqRetriever final : public Retriever {
   int64_t n_cells() const noexcept { return cells_; }
   /// The tokens of each cell of `head` without its exact tokens: [n_cells()] (cell path only).
   const std::vector<int32_t>& cell_counts(int head) const noexcept { return cell_counts_[static_cast<size_t>(head)]; }
-  /// The item of each token of `head` at offsets [from, to) of the index (cell path only): its cell, or
-  /// n_cells() + e for the e-th exact token (pq_math.h's items).
+  /// The item of each token of `head` at offsets [from, to) of the index: n_cells() + e for the e-th exact token,
+  /// else its cell (cell path; pq_math.h's items) or -1 (per-token path).
   void items(int head, int64_t from, int64_t to, int32_t* out) const;
   /// exact_keys_f32 from the `from`-th exact token on: [exact_positions(head).size() - from, head_dim].
   std::vector<float> exact_keys_f32(int head, int64_t from) const;

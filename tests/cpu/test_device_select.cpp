@@ -414,42 +414,45 @@ kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_f
   return c;
 }
 
-/// A PQ config whose select scores code cells (pq_m * pq_bits = 12: 4096 cells; the device's path), with exact
-/// tokens when exact_fraction > 0.
-kvret_config pq_config(int32_t device_type, int kv, int fold, int32_t m, float exact_fraction) {
+/// A PQ config of pq_m = m and pq_bits = bits (0: 12 / m, a select that scores 4096 code cells; m * bits > 16: per
+/// token), with exact tokens when exact_fraction > 0.
+kvret_config pq_config(int32_t device_type, int kv, int fold, int32_t m, float exact_fraction, int32_t bits = 0) {
   kvret_config c = test::small_config(KVRET_INDEX_PQ);
   c.device_type = device_type;
   c.kv_dtype = kv;
   c.gqa_fold = fold;
   c.pq_m = m;
-  c.pq_bits = 12 / m;
+  c.pq_bits = bits > 0 ? bits : 12 / m;
   c.pq_exact_fraction = exact_fraction;
   c.background_build = 0;
   return c;
 }
 
 /// The index variants the device selects for: PAGE with full and odd pages, CLUSTER without and with exact
-/// singletons, PQ's cell path with m = 2 and m = 4 (page_size: pq_m), without and with exact tokens.
+/// singletons, PQ's cell path with m = 2 and m = 4 (page_size: pq_m), without and with exact tokens, and its
+/// per-token path (pq_bits: the default m = 4 x 6 bits, and m = 8 x 4 bits).
 struct IndexCase {
   int32_t index;
   int32_t page_size;
   float exact_fraction;
+  int32_t pq_bits = 0;
   std::string name() const {
     if (index == KVRET_INDEX_PQ)
-      return "pq m " + std::to_string(page_size) + " exact " + std::to_string(exact_fraction);
+      return "pq m " + std::to_string(page_size) + " bits " + std::to_string(pq_bits) + " exact " +
+             std::to_string(exact_fraction);
     return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
                                      : "cluster exact " + std::to_string(exact_fraction);
   }
   kvret_config config(int32_t device_type, int kv, int fold) const {
-    if (index == KVRET_INDEX_PQ) return pq_config(device_type, kv, fold, page_size, exact_fraction);
+    if (index == KVRET_INDEX_PQ) return pq_config(device_type, kv, fold, page_size, exact_fraction, pq_bits);
     return index == KVRET_INDEX_PAGE ? page_config(device_type, kv, fold, page_size)
                                      : cluster_config(device_type, kv, fold, exact_fraction);
   }
 };
-const IndexCase kIndexCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},   {KVRET_INDEX_PAGE, 5, 0.0f},
-                                 {KVRET_INDEX_CLUSTER, 0, 0.0f}, {KVRET_INDEX_CLUSTER, 0, 0.1f},
-                                 {KVRET_INDEX_PQ, 2, 0.0f},      {KVRET_INDEX_PQ, 2, 0.1f},
-                                 {KVRET_INDEX_PQ, 4, 0.05f}};
+const IndexCase kIndexCases[] = {
+    {KVRET_INDEX_PAGE, 16, 0.0f},   {KVRET_INDEX_PAGE, 5, 0.0f},   {KVRET_INDEX_CLUSTER, 0, 0.0f},
+    {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 2, 0.0f},     {KVRET_INDEX_PQ, 2, 0.1f},
+    {KVRET_INDEX_PQ, 4, 0.05f},     {KVRET_INDEX_PQ, 4, 0.05f, 6}, {KVRET_INDEX_PQ, 8, 0.1f, 4}};
 
 int64_t length_of(kvret_seq* seq) {
   int64_t n = 0;
@@ -702,7 +705,8 @@ TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
 }
 
 /// The bytes of the PQ index's arrays the device needs (kvret::PqRetriever's, every head): the f32 codebook, i32
-/// cell counts and exact count, an i32 item per token, the exact tokens' keys as f32 (the largest head's count).
+/// cell counts and exact count, an i32 item per token, the exact tokens' keys as f32 (the largest head's count),
+/// and on the per-token path the codes.
 int64_t pq_index_bytes(kvret_seq* seq, int32_t layer) {
   EXPECT_EQ(kvret_wait_index(seq, -1), KVRET_OK);
   const auto& p = dynamic_cast<const PqRetriever&>(sequence_from_handle(seq)->index(layer));
@@ -710,20 +714,28 @@ int64_t pq_index_bytes(kvret_seq* seq, int32_t layer) {
   for (int h = 0; h < p.n_kv_heads(); ++h)
     exacts = std::max<int64_t>(exacts, static_cast<int64_t>(p.exact_positions(h).size()));
   return int64_t{p.n_kv_heads()} *
-         (int64_t{p.m()} * p.k() * p.sub_dim() + p.n_cells() + 1 + p.size() + exacts * p.head_dim()) * 4;
+         ((int64_t{p.m()} * p.k() * p.sub_dim() + p.n_cells() + 1 + p.size() + exacts * p.head_dim()) * 4 +
+          (p.scores_cells() ? 0 : p.size() * p.m()));
 }
 
 /// device_bytes counts the device's copy of the PQ index (at least its arrays, per selected layer); decode appends
 /// (codes sent after the copy's) keep the device select equal to the CPU backend's; a copy that would pass
 /// config.device_bytes_limit is not made, and that select runs on the host with the same result.
+void pq_index_bytes_and_limit(int32_t m, int32_t bits);
+
 TEST_F(DeviceSelect, DeviceBytesCountThePqIndexAndTheLimitHolds) {
+  for (const int32_t m : {2, 4}) pq_index_bytes_and_limit(m, 6);  // m = 2: 4096 cells; m = 4: per token (default)
+}
+
+void pq_index_bytes_and_limit(int32_t m, int32_t bits) {
+  SCOPED_TRACE("pq m " + std::to_string(m) + " bits " + std::to_string(bits));
   const int64_t tokens = 600;
-  const kvret_config cc = pq_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 2, 0.05f);
+  const kvret_config cc = pq_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, m, 0.05f, bits);
   const std::vector<float> q = test::random_vector(8 * kDim, 79, 2.0f);
   auto cpu_ctx = test::make_context(cc);
   int64_t index_bytes = 0;
   for (const int pass : {0, 1}) {
-    kvret_config dc = pq_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, 2, 0.05f);
+    kvret_config dc = pq_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, m, 0.05f, bits);
     dc.device_bytes_limit = pass == 0 ? 0 : index_bytes - 1;
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
@@ -853,6 +865,7 @@ TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
   batch_equals_single_selects({KVRET_INDEX_PAGE, 8, 0.0f});
   batch_equals_single_selects({KVRET_INDEX_CLUSTER, 0, 0.1f});
   batch_equals_single_selects({KVRET_INDEX_PQ, 2, 0.1f});
+  batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.05f, 6});
 }
 
 }  // namespace

@@ -259,6 +259,153 @@ TEST(PqMath, CpuSelectIsTheHeaderModel) {
   }
 }
 
+/// pq_token_logit is pq_token_logits' bits (m = 4 from two pairs, the others from +0 in order), every m and vector
+/// width, with NaN, -0 and infinities in the table.
+TEST(PqMath, TokenLogitIsTheCpuTokenLogits) {
+  std::mt19937_64 rng(6);
+  for (const auto& [m, bits] :
+       std::vector<std::pair<int, int>>{{4, 6}, {4, 8}, {8, 4}, {8, 8}, {3, 8}, {16, 2}, {12, 3}}) {
+    const int k = 1 << bits, nq = 3;
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    const std::vector<float> lut = awkward_floats(static_cast<size_t>(nq * m * k), rng(), 4.0f);
+    std::vector<uint8_t> codes(static_cast<size_t>(n * m));
+    for (auto& c : codes) c = static_cast<uint8_t>(rng() % static_cast<uint64_t>(k));
+    std::vector<float> cpu(static_cast<size_t>(nq * n));
+    pq_token_logits(lut.data(), nq, m, k, codes.data(), n, cpu.data());
+    for (int g = 0; g < nq; ++g)
+      for (int64_t t = 0; t < n; ++t)
+        ASSERT_TRUE(same_bits(pm::pq_token_logit(lut.data() + g * m * k, codes.data() + t * m, m, k),
+                              cpu[static_cast<size_t>(g * n + t)]))
+            << "m " << m << " bits " << bits << " token " << t;
+  }
+}
+
+/// The header's model of a per-token select of head h (no cells): positions ascending and their scores.
+void header_token_select(const PqRetriever& index, const std::vector<float>& q, float scale, int64_t budget,
+                         kvret_gqa_fold fold, int h, std::vector<int32_t>& rows, std::vector<float>& scores) {
+  const int m = index.m(), k = index.k(), dsub = index.sub_dim();
+  const int64_t n = index.size(), base = index.base();
+  const auto& exact_pos = index.exact_positions(h);
+  const std::vector<float> exact_keys = index.exact_keys_f32(h);
+  std::vector<int64_t> exact_of(static_cast<size_t>(n), -1);
+  for (size_t e = 0; e < exact_pos.size(); ++e)
+    exact_of[static_cast<size_t>(exact_pos[e] - base)] = static_cast<int64_t>(e);
+  std::vector<std::vector<float>> luts(kGroup), logits(kGroup);
+  std::vector<pm::Pq4Reference> refs(kGroup);
+  bool tables = m == 4 && k <= 64 && fold == KVRET_FOLD_SUM_PROB;
+  for (int g = 0; g < kGroup; ++g) {
+    const float* qg = q.data() + (h * kGroup + g) * kD;
+    auto& lut = luts[static_cast<size_t>(g)];
+    lut.resize(static_cast<size_t>(m * k));
+    for (int j = 0; j < m; ++j)
+      for (int c = 0; c < k; ++c)
+        lut[static_cast<size_t>(j * k + c)] =
+            pm::pq_lut_entry(qg + j * dsub, index.centroids(h, j) + c * dsub, dsub, scale);
+    auto& l = logits[static_cast<size_t>(g)];
+    l.resize(static_cast<size_t>(n));
+    float exact_max = pm::neg_inf();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t e = exact_of[static_cast<size_t>(t)];
+      l[static_cast<size_t>(t)] = e >= 0 ? pm::pq_exact_logit(scale, qg, exact_keys.data() + e * kD, kD)
+                                         : pm::pq_token_logit(lut.data(), index.codes(h) + t * m, m, k);
+      if (e >= 0) exact_max = pm::page_max_step(exact_max, l[static_cast<size_t>(t)]);
+    }
+    if (m == 4 && k <= 64) {
+      refs[static_cast<size_t>(g)] = pm::pq4_finish_reference(pm::pq4_table_reference(lut.data(), k), exact_max);
+      tables = tables && refs[static_cast<size_t>(g)].ok;
+    }
+  }
+  std::vector<float> folded(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
+  for (int g = 0; g < kGroup; ++g) {
+    std::vector<float> l = logits[static_cast<size_t>(g)];
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t t = 0; t < n; ++t)
+        folded[static_cast<size_t>(t)] = pm::page_max_step(folded[static_cast<size_t>(t)], l[static_cast<size_t>(t)]);
+      continue;
+    }
+    if (tables) {
+      for (int64_t t = 0; t < n; ++t)
+        l[static_cast<size_t>(t)] = exact_of[static_cast<size_t>(t)] >= 0
+                                        ? pm::pq4_exact_term(l[static_cast<size_t>(t)], refs[static_cast<size_t>(g)])
+                                        : pm::pq4_token_term(luts[static_cast<size_t>(g)].data(),
+                                                             index.codes(h) + t * 4, k, refs[static_cast<size_t>(g)]);
+    } else {
+      const float mx = pm::pq_max_ignoring_nan(l.data(), n);
+      if (!(mx > pm::neg_inf())) continue;
+      for (auto& x : l) x = pm::pq_softmax_term(x, mx);
+    }
+    const pm::PageSoftmax sm = pm::pq_unweighted_normaliser(l.data(), n);
+    for (int64_t t = 0; t < n; ++t)
+      folded[static_cast<size_t>(t)] =
+          pm::page_sum_prob_step(folded[static_cast<size_t>(t)], l[static_cast<size_t>(t)], sm);
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) order[static_cast<size_t>(t)] = t;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return pm::page_order_key(folded[static_cast<size_t>(a)], static_cast<uint32_t>(a)) <
+           pm::page_order_key(folded[static_cast<size_t>(b)], static_cast<uint32_t>(b));
+  });
+  order.resize(static_cast<size_t>(budget));
+  std::sort(order.begin(), order.end());
+  rows.clear();
+  scores.clear();
+  for (const int64_t t : order) {
+    rows.push_back(static_cast<int32_t>(base + t));
+    scores.push_back(folded[static_cast<size_t>(t)]);
+  }
+}
+
+/// The per-token path (pq_bits * pq_m > 16): m = 4 at 6 bits (the default; SUM_PROB folds from tables of
+/// exponentials), m = 4 at 7 bits (k > 64: the logits' fold), m = 8 at 4 bits; with and without exact tokens, f32
+/// and f16 stores, both folds, zero, -0, NaN and infinite queries (a non-finite reference: the logits' fold).
+TEST(PqMath, CpuTokenSelectIsTheHeaderModel) {
+  const Shape shapes[] = {
+      {4, 6, 0.05f, DType::F32}, {4, 6, 0.0f, DType::F16}, {4, 7, 0.05f, DType::F32}, {8, 4, 0.1f, DType::F16}};
+  std::mt19937_64 rng(7);
+  for (const Shape& s : shapes) {
+    Built b(s, 1300, 21 + static_cast<uint64_t>(s.m * 7 + s.bits));
+    const PqRetriever& index = b.index;
+    ASSERT_FALSE(index.scores_cells());
+    const int64_t middle = index.size();
+    for (int trial = 0; trial < 16; ++trial) {
+      const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
+      const int64_t budget = trial % 8 == 1   ? middle
+                             : trial % 8 == 3 ? 1
+                                              : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
+      std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
+      if (trial % 8 == 2) std::fill(q.begin(), q.end(), 0.0f);
+      if (trial % 8 == 4 || trial % 8 == 6) q = awkward_floats(q.size(), rng(), 2.0f);
+      if (trial % 8 == 5) std::fill(q.begin(), q.end(), -0.0f);
+      SelectRequest req;
+      req.q = q.data();
+      req.n_q_heads = kQ;
+      req.group = kGroup;
+      req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+      req.mid_begin = index.indexed_begin();
+      req.mid_end = index.indexed_end();
+      req.budget = budget;
+      req.fold = fold;
+      req.n_threads = 2;
+      std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
+      std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
+      int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
+      float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
+      ASSERT_EQ(index.select(b.store, req, row_ptrs, score_ptrs), budget);
+      for (int h = 0; h < kH; ++h) {
+        std::vector<int32_t> want_rows;
+        std::vector<float> want_scores;
+        header_token_select(index, q, req.scale, budget, fold, h, want_rows, want_scores);
+        const std::string where = "m " + std::to_string(s.m) + " bits " + std::to_string(s.bits) + " trial " +
+                                  std::to_string(trial) + " head " + std::to_string(h);
+        ASSERT_EQ(rows[static_cast<size_t>(h)], want_rows) << where;
+        for (size_t i = 0; i < want_scores.size(); ++i)
+          ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], want_scores[i]))
+              << where << " token " << i << ": " << scores[static_cast<size_t>(h)][i] << " vs " << want_scores[i];
+      }
+    }
+  }
+}
+
 /// items() is each token's cell (from its codes) or n_cells() + e for the e-th exact token, over any range; an
 /// append keeps layout_version() and changes version(); a training, a cut and a restore change both.
 TEST(PqMath, ItemsAndVersionsFollowTheIndex) {
