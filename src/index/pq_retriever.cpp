@@ -563,8 +563,8 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
         for (int c = k_ - 1; c >= 0; --c) {
           const float add = l[j * k_ + c];
           float* dst = s + c * size;
-          // c == 0 last: reads s before it changes (pq_math.h's pq_cell_logit)
-          for (int64_t u = 0; u < size; ++u) dst[u] = cuda::math::add_rn(s[u], add);
+          // c == 0 last: reads s before it changes; the bits of pq_math.h's pq_cell_logit (tests/cpu/test_pq_math.cpp)
+          for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;
         }
     }
     // The exact logits, straight into their items: [group, n_exact] at column cells_ (each key row is read once
