@@ -37,6 +37,7 @@
 #include "backend/page_select_ops.hpp"
 #include "backend/quant_attend_ops.hpp"
 #include "backend/quant_select_ops.hpp"
+#include "backend/pq_select_ops.hpp"
 #include "core/attention.hpp"
 #include "core/error.hpp"
 #include "core/tensor_view.hpp"
@@ -44,6 +45,7 @@
 #include "index/cluster_retriever.hpp"
 #include "index/kmeans.hpp"
 #include "index/page_retriever.hpp"
+#include "index/pq_retriever.hpp"
 #include "index/quant_retriever.hpp"
 #include "store/host_kv_store.hpp"
 
@@ -385,10 +387,18 @@ struct ClusterCounts {
   }
 };
 
+/// What a PQ mirror holds (pq_layout's arrays): capacities and the items sent.
+struct PqMirror {
+  int64_t token_capacity = 0, exact_capacity = 0;  // per head
+  int64_t tokens = 0;                              // the items sent, per head
+  uint64_t layout_version = 0;                     // the index's layout_version() they belong to
+  std::vector<int64_t> exacts;                     // per head: the exact keys sent
+};
+
 /// The device mirror of one (sequence, layer)'s index, equal to the retriever's of `version`; its device memory
 /// counts in the budget. PAGE: per KV head `capacity` pages of [min, max] f32 rows, the first `pages` of them the
 /// bounds. CLUSTER: the clusters' arrays side by side (cluster_layout), each head's part `room` elements long, the
-/// first of them the retriever's segments `held` (stamp and segment).
+/// first of them the retriever's segments `held` (stamp and segment). PQ: pq_layout's arrays, sized by `pq`.
 struct IndexMirror {
   std::unique_ptr<BudgetShare> share;  // before the array: counted before it is allocated, given back after
   std::unique_ptr<DeviceArray<std::byte>> data;
@@ -397,6 +407,7 @@ struct IndexMirror {
   int64_t capacity = 0;
   ClusterCounts room;
   std::vector<std::pair<uint64_t, ClusterRetriever::Segment>> held;
+  PqMirror pq;
   int64_t bytes() const noexcept { return share ? static_cast<int64_t>(share->bytes()) : 0; }
   float* bounds() const noexcept { return reinterpret_cast<float*>(data->get()); }
 };
@@ -422,6 +433,38 @@ dm::ClusterLayout cluster_layout(std::byte* base, const ClusterCounts& n, const 
   l.exact_stride = room.exacts;
   l.d = n.d;
   return l;
+}
+
+/// The PQ mirror's arrays at `base` (4-byte elements: codebook, counts, exact counts, items, exact keys; then the
+/// codes, bytes, on the per-token path), for capacities of `tokens` tokens and `exacts` exact keys per head; tokens
+/// and max_exact not set.
+dm::PqLayout pq_layout(std::byte* base, const PqRetriever& pq, int64_t tokens, int64_t exacts) {
+  dm::PqLayout l{};
+  const int64_t heads = pq.n_kv_heads();
+  l.m = pq.m();
+  l.k = pq.k();
+  l.dsub = pq.sub_dim();
+  l.d = pq.head_dim();
+  l.cells = pq.n_cells();
+  l.capacity = tokens;
+  l.exact_capacity = exacts;
+  auto* f = reinterpret_cast<float*>(base);
+  l.codebook = f;
+  auto* i = reinterpret_cast<int32_t*>(f + heads * l.m * l.k * l.dsub);
+  l.counts = i;
+  l.n_exact = i + heads * l.cells;
+  l.items = l.n_exact + heads;
+  l.exact_keys = reinterpret_cast<const float*>(l.items + heads * tokens);
+  l.codes = reinterpret_cast<const uint8_t*>(l.exact_keys + heads * exacts * l.d);
+  return l;
+}
+
+size_t pq_mirror_bytes(const PqRetriever& pq, int64_t tokens, int64_t exacts) {
+  const int64_t heads = pq.n_kv_heads();
+  return static_cast<size_t>(
+             heads * (int64_t{pq.m()} * pq.k() * pq.sub_dim() + pq.n_cells() + 1 + tokens + exacts * pq.head_dim())) *
+             4 +
+         (pq.scores_cells() ? 0 : static_cast<size_t>(heads * tokens * pq.m()));
 }
 
 dm::DeviceTensor device_tensor(const TensorView& t) {
@@ -805,9 +848,10 @@ class CudaBackend final : public Backend {
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
+    const auto* pq = dynamic_cast<const PqRetriever*>(&retriever);
     const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
                       dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr;
+                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr || pq != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
@@ -817,14 +861,18 @@ class CudaBackend final : public Backend {
       return job.crush == nullptr && quant_select(*quant, job, stream);
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
-    if ((page == nullptr && cluster == nullptr) || job.sequence == nullptr || job.q == nullptr || job.out == nullptr)
+    const auto* pq = dynamic_cast<const PqRetriever*>(job.retriever);
+    if ((page == nullptr && cluster == nullptr && pq == nullptr) || job.sequence == nullptr || job.q == nullptr ||
+        job.out == nullptr)
       return false;
     const SelectRequest& r = job.request;
     const Retriever& index = *job.retriever;
     if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
         r.budget > r.mid_end - r.mid_begin)
       return false;
-    if (page != nullptr ? page->pages() == 0 : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
+    if (pq != nullptr     ? pq->size() == 0
+        : page != nullptr ? page->pages() == 0
+                          : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
       return false;
     if (cluster != nullptr && cluster->pending() > 0 && job.store == nullptr) return false;
     DeviceScope scope(device_id_);
@@ -850,6 +898,8 @@ class CudaBackend final : public Backend {
     }
     if (cluster != nullptr) {
       if (!cluster_select(*cluster, job, q.get(), stream)) return false;
+    } else if (pq != nullptr) {
+      if (!pq_select(*pq, job, q.get(), stream)) return false;
     } else {
       const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
       if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
@@ -1423,6 +1473,152 @@ class CudaBackend final : public Backend {
     for_each_index(stream, threads, cells,
                    dm::CrushWrite{important.get(), rep.get(), important_below.get(), rep_below.get(), score.get(),
                                   out_t, scores_t, m, r.mid_begin});
+  }
+
+  /// The mirror of (sequence, layer) brought up to `pq`'s index: while the index only appended since the version
+  /// it holds (the same layout_version), the new tokens' items and exact keys are sent, with the cell counts and
+  /// exact counts; after a training, a cut or a restore, or when it no longer fits (grown by half), all of it.
+  /// Null, with no mirror kept, when it would pass config.device_bytes_limit or the device cannot hold it.
+  const IndexMirror* pq_mirror(const PqRetriever& pq, const void* sequence, int32_t layer, kvret_stream stream) {
+    const int64_t heads = pq.n_kv_heads(), n = pq.size();
+    int64_t max_exact = 0;
+    for (int h = 0; h < heads; ++h)
+      max_exact = std::max<int64_t>(max_exact, static_cast<int64_t>(pq.exact_positions(h).size()));
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    IndexMirror& m = mirrors_[{sequence, layer}];
+    if (m.retriever == &pq && m.data && m.version == pq.version()) return &m;
+    bool whole = m.retriever != &pq || !m.data || m.pq.layout_version != pq.layout_version() || m.pq.tokens > n;
+    if (!m.data || n > m.pq.token_capacity || max_exact > m.pq.exact_capacity) {
+      const int64_t tokens = std::max<int64_t>({n, m.pq.token_capacity + m.pq.token_capacity / 2, 256});
+      const int64_t exacts = std::max<int64_t>({max_exact, m.pq.exact_capacity + m.pq.exact_capacity / 2, 16});
+      if (!remake_mirror(m, sequence, layer, pq_mirror_bytes(pq, tokens, exacts))) return nullptr;
+      m.pq.token_capacity = tokens;
+      m.pq.exact_capacity = exacts;
+      whole = true;
+    }
+    return update_mirror(m, sequence, layer, &pq, pq.version(), [&] {
+      const dm::PqLayout l = pq_layout(m.data->get(), pq, m.pq.token_capacity, m.pq.exact_capacity);
+      const int64_t book = int64_t{l.m} * l.k * l.dsub;
+      if (whole) {
+        m.pq.tokens = 0;
+        m.pq.exacts.assign(static_cast<size_t>(heads), 0);
+        for (int h = 0; h < heads; ++h)
+          copy_bytes(const_cast<float*>(l.codebook) + h * book, pq.centroids(h, 0), static_cast<size_t>(book) * 4,
+                     stream, false);
+      }
+      std::vector<int32_t> counts(static_cast<size_t>(heads * l.cells)), exacts(static_cast<size_t>(heads));
+      std::vector<int32_t> items(static_cast<size_t>(n - m.pq.tokens));
+      for (int h = 0; h < heads; ++h) {
+        if (l.cells > 0) std::copy(pq.cell_counts(h).begin(), pq.cell_counts(h).end(), counts.begin() + h * l.cells);
+        if (l.cells == 0 && n > m.pq.tokens)  // the new tokens' codes
+          copy_bytes(const_cast<uint8_t*>(l.codes) + (h * l.capacity + m.pq.tokens) * l.m,
+                     pq.codes(h) + m.pq.tokens * l.m, static_cast<size_t>((n - m.pq.tokens) * l.m), stream, false);
+        const auto e = static_cast<int64_t>(pq.exact_positions(h).size());
+        exacts[static_cast<size_t>(h)] = static_cast<int32_t>(e);
+        if (!items.empty()) {
+          pq.items(h, m.pq.tokens, n, items.data());
+          copy_bytes(const_cast<int32_t*>(l.items) + h * l.capacity + m.pq.tokens, items.data(), items.size() * 4,
+                     stream, true);
+        }
+        const int64_t sent = m.pq.exacts[static_cast<size_t>(h)];
+        if (e > sent) {
+          const std::vector<float> keys = pq.exact_keys_f32(h, sent);
+          copy_bytes(const_cast<float*>(l.exact_keys) + (h * l.exact_capacity + sent) * l.d, keys.data(),
+                     keys.size() * 4, stream, true);
+        }
+        m.pq.exacts[static_cast<size_t>(h)] = e;
+      }
+      if (!counts.empty()) copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, true);
+      copy_bytes(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream, true);
+      m.pq.tokens = n;
+      m.pq.layout_version = pq.layout_version();
+    });
+  }
+
+  /// PQ's select on the device (pq_select_ops.hpp), q already loaded: false, having written nothing, where the
+  /// mirror cannot be made.
+  bool pq_select(const PqRetriever& pq, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
+    const SelectRequest& r = job.request;
+    const IndexMirror* mirror = pq_mirror(pq, job.sequence, job.layer, stream);
+    if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
+    dm::PqLayout l = pq_layout(mirror->data->get(), pq, mirror->pq.token_capacity, mirror->pq.exact_capacity);
+    const int64_t heads = pq.n_kv_heads();
+    l.tokens = pq.size();
+    for (int h = 0; h < heads; ++h)
+      l.max_exact = std::max<int64_t>(l.max_exact, static_cast<int64_t>(pq.exact_positions(h).size()));
+    const int64_t n = l.items_per_head();
+    const int32_t group = r.group;
+    const int64_t q_heads = heads * group;
+    const int64_t entries = heads * n;
+    const int64_t tokens = heads * l.tokens;
+    const int threads = r.n_threads;
+    const DeviceArray<float> lut(static_cast<size_t>(q_heads * l.m * l.k));
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    for_each_index(stream, threads, q_heads * l.m * l.k, dm::PqLut{l, q, lut.get(), group, r.scale});
+    if (l.cells == 0) {
+      pq_token_select(l, r, q, lut.get(), *job.out, job.scores, stream);
+      return true;
+    }
+    for_each_index(stream, threads, q_heads * n, dm::PqItemLogits{l, q, lut.get(), logits.get(), group, r.scale});
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
+      for_each_index(stream, threads, q_heads, dm::PqSoftmaxes{l, logits.get(), softmax.get(), group});
+    take_passes(
+        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t* index, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::PqSortedWeights{l, index, weight});
+        },
+        stream);
+    // per token: the rank in the trimmed cell, then whether it is taken and where it goes
+    const DeviceArray<int64_t> flag(static_cast<size_t>(tokens)), scan(flag.size());
+    const auto scan_per_head = [&](const int64_t* in, int64_t* out) {
+      with_policy(stream, threads, tokens, [&](const auto& policy) {
+        const auto head_of =
+            thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{l.tokens});
+        thrust::exclusive_scan_by_key(policy, head_of, head_of + tokens, in, out);
+      });
+    };
+    for_each_index(stream, threads, tokens, dm::PqTrimmed{l, taken.get(), flag.get()});
+    scan_per_head(flag.get(), scan.get());
+    for_each_index(stream, threads, tokens, dm::PqTaken{l, taken.get(), scan.get(), flag.get()});
+    scan_per_head(flag.get(), scan.get());
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, threads, tokens,
+                   dm::PqWrite{l, flag.get(), scan.get(), folded.get(), device_tensor(*job.out),
+                               job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.mid_begin});
+    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
+  /// exponentials where it applies), a top-k over tokens, the positions and scores written.
+  void pq_token_select(const dm::PqLayout& l, const SelectRequest& r, const float* q, const float* lut,
+                       const TensorView& out, const TensorView* scores, kvret_stream stream) {
+    const int64_t heads = r.n_q_heads / r.group;
+    const int64_t n = l.tokens, q_heads = heads * r.group, entries = heads * n;
+    const int threads = r.n_threads;
+    const bool pq4 = l.m == 4 && l.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
+    const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(q_heads));
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    for_each_index(stream, threads, q_heads * n, dm::PqTokenLogits{l, q, lut, logits.get(), r.group, r.scale});
+    if (r.fold != KVRET_FOLD_MAX_LOGIT) {
+      for_each_index(stream, threads, q_heads, dm::PqTokenHeads{l, lut, logits.get(), head.get(), r.group, pq4});
+      for_each_index(stream, threads, q_heads * n, dm::PqTokenTerms{l, lut, head.get(), logits.get(), r.group, pq4});
+      for_each_index(stream, threads, q_heads,
+                     dm::PqTokenSums{l, head.get(), logits.get(), softmax.get(), r.group, pq4});
+    }
+    take_passes(
+        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
+        stream);
+    dm::DeviceTensor no_scores;
+    no_scores.base = nullptr;
+    for_each_index(stream, threads, entries,
+                   dm::PageWrite{taken.get(), offset.get(), folded.get(), device_tensor(out),
+                                 scores != nullptr ? device_tensor(*scores) : no_scores, n, r.mid_begin, 1});
   }
 
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and

@@ -12,6 +12,7 @@
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
 #include "index/kmeans.hpp"
+#include "math/pq_math.h"
 #include "select/gqa_fold.hpp"
 #include "select/grouped_take.hpp"
 #include "select/topk.hpp"
@@ -94,14 +95,16 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       m_(params.m),
       dsub_(head_dim / params.m),
       k_(1 << params.bits),
-      cells_(params.bits * params.m <= 16 ? int64_t{1} << (params.bits * params.m) : 0),
+      cells_(cuda::math::pq_cells(params.m, params.bits)),
       params_(params),
       codes_(static_cast<size_t>(n_kv_heads)),
       cell_counts_(static_cast<size_t>(n_kv_heads)),
       cells_of_(static_cast<size_t>(n_kv_heads)),
       exact_pos_(static_cast<size_t>(n_kv_heads)),
       exact_keys_(static_cast<size_t>(n_kv_heads)),
-      exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()) {}
+      exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()),
+      version_(next_version()),
+      layout_version_(version_) {}
 
 int64_t PqRetriever::bytes() const noexcept {
   if (base_ < 0) return 0;  // nothing indexed yet
@@ -271,6 +274,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     key_dtype_ = key_dtype;
     exact_threshold_.swap(threshold);
     trained_on_ = total;
+    layout_version_ = version_ = next_version();
     return;
   }
 
@@ -335,6 +339,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     const auto& keys = new_keys[static_cast<size_t>(h)];
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
+  version_ = next_version();
 }
 
 bool PqRetriever::can_cut(int64_t end) const noexcept { return base_ < 0 || end >= end_ || end >= base_ + trained_on_; }
@@ -362,6 +367,7 @@ void PqRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
     pos.resize(first_cut);
     exact_keys_[static_cast<size_t>(h)].resize(first_cut * row_bytes);
   }
+  layout_version_ = version_ = next_version();
 }
 
 std::vector<float> PqRetriever::exact_keys_f32(int head) const {
@@ -440,6 +446,7 @@ void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_
   base_ = base;
   end_ = end;
   trained_on_ = trained_on;
+  layout_version_ = version_ = next_version();
 }
 
 void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut) const {
@@ -527,7 +534,8 @@ int64_t PqRetriever::select(const HostKvStore&, const SelectRequest& r, int32_t*
         for (int c = k_ - 1; c >= 0; --c) {
           const float add = l[j * k_ + c];
           float* dst = s + c * size;
-          for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;  // c == 0 last: reads s before it changes
+          // c == 0 last: reads s before it changes; the bits of pq_math.h's pq_cell_logit (tests/cpu/test_pq_math.cpp)
+          for (int64_t u = 0; u < size; ++u) dst[u] = s[u] + add;
         }
     }
     // The exact logits, straight into their items: [group, n_exact] at column cells_ (each key row is read once

@@ -58,6 +58,8 @@ class PqRetriever final : public Retriever {
   bool trained() const noexcept { return trained_on_ > 0; }
   int64_t size() const noexcept { return base_ < 0 ? 0 : end_ - base_; }
   int64_t base() const noexcept { return base_; }
+  int n_kv_heads() const noexcept { return n_kv_; }
+  int head_dim() const noexcept { return d_; }
   int m() const noexcept { return m_; }
   int k() const noexcept { return k_; }
   int sub_dim() const noexcept { return dsub_; }
@@ -75,6 +77,22 @@ class PqRetriever final : public Retriever {
   /// The keys of exact_positions(head) as f32: [exact_positions(head).size(), head_dim]. They are kept in the KV
   /// store's dtype (an f16 store's exact keys take half the bytes of f32 ones and score the same).
   std::vector<float> exact_keys_f32(int head) const;
+  /// Whether select scores code cells (pq_bits * pq_m <= 16; kernels/math/pq_math.h's pq_cells), and how many.
+  bool scores_cells() const noexcept { return cells_ > 0; }
+  int64_t n_cells() const noexcept { return cells_; }
+  /// The tokens of each cell of `head` without its exact tokens: [n_cells()] (cell path only).
+  const std::vector<int32_t>& cell_counts(int head) const noexcept { return cell_counts_[static_cast<size_t>(head)]; }
+  /// The item of each token of `head` at offsets [from, to) of the index: n_cells() + e for the e-th exact token,
+  /// else its cell (cell path; pq_math.h's items) or -1 (per-token path).
+  void items(int head, int64_t from, int64_t to, int32_t* out) const;
+  /// exact_keys_f32 from the `from`-th exact token on: [exact_positions(head).size() - from, head_dim].
+  std::vector<float> exact_keys_f32(int head, int64_t from) const;
+  /// The version of the index: a new one, unique in the process, after every change (extend, cut, restore).
+  uint64_t version() const noexcept { return version_; }
+  /// The version of the last change that was not an append (a training, a cut, a restore): while it stays, a
+  /// change only appended tokens (their codes, cells and exact tokens) and changed cell counts, so that a copy of
+  /// the index of an older version with this layout_version() needs only what came after it.
+  uint64_t layout_version() const noexcept { return layout_version_; }
   /// The squared reconstruction error above which a newly encoded token of `head` becomes exact: the smallest
   /// error in the set chosen at the last training (+inf when the set is empty, e.g. fraction 0).
   float exact_threshold(int head) const noexcept { return exact_threshold_[static_cast<size_t>(head)]; }
@@ -95,6 +113,8 @@ class PqRetriever final : public Retriever {
   void encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
               std::vector<LargeVector<uint8_t>>& out, std::vector<std::vector<float>>* errors, int n_threads) const;
   bool keeps_exact() const noexcept { return params_.exact_fraction > 0.0f; }
+  /// A version number unique in the process (pq_retriever_device.cpp).
+  static uint64_t next_version() noexcept;
   void lookup_table(int head, const float* q, float scale, float* lut) const;
   bool uses_cells() const noexcept { return cells_ > 0; }
   /// Cell id of a code tuple: sum_j code_j * k^j.
@@ -121,6 +141,8 @@ class PqRetriever final : public Retriever {
   DType key_dtype_ = DType::F32;                    ///< the store's dtype at the last training
   std::vector<float> exact_threshold_;              ///< per head: see exact_threshold()
   int64_t trained_on_ = 0;
+  uint64_t version_;
+  uint64_t layout_version_;
 };
 
 }  // namespace kvret

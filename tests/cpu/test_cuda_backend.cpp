@@ -303,7 +303,10 @@ TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
     test::expect_ok(kvret_seq_stats(a, &stats_a));
     // PAGE: kvret_select ran on the device, which keeps a copy of the page bounds ([2, pages, 2, 64] f32)
     const int64_t bounds = kind == KVRET_INDEX_PAGE ? 2 * ((900 - 4 - 16 + 15) / 16) * 2 * 64 * 4 : 0;
-    EXPECT_EQ(stats_a.device_bytes, 2 * (2 * capacity * 64 * 4) + 2 * capacity * 4 + bounds)
+    // PQ likewise keeps a copy of its index (m = 4 x 6 bits over the 880 middle tokens, 44 of them exact, per KV
+    // head: the f32 codebook, the exact count, an i32 item and 4 code bytes per token, the exact keys as f32)
+    const int64_t pq_index = kind == KVRET_INDEX_PQ ? 2 * ((4 * 64 * 16 + 1 + 880 + 44 * 64) * 4 + 880 * 4) : 0;
+    EXPECT_EQ(stats_a.device_bytes, 2 * (2 * capacity * 64 * 4) + 2 * capacity * 4 + bounds + pq_index)
         << "seq_attend's f32 working set and positions, in device memory";
     F32 rk({10, 2, 64}, 5.0f), rv({10, 2, 64});
     test::expect_ok(kvret_seq_read(a, 0, 100, 110, &rk.t, &rv.t));

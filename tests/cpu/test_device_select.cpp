@@ -26,6 +26,7 @@
 #include "core/vec_math.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
+#include "index/pq_retriever.hpp"
 #include "kvret.h"
 #include "math/cluster_math.h"
 #include "math/page_math.h"
@@ -413,25 +414,45 @@ kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_f
   return c;
 }
 
+/// A PQ config of pq_m = m and pq_bits = bits (0: 12 / m, a select that scores 4096 code cells; m * bits > 16: per
+/// token), with exact tokens when exact_fraction > 0.
+kvret_config pq_config(int32_t device_type, int kv, int fold, int32_t m, float exact_fraction, int32_t bits = 0) {
+  kvret_config c = test::small_config(KVRET_INDEX_PQ);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.pq_m = m;
+  c.pq_bits = bits > 0 ? bits : 12 / m;
+  c.pq_exact_fraction = exact_fraction;
+  c.background_build = 0;
+  return c;
+}
+
 /// The index variants the device selects for: PAGE with full and odd pages, CLUSTER without and with exact
-/// singletons.
+/// singletons, PQ's cell path with m = 2 and m = 4 (page_size: pq_m), without and with exact tokens, and its
+/// per-token path (pq_bits: the default m = 4 x 6 bits, and m = 8 x 4 bits).
 struct IndexCase {
   int32_t index;
   int32_t page_size;
   float exact_fraction;
+  int32_t pq_bits = 0;
   std::string name() const {
+    if (index == KVRET_INDEX_PQ)
+      return "pq m " + std::to_string(page_size) + " bits " + std::to_string(pq_bits) + " exact " +
+             std::to_string(exact_fraction);
     return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
                                      : "cluster exact " + std::to_string(exact_fraction);
   }
   kvret_config config(int32_t device_type, int kv, int fold) const {
+    if (index == KVRET_INDEX_PQ) return pq_config(device_type, kv, fold, page_size, exact_fraction, pq_bits);
     return index == KVRET_INDEX_PAGE ? page_config(device_type, kv, fold, page_size)
                                      : cluster_config(device_type, kv, fold, exact_fraction);
   }
 };
-const IndexCase kIndexCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},
-                                 {KVRET_INDEX_PAGE, 5, 0.0f},
-                                 {KVRET_INDEX_CLUSTER, 0, 0.0f},
-                                 {KVRET_INDEX_CLUSTER, 0, 0.1f}};
+const IndexCase kIndexCases[] = {
+    {KVRET_INDEX_PAGE, 16, 0.0f},   {KVRET_INDEX_PAGE, 5, 0.0f},   {KVRET_INDEX_CLUSTER, 0, 0.0f},
+    {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 2, 0.0f},     {KVRET_INDEX_PQ, 2, 0.1f},
+    {KVRET_INDEX_PQ, 4, 0.05f},     {KVRET_INDEX_PQ, 4, 0.05f, 6}, {KVRET_INDEX_PQ, 8, 0.1f, 4}};
 
 int64_t length_of(kvret_seq* seq) {
   int64_t n = 0;
@@ -513,7 +534,7 @@ TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
         SCOPED_TRACE(where);
         const kvret_config dc = index.config(KVRET_DEVICE_CUDA, kv, fold);
         const kvret_config cc = index.config(KVRET_DEVICE_CPU, kv, fold);
-        const int32_t page_size = index.page_size;
+        const int32_t page_size = index.index == KVRET_INDEX_PAGE ? index.page_size : 0;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
         test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
@@ -683,10 +704,88 @@ TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
   }
 }
 
+/// The bytes of the PQ index's arrays the device needs (kvret::PqRetriever's, every head): the f32 codebook, i32
+/// cell counts and exact count, an i32 item per token, the exact tokens' keys as f32 (the largest head's count),
+/// and on the per-token path the codes.
+int64_t pq_index_bytes(kvret_seq* seq, int32_t layer) {
+  EXPECT_EQ(kvret_wait_index(seq, -1), KVRET_OK);
+  const auto& p = dynamic_cast<const PqRetriever&>(sequence_from_handle(seq)->index(layer));
+  int64_t exacts = 0;
+  for (int h = 0; h < p.n_kv_heads(); ++h)
+    exacts = std::max<int64_t>(exacts, static_cast<int64_t>(p.exact_positions(h).size()));
+  return int64_t{p.n_kv_heads()} *
+         ((int64_t{p.m()} * p.k() * p.sub_dim() + p.n_cells() + 1 + p.size() + exacts * p.head_dim()) * 4 +
+          (p.scores_cells() ? 0 : p.size() * p.m()));
+}
+
+/// device_bytes counts the device's copy of the PQ index (at least its arrays, per selected layer); decode appends
+/// (codes sent after the copy's) keep the device select equal to the CPU backend's; a copy that would pass
+/// config.device_bytes_limit is not made, and that select runs on the host with the same result.
+void pq_index_bytes_and_limit(int32_t m, int32_t bits);
+
+TEST_F(DeviceSelect, DeviceBytesCountThePqIndexAndTheLimitHolds) {
+  for (const int32_t m : {2, 4}) pq_index_bytes_and_limit(m, 6);  // m = 2: 4096 cells; m = 4: per token (default)
+}
+
+void pq_index_bytes_and_limit(int32_t m, int32_t bits) {
+  SCOPED_TRACE("pq m " + std::to_string(m) + " bits " + std::to_string(bits));
+  const int64_t tokens = 600;
+  const kvret_config cc = pq_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, m, 0.05f, bits);
+  const std::vector<float> q = test::random_vector(8 * kDim, 79, 2.0f);
+  auto cpu_ctx = test::make_context(cc);
+  int64_t index_bytes = 0;
+  for (const int pass : {0, 1}) {
+    kvret_config dc = pq_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, m, 0.05f, bits);
+    dc.device_bytes_limit = pass == 0 ? 0 : index_bytes - 1;
+    SCOPED_TRACE(dc.device_bytes_limit);
+    auto dev_ctx = test::make_context(dc);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
+    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    append_both(a, b, dc.n_layers, tokens, 33);
+    EXPECT_EQ(stats_of(a).device_bytes, 0);
+    index_bytes = pq_index_bytes(a, 0);
+    ASSERT_GT(index_bytes, 0);
+    for (int round = 0; round < 4; ++round) {
+      const int32_t budget = round == 3 ? 1 : 100;
+      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, budget, budget, true),
+                  select(b, KVRET_DEVICE_CPU, 0, q, budget, budget, true), "round " + std::to_string(round));
+      const int64_t held = stats_of(a).device_bytes;
+      if (pass == 0) {
+        EXPECT_GE(held, pq_index_bytes(a, 0)) << "round " << round;
+      } else {
+        EXPECT_EQ(held, 0) << "no copy past the limit";
+      }
+      // decodes: one token at a time, no retraining (the codes of the new tokens only go to the device)
+      for (int t = 0; t < 25; ++t) {
+        F32 k({1, kHeads, kDim}), v({1, kHeads, kDim});
+        k.data = test::random_vector(static_cast<size_t>(kHeads * kDim), 800 + static_cast<uint64_t>(round * 25 + t));
+        v.data = k.data;
+        k.refresh();
+        v.refresh();
+        for (int32_t l = 0; l < dc.n_layers; ++l) test::expect_ok(kvret_append_decode(a, l, &k.t, &v.t));
+        label(k, KVRET_DEVICE_CPU);
+        label(v, KVRET_DEVICE_CPU);
+        for (int32_t l = 0; l < dc.n_layers; ++l) test::expect_ok(kvret_append_decode(b, l, &k.t, &v.t));
+      }
+    }
+    test::expect_ok(kvret_seq_close(a));  // frees its copies
+    test::expect_ok(kvret_seq_close(b));
+  }
+}
+
 /// Under config.check_finite, a q with a NaN or an Inf is KVRET_ERR_NONFINITE on the device path too, and nothing
 /// changes: the outputs keep their elements, the selection count stays.
+void non_finite_query_changes_nothing(int32_t kind);
+
 TEST_F(DeviceSelect, NonFiniteQueryChangesNothing) {
-  kvret_config dc = page_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 16);
+  for (const int32_t kind : {KVRET_INDEX_PAGE, KVRET_INDEX_PQ}) non_finite_query_changes_nothing(kind);
+}
+
+void non_finite_query_changes_nothing(int32_t kind) {
+  SCOPED_TRACE(kind);
+  kvret_config dc = kind == KVRET_INDEX_PQ ? pq_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 2, 0.05f)
+                                           : page_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, KVRET_FOLD_SUM_PROB, 16);
   dc.check_finite = 1;
   auto ctx = test::make_context(dc);
   kvret_seq* a = nullptr;
@@ -765,6 +864,8 @@ void batch_equals_single_selects(const IndexCase& index) {
 TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
   batch_equals_single_selects({KVRET_INDEX_PAGE, 8, 0.0f});
   batch_equals_single_selects({KVRET_INDEX_CLUSTER, 0, 0.1f});
+  batch_equals_single_selects({KVRET_INDEX_PQ, 2, 0.1f});
+  batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.05f, 6});
 }
 
 }  // namespace

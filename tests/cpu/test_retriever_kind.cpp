@@ -110,14 +110,15 @@ TEST(RetrieverKind, ARegisteredKindRunsThroughTheCAbi) {
   test::expect_ok(kvret_seq_close(forked));
 }
 
-// kvret_select_batch over n sequences: one select_batch call with n jobs, for a built-in kind (PQ, counted through
-// a wrapper) and for a registered one.
+// kvret_select_batch over n sequences: one select_batch call with n jobs, for a built-in kind (EXACT, counted through
+// a wrapper; not PQ, PAGE or CLUSTER, whose retrievers select on the CUDA backend's device without their kind) and
+// for a registered one.
 TEST(RetrieverKind, SelectBatchIsOneCallIntoTheKind) {
-  Registered counted_pq(kCountedPq, std::make_shared<CountingKind>(find_retriever_kind(KVRET_INDEX_PQ)));
+  Registered counted(kCountedPq, std::make_shared<CountingKind>(find_retriever_kind(KVRET_INDEX_EXACT)));
   kvret_config config = test::small_config(kCountedPq);
   config.n_layers = 1;
   auto ctx = test::make_context(config);
-  auto plain = test::make_context(test::small_config(KVRET_INDEX_PQ));
+  auto plain = test::make_context(test::small_config(KVRET_INDEX_EXACT));
   constexpr int kBatch = 3;
   std::vector<kvret_seq*> seqs(kBatch), plain_seqs(kBatch);
   F32 k({800, 2, 64}), v({800, 2, 64});
@@ -134,9 +135,9 @@ TEST(RetrieverKind, SelectBatchIsOneCallIntoTheKind) {
   I32 out({kBatch, 2, 40}), plain_out({kBatch, 2, 40});
   std::vector<int32_t> counts(kBatch), plain_counts(kBatch);
   test::expect_ok(kvret_select_batch(ctx.get(), kBatch, seqs.data(), 0, &q, 40, &out, counts.data()));
-  EXPECT_EQ(counted_pq.kind->calls.load(), 1);
-  EXPECT_EQ(counted_pq.kind->jobs.load(), kBatch);
-  // the same selections as PQ's own kind
+  EXPECT_EQ(counted.kind->calls.load(), 1);
+  EXPECT_EQ(counted.kind->jobs.load(), kBatch);
+  // the same selections as EXACT's own kind
   test::expect_ok(
       kvret_select_batch(plain.get(), kBatch, plain_seqs.data(), 0, &q, 40, &plain_out, plain_counts.data()));
   EXPECT_EQ(counts, plain_counts);

@@ -1,0 +1,263 @@
+#pragma once
+// The CUDA backend's select for the PQ index (docs/pq.md, docs/cuda_backend.md), both of its paths, as per-element
+// functors for Thrust passes: compiled for the device by nvcc and for the host on Thrust's OpenMP
+// system. The math is kernels/math/pq_math.h and page_math.h, the functions the CPU retriever
+// (src/index/pq_retriever.cpp) is tested against, so both compute the same bits.
+//
+// A KV head's items are its C code cells and its E_h exact tokens, in that order (items past C + E_h, up to the
+// layer's largest E, are padding of weight 0). One select of one (sequence, layer) is these passes, around
+// page_select_ops.hpp's shared ones:
+//   PageLoadQuery   q into f32 [n_q_heads, d]
+//   PqLut           the lookup table of every (query head, sub-space, centroid)
+//   PqItemLogits    the logit of every (query head, item): a cell's from the table, an exact token's q . k
+//   PqSoftmaxes     KVRET_FOLD_SUM_PROB: per query head the maximum, the terms and the inverse normaliser
+//   PageFold        per (KV head, item) the folded score, its order key and its index
+//   (the two stable sorts: per head the items best first)
+//   PqSortedWeights the tokens of each item in that order
+//   (inclusive scan, PageTake, exclusive scan: the tokens taken from each item)
+//   PqTrimmed       per (KV head, token): whether its item is the one trimmed (exclusive scan: its rank there)
+//   PqTaken         per (KV head, token): whether it is selected (exclusive scan: where it goes)
+//   PqWrite         the positions (ascending per head) and their item's score into the caller's tensors
+//
+// The per-token path (pq_bits * pq_m > 16: no cells; a token's item is -1, or e for the e-th exact token):
+//   PqLut, then PqTokenLogits  the logit of every (query head, token): its table entries' sum, or q . k if exact
+//   PqTokenHeads    KVRET_FOLD_SUM_PROB: per query head the largest logit and, for m = 4 (k <= 64), the reference
+//                   of the fold from tables of exponentials (gqa_fold.cpp's pq4_softmax_fold)
+//   PqTokenTerms    the softmax's terms in place of the logits: the m = 4 fold's products where every head of the
+//                   KV group has a finite reference, else e^(l - max)
+//   PqTokenSums     per query head the normaliser (eight double partial sums)
+//   PageFold, the sorts and scans (every token of weight 1: a top-k), PageWrite with pages of one token
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/page_select_ops.hpp"
+#include "math/pq_math.h"
+
+namespace kvret::device_math {
+
+/// The device mirror of one (sequence, layer)'s PQ index, all heads side by side.
+struct PqLayout {
+  const float* codebook;    ///< [heads, m, k, dsub]
+  const int32_t* counts;    ///< [heads, cells]: a cell's tokens without the exact ones
+  const int32_t* n_exact;   ///< [heads]
+  const int32_t* items;     ///< [heads, capacity]: the item of each token (pq_math.h), the first `tokens` set
+  const float* exact_keys;  ///< [heads, exact_capacity, d]: the exact tokens' keys as f32
+  const uint8_t* codes;     ///< [heads, capacity, m] (per-token path)
+  int64_t cells, capacity, exact_capacity, max_exact, tokens;
+  int32_t m, k, dsub, d;
+  /// Items per head, padding included.
+  KVRET_BACKEND_HD int64_t items_per_head() const { return cells + max_exact; }
+  KVRET_BACKEND_HD int32_t weight(int64_t h, int64_t u) const {
+    return pm::pq_item_weight(counts + h * cells, cells, n_exact[h], u);
+  }
+};
+
+/// lut [n_q_heads, m, k]: lut[hq][j][c] = scale * <q_hq,j, C_h,j[c]>.
+struct PqLut {
+  PqLayout layout;
+  const float* q;  ///< [n_q_heads, d]
+  float* lut;
+  int32_t group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t mk = int64_t{layout.m} * layout.k, hq = i / mk, j = (i % mk) / layout.k, c = i % layout.k;
+    const int64_t h = hq / group;
+    lut[i] = pm::pq_lut_entry(q + hq * layout.d + j * layout.dsub,
+                              layout.codebook + ((h * layout.m + j) * layout.k + c) * layout.dsub, layout.dsub, scale);
+  }
+};
+
+/// logits [n_q_heads, items_per_head]: a cell's from the table, an exact token's q . k, -inf for padding.
+struct PqItemLogits {
+  PqLayout layout;
+  const float* q;    ///< [n_q_heads, d]
+  const float* lut;  ///< [n_q_heads, m, k]
+  float* logits;
+  int32_t group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t n = layout.items_per_head(), hq = i / n, u = i % n, h = hq / group;
+    if (u < layout.cells) {
+      logits[i] = pm::pq_cell_logit(lut + hq * layout.m * layout.k, u, layout.m, layout.k);
+    } else if (u < layout.cells + layout.n_exact[h]) {
+      const float* key = layout.exact_keys + (h * layout.exact_capacity + (u - layout.cells)) * layout.d;
+      logits[i] = pm::pq_exact_logit(scale, q + hq * layout.d, key, layout.d);
+    } else {
+      logits[i] = pm::neg_inf();
+    }
+  }
+};
+
+/// Per query head: the weighted softmax over its KV head's C + E_h items (not the padding), in place.
+struct PqSoftmaxes {
+  PqLayout layout;
+  float* logits;         ///< [n_q_heads, items_per_head]: replaced by the softmax's terms
+  pm::PageSoftmax* out;  ///< [n_q_heads]
+  int32_t group;
+  KVRET_BACKEND_HD void operator()(int64_t hq) const {
+    const int64_t n = layout.items_per_head(), h = hq / group;
+    const int32_t* counts = layout.counts + h * layout.cells;
+    const int64_t cells = layout.cells, exact = layout.n_exact[h];
+    out[hq] = pm::weighted_softmax_terms(logits + hq * n, cells + exact,
+                                         [=](int64_t u) { return pm::pq_item_weight(counts, cells, exact, u); });
+  }
+};
+
+struct PqSortedWeights {
+  PqLayout layout;
+  const int64_t* index;
+  int64_t* weight;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t n = layout.items_per_head();
+    weight[i] = layout.weight(index[i] / n, index[i] % n);
+  }
+};
+
+/// Per (KV head, token): 1 when its item is taken in part (the trimmed cell), else 0.
+struct PqTrimmed {
+  PqLayout layout;
+  const int64_t* taken;  ///< [heads, items_per_head]
+  int64_t* flag;         ///< [heads, tokens]
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / layout.tokens, t = i % layout.tokens;
+    const int32_t u = layout.items[h * layout.capacity + t];
+    const int64_t took = taken[h * layout.items_per_head() + u];
+    flag[i] = took > 0 && took < layout.weight(h, u) ? 1 : 0;
+  }
+};
+
+/// Per (KV head, token): 1 when it is selected (rank: its place among the trimmed item's tokens).
+struct PqTaken {
+  PqLayout layout;
+  const int64_t* taken;
+  const int64_t* rank;  ///< [heads, tokens]: exclusive scan of PqTrimmed per head
+  int64_t* flag;        ///< [heads, tokens]
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / layout.tokens, t = i % layout.tokens;
+    const int32_t u = layout.items[h * layout.capacity + t];
+    flag[i] = pm::pq_token_taken(taken[h * layout.items_per_head() + u], layout.weight(h, u), rank[i]) ? 1 : 0;
+  }
+};
+
+struct PqWrite {
+  PqLayout layout;
+  const int64_t* selected;  ///< [heads, tokens]: PqTaken
+  const int64_t* offset;    ///< exclusive scan of selected per head
+  const float* folded;      ///< [heads, items_per_head]
+  DeviceTensor out;         ///< i32 [n_kv_heads, >= budget]
+  DeviceTensor scores;      ///< f32 [n_kv_heads, >= budget] (base null: none)
+  int64_t mid_begin;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    if (selected[i] == 0) return;
+    const int64_t h = i / layout.tokens, t = i % layout.tokens;
+    *reinterpret_cast<int32_t*>(out.at(h, offset[i])) = static_cast<int32_t>(mid_begin + t);
+    if (scores.base != nullptr) {
+      const int32_t u = layout.items[h * layout.capacity + t];
+      *reinterpret_cast<float*>(scores.at(h, offset[i])) = folded[h * layout.items_per_head() + u];
+    }
+  }
+};
+
+// --- the per-token path ------------------------------------------------------------------------------------------
+
+/// logits [n_q_heads, tokens]: a token's table entries' sum, or an exact token's q . k.
+struct PqTokenLogits {
+  PqLayout layout;
+  const float* q;    ///< [n_q_heads, d]
+  const float* lut;  ///< [n_q_heads, m, k]
+  float* logits;
+  int32_t group;
+  float scale;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t hq = i / layout.tokens, t = i % layout.tokens, h = hq / group;
+    const int32_t item = layout.items[h * layout.capacity + t];
+    if (item >= 0) {
+      const float* key = layout.exact_keys + (h * layout.exact_capacity + item) * layout.d;
+      logits[i] = pm::pq_exact_logit(scale, q + hq * layout.d, key, layout.d);
+    } else {
+      logits[i] = pm::pq_token_logit(lut + hq * layout.m * layout.k,
+                                     layout.codes + (h * layout.capacity + t) * layout.m, layout.m, layout.k);
+    }
+  }
+};
+
+/// Per query head: the largest logit (NaN ignored) and the m = 4 fold's reference.
+struct PqTokenHead {
+  float max;
+  pm::Pq4Reference ref;
+};
+
+struct PqTokenHeads {
+  PqLayout layout;
+  const float* lut;
+  const float* logits;  ///< [n_q_heads, tokens]
+  PqTokenHead* out;     ///< [n_q_heads]
+  int32_t group;
+  bool pq4;  ///< m = 4 and k <= 64
+  KVRET_BACKEND_HD void operator()(int64_t hq) const {
+    const int64_t h = hq / group;
+    const float* l = logits + hq * layout.tokens;
+    const int32_t* items = layout.items + h * layout.capacity;
+    float mx = pm::neg_inf(), exact_max = pm::neg_inf();
+    for (int64_t t = 0; t < layout.tokens; ++t) {
+      mx = pm::page_max_step(mx, l[t]);
+      if (items[t] >= 0) exact_max = pm::page_max_step(exact_max, l[t]);
+    }
+    PqTokenHead r;
+    r.max = mx;
+    if (pq4) r.ref = pm::pq4_finish_reference(pm::pq4_table_reference(lut + hq * 4 * layout.k, layout.k), exact_max);
+    out[hq] = r;
+  }
+  /// Whether KV head h folds by the m = 4 tables: every head of its group has a finite reference.
+  KVRET_BACKEND_HD static bool by_tables(const PqTokenHead* heads, int64_t h, int32_t group, bool pq4) {
+    if (!pq4) return false;
+    for (int32_t g = 0; g < group; ++g)
+      if (!heads[h * group + g].ref.ok) return false;
+    return true;
+  }
+};
+
+/// The softmax's terms of every (query head, token), in place of its logit.
+struct PqTokenTerms {
+  PqLayout layout;
+  const float* lut;
+  const PqTokenHead* heads;
+  float* logits;  ///< [n_q_heads, tokens]: replaced by the terms
+  int32_t group;
+  bool pq4;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t hq = i / layout.tokens, t = i % layout.tokens, h = hq / group;
+    const PqTokenHead& head = heads[hq];
+    if (PqTokenHeads::by_tables(heads, h, group, pq4)) {
+      logits[i] = layout.items[h * layout.capacity + t] >= 0
+                      ? pm::pq4_exact_term(logits[i], head.ref)
+                      : pm::pq4_token_term(lut + hq * 4 * layout.k, layout.codes + (h * layout.capacity + t) * 4,
+                                           layout.k, head.ref);
+    } else if (head.max > pm::neg_inf()) {
+      logits[i] = pm::pq_softmax_term(logits[i], head.max);
+    }  // else the head adds nothing (PqTokenSums)
+  }
+};
+
+struct PqTokenSums {
+  PqLayout layout;
+  const PqTokenHead* heads;
+  const float* terms;    ///< [n_q_heads, tokens]
+  pm::PageSoftmax* out;  ///< [n_q_heads]
+  int32_t group;
+  bool pq4;
+  KVRET_BACKEND_HD void operator()(int64_t hq) const {
+    const bool tables = PqTokenHeads::by_tables(heads, hq / group, group, pq4);
+    out[hq] = tables || heads[hq].max > pm::neg_inf()
+                  ? pm::pq_unweighted_normaliser(terms + hq * layout.tokens, layout.tokens)
+                  : pm::PageSoftmax{};
+  }
+};
+
+/// Every token weighs one (the per-token path's take is a top-k).
+struct PqUnitWeights {
+  int64_t* weight;
+  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
+};
+
+}  // namespace kvret::device_math
