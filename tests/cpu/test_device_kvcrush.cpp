@@ -221,6 +221,7 @@ struct Case {
   float exact_fraction;  // CLUSTER
   std::string name() const {
     if (index == KVRET_INDEX_QUANT) return "quant (representatives added on the host)";
+    if (index == KVRET_INDEX_PQ) return "pq";
     return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
                                      : "cluster exact " + std::to_string(exact_fraction);
   }
@@ -229,6 +230,7 @@ const Case kCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},
                        {KVRET_INDEX_PAGE, 5, 0.0f},
                        {KVRET_INDEX_CLUSTER, 0, 0.0f},
                        {KVRET_INDEX_CLUSTER, 0, 0.1f},
+                       {KVRET_INDEX_PQ, 0, 0.0f},
                        {KVRET_INDEX_QUANT, 0, 0.0f}};
 
 kvret_config crush_config(const Case& c, int32_t device_type, int kv, float share, Importance imp,
