@@ -442,10 +442,13 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
 bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                                 const TensorView* scores, int64_t* count) {
   const kvret_config& c = ctx_.config();
-  const int64_t n = check_select(layer, q, budget, out, scores);
+  check_layer(layer);
   LayerState& l = *layers_[static_cast<size_t>(layer)];
   Backend& backend = ctx_.backend();
-  if (n == 0 || !backend.selects_on_device(l.index(), q, out, scores)) return false;
+  // asked first (the kinds of the tensors only), so that a select the host runs is checked once, by prepare_select
+  if (!backend.selects_on_device(l.index(), q, out, scores)) return false;
+  const int64_t n = check_select(layer, q, budget, out, scores);
+  if (n == 0) return false;
   l.wait();
   const TokenGroups g = groups(layer);
   l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
