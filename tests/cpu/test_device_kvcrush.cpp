@@ -21,6 +21,7 @@
 
 #include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
+#include "device_twin.hpp"
 #include "engine/kvcrush_layer.hpp"
 #include "kvret.h"
 #include "math/kvcrush_math.h"
@@ -34,12 +35,6 @@ using test::I32;
 namespace km = kvret::cuda::math;
 
 namespace {
-
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
 
 // --- the math (always) -------------------------------------------------------------------------------------------
 
@@ -184,7 +179,8 @@ TEST(KvCrushDeviceMath, RepresentativesPastTheMiddleAreHandled) {
         }
         for (int64_t i = 0; i < n; ++i) {
           ASSERT_EQ(row[static_cast<size_t>(kPad + i)], want[static_cast<size_t>(i)]) << "n_rep " << n_rep;
-          ASSERT_EQ(bits_of(scores[static_cast<size_t>(kPad + i)]), bits_of(want_scores[static_cast<size_t>(i)]));
+          ASSERT_EQ(test::twin::bits(scores[static_cast<size_t>(kPad + i)]),
+                    test::twin::bits(want_scores[static_cast<size_t>(i)]));
         }
       }
     }
@@ -199,15 +195,15 @@ TEST(KvCrushDeviceMath, RepresentativesPastTheMiddleAreHandled) {
 
 // --- through the C ABI on the CUDA backend -----------------------------------------------------------------------
 
-constexpr int kHeads = 2;
-constexpr int kQHeads = 8;
-constexpr int kDim = 64;
-
-template <class T>
-T& label(T& t, int32_t device_type) {
-  t.t.device = {device_type, 0};
-  return t;
-}
+using test::twin::expect_same;
+using test::twin::kDim;
+using test::twin::kHeads;
+using test::twin::kQHeads;
+using test::twin::label;
+using test::twin::length_of;
+using test::twin::select;
+using test::twin::Selected;
+using test::twin::stats_of;
 
 /// Where the layer's importance comes from.
 enum class Importance { kKeys, kObserved, kAccumulated };
@@ -226,12 +222,8 @@ struct Case {
                                      : "cluster exact " + std::to_string(exact_fraction);
   }
 };
-const Case kCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},
-                       {KVRET_INDEX_PAGE, 5, 0.0f},
-                       {KVRET_INDEX_CLUSTER, 0, 0.0f},
-                       {KVRET_INDEX_CLUSTER, 0, 0.1f},
-                       {KVRET_INDEX_PQ, 0, 0.0f},
-                       {KVRET_INDEX_QUANT, 0, 0.0f}};
+const Case kCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},   {KVRET_INDEX_PAGE, 5, 0.0f}, {KVRET_INDEX_CLUSTER, 0, 0.0f},
+                       {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 0, 0.0f},   {KVRET_INDEX_QUANT, 0, 0.0f}};
 
 kvret_config crush_config(const Case& c, int32_t device_type, int kv, float share, Importance imp,
                           int32_t buckets = 0) {
@@ -252,19 +244,6 @@ kvret_config crush_config(const Case& c, int32_t device_type, int kv, float shar
     cfg.cluster_exact_fraction = c.exact_fraction;
   }
   return cfg;
-}
-
-int64_t length_of(kvret_seq* seq) {
-  int64_t n = 0;
-  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
-  return n;
-}
-
-kvret_stats stats_of(kvret_seq* seq) {
-  kvret_stats s;
-  kvret_stats_init(&s);
-  kvret_seq_stats(seq, &s);
-  return s;
 }
 
 /// The same call on both sequences (dev's tensors labelled CUDA, cpu's CPU), the same status.
@@ -309,41 +288,6 @@ void observe_both(kvret_seq* dev, kvret_seq* cpu, Importance imp, uint64_t seed)
       p.refresh();
       both(dev, cpu, p, [&](kvret_seq* s, const kvret_tensor* t) { return kvret_seq_observe_attention(s, l, t); });
     }
-  }
-}
-
-struct Selected {
-  int32_t count = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> scores;
-};
-
-Selected select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
-                int64_t width, bool scored) {
-  F32 qt({kQHeads, kDim});
-  qt.data = q;
-  qt.refresh();
-  label(qt, device_type);
-  I32 out({kHeads, width}, -7);
-  F32 sc({kHeads, width}, -7.0f);
-  label(out, device_type);
-  label(sc, device_type);
-  Selected s;
-  const kvret_status st = scored ? kvret_select_scored(seq, layer, &qt.t, budget, &out.t, &sc.t, &s.count)
-                                 : kvret_select(seq, layer, &qt.t, budget, &out.t, &s.count);
-  EXPECT_EQ(st, KVRET_OK) << kvret_last_error();
-  s.positions.assign(out.data.begin(), out.data.end());
-  s.scores.assign(sc.data.begin(), sc.data.end());
-  return s;
-}
-
-void expect_same(const Selected& a, const Selected& b, const std::string& where) {
-  ASSERT_EQ(a.count, b.count) << where;
-  ASSERT_EQ(a.positions, b.positions) << where;
-  ASSERT_EQ(a.scores.size(), b.scores.size());
-  for (size_t i = 0; i < a.scores.size(); ++i) {
-    const float x = a.scores[i], y = b.scores[i];
-    ASSERT_TRUE((x != x && y != y) || bits_of(x) == bits_of(y)) << where << " score " << i << ": " << x << " vs " << y;
   }
 }
 

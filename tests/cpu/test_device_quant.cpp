@@ -20,6 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
+#include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/quant_retriever.hpp"
 #include "kvret.h"
@@ -34,13 +35,17 @@ namespace qm = kvret::cuda::math;
 
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-bool same_bits(float a, float b) { return (a != a && b != b) || bits(a) == bits(b); }
+using test::twin::append_both;
+using test::twin::bits;
+using test::twin::expect_same;
+using test::twin::kDim;
+using test::twin::kHeads;
+using test::twin::label;
+using test::twin::length_of;
+using test::twin::same_bits;
+using test::twin::select;
+using test::twin::Selected;
+using test::twin::stats_of;
 
 /// Random floats with the special values mixed in.
 std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
@@ -149,15 +154,6 @@ TEST(QuantRetrieverVersion, BlocksChangedSinceCoversEveryChange) {
 
 // --- the device select -------------------------------------------------------------------------------------------
 
-constexpr int kHeads = 2;
-constexpr int kDim = 64;
-
-template <class T>
-T& label(T& t, int32_t device_type) {
-  t.t.device = {device_type, 0};
-  return t;
-}
-
 struct QuantCase {
   int32_t bits, group, rerank;
   std::string name() const {
@@ -176,65 +172,6 @@ kvret_config quant_config(int32_t device_type, int kv, int fold, const QuantCase
   c.quant_rerank = q.rerank;
   c.background_build = 0;
   return c;
-}
-
-int64_t length_of(kvret_seq* seq) {
-  int64_t n = 0;
-  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
-  return n;
-}
-
-kvret_stats stats_of(kvret_seq* seq) {
-  kvret_stats s;
-  kvret_stats_init(&s);
-  kvret_seq_stats(seq, &s);
-  return s;
-}
-
-void append_both(kvret_seq* dev, kvret_seq* cpu, int32_t layers, int64_t tokens, uint64_t seed) {
-  F32 k({tokens, kHeads, kDim}), v({tokens, kHeads, kDim});
-  k.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed);
-  v.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed + 1);
-  k.refresh();
-  v.refresh();
-  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(dev, l, &k.t, &v.t));
-  if (cpu == nullptr) return;
-  label(k, KVRET_DEVICE_CPU);
-  label(v, KVRET_DEVICE_CPU);
-  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(cpu, l, &k.t, &v.t));
-}
-
-struct Selected {
-  int32_t count = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> scores;
-};
-
-Selected select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
-                int64_t width, bool scored) {
-  F32 qt({8, kDim});
-  qt.data = q;
-  qt.refresh();
-  label(qt, device_type);
-  I32 out({kHeads, width}, -7);
-  F32 sc({kHeads, width}, -7.0f);
-  label(out, device_type);
-  label(sc, device_type);
-  Selected s;
-  const kvret_status st = scored ? kvret_select_scored(seq, layer, &qt.t, budget, &out.t, &sc.t, &s.count)
-                                 : kvret_select(seq, layer, &qt.t, budget, &out.t, &s.count);
-  EXPECT_EQ(st, KVRET_OK) << kvret_last_error();
-  s.positions = out.data;
-  s.scores = sc.data;
-  return s;
-}
-
-void expect_same(const Selected& a, const Selected& b, const std::string& where) {
-  ASSERT_EQ(a.count, b.count) << where;
-  ASSERT_EQ(a.positions, b.positions) << where;
-  ASSERT_EQ(a.scores.size(), b.scores.size());
-  for (size_t i = 0; i < a.scores.size(); ++i)
-    ASSERT_TRUE(same_bits(a.scores[i], b.scores[i])) << where << " score " << i;
 }
 
 class DeviceQuant : public ::testing::Test {
@@ -265,61 +202,9 @@ TEST_F(DeviceQuant, EqualsTheCpuBackendUnderEveryChange) {
         test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
         append_both(a, b, dc.n_layers, 130 + 7 * round, 21 + static_cast<uint64_t>(round));
         std::mt19937_64 rng(7 + static_cast<uint64_t>(round++));
-        int selects = 0;
-        for (int step = 0; step < 60; ++step) {
-          const int64_t length = length_of(a);
-          ASSERT_EQ(length, length_of(b));
-          const uint64_t op = rng() % 24;
-          const std::string at = where + " step " + std::to_string(step);
-          if (op == 0 && length > 100) {
-            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 70);
-            test::expect_ok(kvret_seq_truncate(a, to));
-            test::expect_ok(kvret_seq_truncate(b, to));
-          } else if (op == 1 && length > 120) {
-            const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
-            test::expect_ok(kvret_seq_drop_front(a, keep, count));
-            test::expect_ok(kvret_seq_drop_front(b, keep, count));
-          } else if (op == 2) {
-            kvret_seq *fa = nullptr, *fb = nullptr;
-            test::expect_ok(kvret_seq_fork(a, &fa));
-            test::expect_ok(kvret_seq_fork(b, &fb));
-            if (rng() % 2 == 0) std::swap(a, fa), std::swap(b, fb);  // go on with the fork, or the parent
-            append_both(fa, fb, dc.n_layers, 3, 500 + static_cast<uint64_t>(step));
-            test::expect_ok(kvret_seq_close(fa));
-            test::expect_ok(kvret_seq_close(fb));
-          } else if (op == 3) {
-            const std::string id = "devquant-" + std::to_string(step);
-            test::expect_ok(kvret_session_save(a, id.c_str()));
-            test::expect_ok(kvret_session_save(b, id.c_str()));
-            kvret_seq *oa = nullptr, *ob = nullptr;
-            test::expect_ok(kvret_session_open(dev_ctx.get(), id.c_str(), &oa));
-            test::expect_ok(kvret_session_open(cpu_ctx.get(), id.c_str(), &ob));
-            test::expect_ok(kvret_seq_close(a));
-            test::expect_ok(kvret_seq_close(b));
-            a = oa;
-            b = ob;
-          } else if (op < 10) {
-            const int64_t tokens = op < 7 ? 1 : 1 + static_cast<int64_t>(rng() % 40);  // decodes and chunks
-            append_both(a, b, dc.n_layers, tokens, 1000 + static_cast<uint64_t>(step));
-          } else {
-            const int32_t layer = static_cast<int32_t>(rng() % 2);
-            const int64_t middle = length - dc.n_sink - dc.n_local;
-            const uint64_t kind = rng() % 4;
-            const int64_t budget = kind == 0   ? 1
-                                   : kind == 1 ? length  // past the middle: the whole middle
-                                   : kind == 2 ? middle
-                                               : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
-            const std::vector<float> q = test::random_vector(8 * kDim, 9000 + static_cast<uint64_t>(step), 2.0f);
-            const bool scored = rng() % 2 == 0;
-            const int64_t width = std::min(budget, middle) + static_cast<int64_t>(rng() % 3);
-            const Selected x = select(a, KVRET_DEVICE_CUDA, layer, q, static_cast<int32_t>(budget), width, scored);
-            const Selected y = select(b, KVRET_DEVICE_CPU, layer, q, static_cast<int32_t>(budget), width, scored);
-            ASSERT_EQ(x.count, std::min(budget, middle)) << at;
-            expect_same(x, y, at);
-            EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the select ran on the device";
-            ++selects;
-          }
-        }
+        const int selects =
+            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {60, 70, 40, "devquant"}, where);
+        ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 10);
         test::expect_ok(kvret_seq_close(a));
         test::expect_ok(kvret_seq_close(b));

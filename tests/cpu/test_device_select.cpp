@@ -24,6 +24,7 @@
 #include "c_api/handles.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
 #include "index/pq_retriever.hpp"
@@ -43,13 +44,17 @@ namespace pm = kvret::cuda::math;
 
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-bool same_bits(float a, float b) { return (a != a && b != b) || bits(a) == bits(b); }
+using test::twin::append_both;
+using test::twin::bits;
+using test::twin::expect_same;
+using test::twin::kDim;
+using test::twin::kHeads;
+using test::twin::label;
+using test::twin::length_of;
+using test::twin::same_bits;
+using test::twin::select;
+using test::twin::Selected;
+using test::twin::stats_of;
 
 /// Random floats with the special values mixed in.
 std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
@@ -378,16 +383,6 @@ TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
 
 // --- through the C ABI ------------------------------------------------------------------------------------------
 
-constexpr int kHeads = 2;
-constexpr int kDim = 64;
-
-/// A tensor for a context of `device_type` (the suite's tensors carry the suite's label).
-template <class T>
-T& label(T& t, int32_t device_type) {
-  t.t.device = {device_type, 0};
-  return t;
-}
-
 kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_size) {
   kvret_config c = test::small_config(KVRET_INDEX_PAGE);
   c.device_type = device_type;
@@ -454,66 +449,6 @@ const IndexCase kIndexCases[] = {
     {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 2, 0.0f},     {KVRET_INDEX_PQ, 2, 0.1f},
     {KVRET_INDEX_PQ, 4, 0.05f},     {KVRET_INDEX_PQ, 4, 0.05f, 6}, {KVRET_INDEX_PQ, 8, 0.1f, 4}};
 
-int64_t length_of(kvret_seq* seq) {
-  int64_t n = 0;
-  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
-  return n;
-}
-
-kvret_stats stats_of(kvret_seq* seq) {
-  kvret_stats s;
-  kvret_stats_init(&s);
-  kvret_seq_stats(seq, &s);
-  return s;
-}
-
-/// The same tokens into a sequence of each context (dev: the suite's device label; cpu: KVRET_DEVICE_CPU).
-void append_both(kvret_seq* dev, kvret_seq* cpu, int32_t layers, int64_t tokens, uint64_t seed) {
-  F32 k({tokens, kHeads, kDim}), v({tokens, kHeads, kDim});
-  k.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed);
-  v.data = test::random_vector(static_cast<size_t>(tokens * kHeads * kDim), seed + 1);
-  k.refresh();
-  v.refresh();
-  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(dev, l, &k.t, &v.t));
-  label(k, KVRET_DEVICE_CPU);
-  label(v, KVRET_DEVICE_CPU);
-  for (int32_t l = 0; l < layers; ++l) test::expect_ok(kvret_append_prefill(cpu, l, &k.t, &v.t));
-}
-
-struct Selected {
-  int32_t count = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> scores;
-};
-
-/// A scored select into tensors of `device_type`, [kHeads, width]; the elements past the count stay -7.
-Selected select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
-                int64_t width, bool scored) {
-  F32 qt({8, kDim});
-  qt.data = q;
-  qt.refresh();
-  label(qt, device_type);
-  I32 out({kHeads, width}, -7);
-  F32 sc({kHeads, width}, -7.0f);
-  label(out, device_type);
-  label(sc, device_type);
-  Selected s;
-  const kvret_status st = scored ? kvret_select_scored(seq, layer, &qt.t, budget, &out.t, &sc.t, &s.count)
-                                 : kvret_select(seq, layer, &qt.t, budget, &out.t, &s.count);
-  EXPECT_EQ(st, KVRET_OK) << kvret_last_error();
-  s.positions = out.data;
-  s.scores = sc.data;
-  return s;
-}
-
-void expect_same(const Selected& a, const Selected& b, const std::string& where) {
-  ASSERT_EQ(a.count, b.count) << where;
-  ASSERT_EQ(a.positions, b.positions) << where;
-  ASSERT_EQ(a.scores.size(), b.scores.size());
-  for (size_t i = 0; i < a.scores.size(); ++i)
-    ASSERT_TRUE(same_bits(a.scores[i], b.scores[i])) << where << " score " << i;
-}
-
 class DeviceSelect : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -542,61 +477,9 @@ TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
         append_both(a, b, dc.n_layers, 150 + page_size, 21);
         std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
                             static_cast<uint64_t>(index.exact_fraction * 100.0f));
-        int selects = 0;
-        for (int step = 0; step < 90; ++step) {
-          const int64_t length = length_of(a);
-          ASSERT_EQ(length, length_of(b));
-          const uint64_t op = rng() % 24;
-          const std::string at = where + " step " + std::to_string(step);
-          if (op == 0 && length > 100) {
-            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 40);
-            test::expect_ok(kvret_seq_truncate(a, to));
-            test::expect_ok(kvret_seq_truncate(b, to));
-          } else if (op == 1 && length > 120) {
-            const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
-            test::expect_ok(kvret_seq_drop_front(a, keep, count));
-            test::expect_ok(kvret_seq_drop_front(b, keep, count));
-          } else if (op == 2) {
-            kvret_seq *fa = nullptr, *fb = nullptr;
-            test::expect_ok(kvret_seq_fork(a, &fa));
-            test::expect_ok(kvret_seq_fork(b, &fb));
-            if (rng() % 2 == 0) std::swap(a, fa), std::swap(b, fb);  // go on with the fork, or the parent
-            append_both(fa, fb, dc.n_layers, 3, 500 + static_cast<uint64_t>(step));
-            test::expect_ok(kvret_seq_close(fa));
-            test::expect_ok(kvret_seq_close(fb));
-          } else if (op == 3) {
-            const std::string id = "devsel-" + std::to_string(step);
-            test::expect_ok(kvret_session_save(a, id.c_str()));
-            test::expect_ok(kvret_session_save(b, id.c_str()));
-            kvret_seq *oa = nullptr, *ob = nullptr;
-            test::expect_ok(kvret_session_open(dev_ctx.get(), id.c_str(), &oa));
-            test::expect_ok(kvret_session_open(cpu_ctx.get(), id.c_str(), &ob));
-            test::expect_ok(kvret_seq_close(a));
-            test::expect_ok(kvret_seq_close(b));
-            a = oa;
-            b = ob;
-          } else if (op < 10) {
-            const int64_t tokens = op < 7 ? 1 : 1 + static_cast<int64_t>(rng() % 30);  // decodes and chunks
-            append_both(a, b, dc.n_layers, tokens, 1000 + static_cast<uint64_t>(step));
-          } else {
-            const int32_t layer = static_cast<int32_t>(rng() % 2);
-            const int64_t middle = length - dc.n_sink - dc.n_local;
-            const uint64_t kind = rng() % 4;
-            const int64_t budget = kind == 0   ? 1
-                                   : kind == 1 ? length  // past the middle: the whole middle
-                                   : kind == 2 ? middle
-                                               : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
-            const std::vector<float> q = test::random_vector(8 * kDim, 9000 + static_cast<uint64_t>(step), 2.0f);
-            const bool scored = rng() % 2 == 0;
-            const int64_t width = std::min(budget, middle) + static_cast<int64_t>(rng() % 3);
-            const Selected x = select(a, KVRET_DEVICE_CUDA, layer, q, static_cast<int32_t>(budget), width, scored);
-            const Selected y = select(b, KVRET_DEVICE_CPU, layer, q, static_cast<int32_t>(budget), width, scored);
-            ASSERT_EQ(x.count, std::min(budget, middle)) << at;
-            expect_same(x, y, at);
-            EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the select ran on the device";
-            ++selects;
-          }
-        }
+        const int selects =
+            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {90, 40, 30, "devsel"}, where);
+        ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 20);
         test::expect_ok(kvret_seq_close(a));
         test::expect_ok(kvret_seq_close(b));
