@@ -1,0 +1,217 @@
+// KVCrush representatives at unit granularity (config.hamming_granularity = g > 1): aligned runs of g middle
+// positions are the representative units. Properties through the C API: granularity 0 and 1 are the token rule bit
+// for bit; at g = 8, 16 (PAGE's page size) and 64 the count equals the token rule's, the positions are distinct,
+// ascending and in the middle, the retriever's important part is kept with its scores, and every unit that sends a
+// representative sends all its tokens the index did not select (at most one unit, the fill's last, cut short);
+// share 0 is the plain select; kvret_seq_retained_set follows the same rule; bad values are refused by field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvret.h"
+#include "sequence_observer.hpp"
+#include "test_util.hpp"
+
+using namespace kvret;
+using namespace kvret::test;
+
+namespace {
+
+constexpr int64_t kTokens = 1300, kMidBegin = 4, kMidEnd = kTokens - 16;  // small_config: 4 sink, 16 local
+
+struct Fixture {
+  ContextPtr ctx;
+  std::unique_ptr<Seq> seq;
+  F32 k{{kTokens, kHeads, kDim}}, v{{kTokens, kHeads, kDim}};
+  Fixture(int kind, float share, int32_t granularity) {
+    kvret_config c = small_config(kind);
+    c.hamming_fraction = share;
+    c.hamming_granularity = granularity;
+    ctx = make_context(c);
+    seq = std::make_unique<Seq>(ctx.get());
+    clustered_kv(kTokens, kHeads, kDim, 5, k, v);
+    prefill(seq->s, 0, k, v, 0, kTokens - 3);
+    decode(seq->s, 0, k, v, kTokens - 3, kTokens);
+  }
+};
+
+F32 query(uint64_t seed) {
+  F32 q({kQHeads, kDim});
+  q.data = random_vector(static_cast<size_t>(kQHeads * kDim), seed, 2.0f);
+  q.refresh();
+  return q;
+}
+
+struct Rows {
+  std::vector<std::vector<int32_t>> pos;
+  std::vector<std::vector<float>> scores;
+  int32_t count = -1;
+};
+
+Rows select_rows(kvret_seq* s, const F32& q, int32_t budget) {
+  I32 pos({kHeads, budget}, -1);
+  F32 sc({kHeads, budget}, NAN);
+  Rows r;
+  expect_ok(kvret_select_scored(s, 0, &q, budget, &pos, &sc, &r.count));
+  for (int h = 0; h < kHeads; ++h) {
+    const auto at = static_cast<size_t>(h * budget);
+    r.pos.emplace_back(pos.data.begin() + at, pos.data.begin() + at + std::max(r.count, 0));
+    r.scores.emplace_back(sc.data.begin() + at, sc.data.begin() + at + std::max(r.count, 0));
+  }
+  return r;
+}
+
+/// Checks one head's row against the important part `base` at granularity g: distinct ascending middle positions,
+/// the base kept, and the representatives (the rest) whole units of g but for at most one.
+void check_units(const std::vector<int32_t>& r, const std::vector<int32_t>& base, int64_t g) {
+  ASSERT_TRUE(std::is_sorted(r.begin(), r.end()));
+  ASSERT_EQ(std::set<int32_t>(r.begin(), r.end()).size(), r.size()) << "duplicate";
+  for (const int32_t p : r) ASSERT_TRUE(p >= kMidBegin && p < kMidEnd) << p;
+  for (const int32_t p : base) ASSERT_TRUE(std::binary_search(r.begin(), r.end(), p)) << "important " << p << " lost";
+  std::map<int64_t, int64_t> reps_in_unit;  // unit -> representatives in it
+  for (const int32_t p : r)
+    if (!std::binary_search(base.begin(), base.end(), p)) ++reps_in_unit[p / g];
+  int64_t cut = 0;
+  for (const auto& [u, n] : reps_in_unit) {
+    int64_t candidates = 0;  // the unit's middle tokens outside the important part
+    for (int64_t t = std::max(kMidBegin, u * g); t < std::min(kMidEnd, (u + 1) * g); ++t)
+      candidates += !std::binary_search(base.begin(), base.end(), static_cast<int32_t>(t));
+    EXPECT_LE(n, candidates);
+    cut += n < candidates;
+  }
+  EXPECT_LE(cut, 1) << "more than one representative unit cut short at g = " << g;
+}
+
+class KvCrushGranularity : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvCrushGranularity, OneAndZeroAreTheTokenRule) {
+  const int kind = GetParam();
+  Fixture zero(kind, 0.25f, 0), one(kind, 0.25f, 1);
+  for (const uint64_t seed : {1u, 2u})
+    for (const int32_t budget : {1, 4, 40, 257}) {
+      const F32 q = query(seed);
+      const Rows a = select_rows(zero.seq->s, q, budget), b = select_rows(one.seq->s, q, budget);
+      EXPECT_EQ(a.count, b.count);
+      EXPECT_EQ(a.pos, b.pos);
+      for (int h = 0; h < kHeads; ++h)
+        EXPECT_EQ(std::memcmp(a.scores[static_cast<size_t>(h)].data(), b.scores[static_cast<size_t>(h)].data(),
+                              sizeof(float) * a.scores[static_cast<size_t>(h)].size()),
+                  0);
+    }
+}
+
+TEST_P(KvCrushGranularity, WholeUnitsAndTheTokenRulesCount) {
+  const int kind = GetParam();
+  Fixture plain(kind, 0.0f, 0), token(kind, 0.25f, 0);
+  for (const int32_t g : {8, 16, 64}) {
+    Fixture unit(kind, 0.25f, g);
+    for (const uint64_t seed : {1u, 2u})
+      for (const int32_t budget : {1, 4, 40, 257, 1000, static_cast<int32_t>(kMidEnd - kMidBegin)}) {
+        const F32 q = query(seed);
+        const Rows u = select_rows(unit.seq->s, q, budget), t = select_rows(token.seq->s, q, budget);
+        ASSERT_EQ(u.count, t.count) << "g " << g << " budget " << budget;
+        const int64_t reps = static_cast<int64_t>(std::floor(0.25 * budget));
+        const Rows base = select_rows(plain.seq->s, q, static_cast<int32_t>(budget - reps));
+        for (int h = 0; h < kHeads; ++h) {
+          const auto i = static_cast<size_t>(h);
+          SCOPED_TRACE("g " + std::to_string(g) + " budget " + std::to_string(budget) + " head " + std::to_string(h));
+          check_units(u.pos[i], base.pos[i], g);
+          // the important part keeps its scores; representatives score -inf
+          int64_t minus_inf = 0;
+          for (size_t j = 0; j < u.pos[i].size(); ++j) {
+            const float s = u.scores[i][j];
+            const auto at = std::lower_bound(base.pos[i].begin(), base.pos[i].end(), u.pos[i][j]);
+            if (at != base.pos[i].end() && *at == u.pos[i][j]) {
+              EXPECT_EQ(s, base.scores[i][static_cast<size_t>(at - base.pos[i].begin())]);
+            } else {
+              EXPECT_TRUE(std::isinf(s) && s < 0) << s;
+              ++minus_inf;
+            }
+          }
+          EXPECT_EQ(minus_inf, reps);
+        }
+      }
+  }
+}
+
+TEST_P(KvCrushGranularity, ShareZeroIsThePlainSelect) {
+  const int kind = GetParam();
+  Fixture plain(kind, 0.0f, 0), unit(kind, 0.0f, 8), tiny(kind, 0.1f, 16);  // floor(0.1 * budget) = 0 below 10
+  for (const int32_t budget : {1, 9, 40, 300}) {
+    const F32 q = query(9);
+    const Rows a = select_rows(plain.seq->s, q, budget), b = select_rows(unit.seq->s, q, budget);
+    EXPECT_EQ(a.pos, b.pos);
+    EXPECT_EQ(a.scores, b.scores);
+    if (budget < 10) {
+      EXPECT_EQ(select_rows(tiny.seq->s, q, budget).pos, a.pos);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, KvCrushGranularity,
+                         ::testing::Values(KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER,
+                                           KVRET_INDEX_QUANT));
+
+TEST(KvCrushGranularity, RepresentativesSpreadOverTheMiddle) {
+  // floor(B_rep / g) buckets of units each send a unit: with EXACT at budget 400 and share 0.5, 200 representative
+  // tokens at g = 8 come from at least 200 / 8 / 2 distinct units (a unit holds at most 8 of them)
+  Fixture f(KVRET_INDEX_EXACT, 0.5f, 8), plain(KVRET_INDEX_EXACT, 0.0f, 0);
+  const F32 q = query(5);
+  const Rows u = select_rows(f.seq->s, q, 400), base = select_rows(plain.seq->s, q, 200);
+  for (int h = 0; h < kHeads; ++h) {
+    std::set<int64_t> units;
+    for (const int32_t p : u.pos[static_cast<size_t>(h)])
+      if (!std::binary_search(base.pos[static_cast<size_t>(h)].begin(), base.pos[static_cast<size_t>(h)].end(), p))
+        units.insert(p / 8);
+    EXPECT_GE(units.size(), 200u / 8u);
+  }
+}
+
+TEST(KvCrushGranularity, RetainedSetKeepsWholeUnits) {
+  for (const int32_t g : {8, 16}) {
+    Fixture token(KVRET_INDEX_STREAMING, 0.25f, 0), unit(KVRET_INDEX_STREAMING, 0.25f, g),
+        plain(KVRET_INDEX_STREAMING, 0.0f, 0);
+    for (const int32_t budget : {40, 257}) {
+      auto retained = [&](kvret_seq* s, int32_t b) {
+        I32 out({kHeads, b}, -1);
+        int32_t count = -1;
+        expect_ok(kvret_seq_retained_set(s, 0, b, &out, &count));
+        EXPECT_EQ(count, b);
+        std::vector<std::vector<int32_t>> rows;
+        for (int h = 0; h < kHeads; ++h) rows.emplace_back(out.data.begin() + h * b, out.data.begin() + h * b + count);
+        return rows;
+      };
+      const auto u = retained(unit.seq->s, budget);
+      const auto base = retained(plain.seq->s, budget - static_cast<int32_t>(std::floor(0.25 * budget)));
+      for (int h = 0; h < kHeads; ++h) check_units(u[static_cast<size_t>(h)], base[static_cast<size_t>(h)], g);
+      EXPECT_NE(u, retained(token.seq->s, budget)) << "g " << g << ": the units changed nothing";
+    }
+  }
+}
+
+TEST(KvCrushGranularity, BadValuesAreRefusedByField) {
+  for (const int32_t bad : {3, -1, 8192, 12, 4097}) {
+    kvret_config c = small_config(KVRET_INDEX_EXACT);
+    c.hamming_fraction = 0.25f;
+    c.hamming_granularity = bad;
+    kvret_context* ctx = nullptr;
+    EXPECT_EQ(kvret_create(&c, &ctx), KVRET_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(std::string(kvret_last_error()).find("hamming_granularity"), std::string::npos) << kvret_last_error();
+  }
+  for (const int32_t good : {0, 1, 2, 8, 4096}) {
+    kvret_config c = small_config(KVRET_INDEX_EXACT);
+    c.hamming_granularity = good;
+    kvret_context* ctx = nullptr;
+    EXPECT_EQ(kvret_create(&c, &ctx), KVRET_OK) << good << ": " << kvret_last_error();
+    kvret_destroy(ctx);
+  }
+}
+
+}  // namespace
