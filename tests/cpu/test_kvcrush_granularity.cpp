@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,10 +73,11 @@ Rows select_rows(kvret_seq* s, const F32& q, int32_t budget) {
 
 /// Checks one head's row against the important part `base` at granularity g: distinct ascending middle positions,
 /// the base kept, and the representatives (the rest) whole units of g but for at most one.
-void check_units(const std::vector<int32_t>& r, const std::vector<int32_t>& base, int64_t g) {
+void check_units(const std::vector<int32_t>& r, const std::vector<int32_t>& base, int64_t g,
+                 int64_t mid_begin = kMidBegin, int64_t mid_end = kMidEnd) {
   ASSERT_TRUE(std::is_sorted(r.begin(), r.end()));
   ASSERT_EQ(std::set<int32_t>(r.begin(), r.end()).size(), r.size()) << "duplicate";
-  for (const int32_t p : r) ASSERT_TRUE(p >= kMidBegin && p < kMidEnd) << p;
+  for (const int32_t p : r) ASSERT_TRUE(p >= mid_begin && p < mid_end) << p;
   for (const int32_t p : base) ASSERT_TRUE(std::binary_search(r.begin(), r.end(), p)) << "important " << p << " lost";
   std::map<int64_t, int64_t> reps_in_unit;  // unit -> representatives in it
   for (const int32_t p : r)
@@ -83,7 +85,7 @@ void check_units(const std::vector<int32_t>& r, const std::vector<int32_t>& base
   int64_t cut = 0;
   for (const auto& [u, n] : reps_in_unit) {
     int64_t candidates = 0;  // the unit's middle tokens outside the important part
-    for (int64_t t = std::max(kMidBegin, u * g); t < std::min(kMidEnd, (u + 1) * g); ++t)
+    for (int64_t t = std::max(mid_begin, u * g); t < std::min(mid_end, (u + 1) * g); ++t)
       candidates += !std::binary_search(base.begin(), base.end(), static_cast<int32_t>(t));
     EXPECT_LE(n, candidates);
     cut += n < candidates;
@@ -282,5 +284,79 @@ TEST(KvCrushGranularity, AttentionMassOnTheSyntheticWorkload) {
   }
 }
 #endif
+
+}  // namespace
+
+// The unit rule on a KvCrushLayer of its own (signatures from random sums): checked against the rule recomputed
+// here from the signatures (majority, distance to the alternating anchor, buckets of units).
+#include "engine/kvcrush_layer.hpp"
+#include "select/kvcrush.hpp"
+
+namespace {
+
+TEST(KvCrushGranularity, EveryBucketOfUnitsWithACandidateSendsOne) {
+  constexpr int kSig = 8, kKv = 2;
+  constexpr int64_t kLen = 700, kBegin = 5, kEnd = 683;
+  const std::vector<float> sums = random_vector(static_cast<size_t>(kSig * kLen), 21, 1.0f);
+  kvret::KvCrushLayer layer;
+  layer.rebuild_from_sums(sums.data(), kSig, kLen, kKv, kLen, 1);
+  std::vector<uint64_t> anchor(1);
+  kvret::make_anchor(kvret::Anchor::kAlternating, kSig, 0, nullptr, nullptr, 0, anchor.data());
+  for (const int64_t g : {8, 16, 64}) {
+    const kvret::KvCrushLayer::UnitOrder order = layer.unit_order(kBegin, kEnd, g);
+    // the units, recomputed: first position, distance of the majority signature
+    std::vector<std::pair<int, int32_t>> expected;
+    for (int64_t u = kBegin / g; u * g < kEnd; ++u) {
+      const int64_t lo = std::max(kBegin, u * g), hi = std::min(kEnd, (u + 1) * g);
+      uint64_t majority = 0;
+      for (int b = 0; b < kSig; ++b) {
+        int64_t ones = 0;
+        for (int64_t t = lo; t < hi; ++t) ones += (layer.bits()[static_cast<size_t>(t)] >> b) & 1u;
+        if (2 * ones > hi - lo) majority |= uint64_t{1} << b;
+      }
+      expected.emplace_back(kvret::hamming_distance(&majority, anchor.data(), 1), static_cast<int32_t>(lo));
+    }
+    std::stable_sort(expected.begin(), expected.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int32_t> units;
+    for (const auto& e : expected) units.push_back(e.second);
+    ASSERT_EQ(order.units, units) << "g " << g;
+    for (const uint64_t seed : {1u, 2u, 3u})
+      for (const int64_t n_imp : {int64_t{10}, int64_t{200}})
+        for (const int64_t n_rep : {g, 5 * g + 3, 20 * g}) {
+          // an important row: n_imp random distinct middle positions, ascending
+          std::vector<int32_t> all;
+          for (int64_t t = kBegin; t < kEnd; ++t) all.push_back(static_cast<int32_t>(t));
+          const std::vector<float> r = random_vector(all.size(), seed * 100 + static_cast<uint64_t>(n_imp), 1.0f);
+          std::vector<size_t> idx(all.size());
+          std::iota(idx.begin(), idx.end(), 0);
+          std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return r[a] < r[b]; });
+          std::vector<int32_t> base;
+          for (int64_t i = 0; i < n_imp; ++i) base.push_back(all[idx[static_cast<size_t>(i)]]);
+          std::sort(base.begin(), base.end());
+          std::vector<int32_t> row(base);
+          row.resize(static_cast<size_t>(kEnd - kBegin), -1);
+          const int64_t count = layer.add_unit_representatives(order, row.data(), nullptr, n_imp, n_rep);
+          ASSERT_EQ(count, n_imp + std::min(n_rep, (kEnd - kBegin) - n_imp));
+          row.resize(static_cast<size_t>(count));
+          SCOPED_TRACE("g " + std::to_string(g) + " n_rep " + std::to_string(n_rep));
+          check_units(row, base, g, kBegin, kEnd);
+          // every bucket of units holding a candidate sends one of its units
+          const auto n_units = static_cast<int64_t>(units.size());
+          const int64_t buckets = std::min(n_rep / g, n_units);
+          for (int64_t b = 0; b < buckets; ++b) {
+            bool candidate = false, sent = false;
+            for (int64_t u = b * n_units / buckets; u < (b + 1) * n_units / buckets; ++u)
+              for (int64_t t = units[static_cast<size_t>(u)];
+                   t < std::min(kEnd, (units[static_cast<size_t>(u)] / g + 1) * g); ++t) {
+                const auto p = static_cast<int32_t>(t);
+                const bool important = std::binary_search(base.begin(), base.end(), p);
+                candidate |= !important;
+                sent |= !important && std::binary_search(row.begin(), row.end(), p);
+              }
+            EXPECT_EQ(sent, candidate) << "bucket " << b;
+          }
+        }
+  }
+}
 
 }  // namespace
