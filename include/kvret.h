@@ -374,6 +374,12 @@ typedef struct kvret_config {
   int32_t hamming_importance; /**< a kvret_importance: where the importance behind KVCrush's signatures, its
                                    representatives and kvret_seq_retained_set comes from; default
                                    KVRET_IMPORTANCE_WINDOW */
+
+  /* KVCrush's representative unit (appended; docs/kvcrush.md) */
+  int32_t hamming_granularity; /**< tokens per KVCrush representative unit: 0 or 1 = single tokens (default 0);
+                                    a power of two 2..4096 = aligned runs of that many positions (chunks of 8, or
+                                    the engine's KV page), each representative unit sending all its tokens the index
+                                    did not select; the count a select returns does not change */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

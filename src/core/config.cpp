@@ -69,6 +69,7 @@ void config_defaults(kvret_config* c) noexcept {
   c->session_shared_url = nullptr;
   c->cluster_exact_fraction = 0.05f;
   c->hamming_importance = KVRET_IMPORTANCE_WINDOW;
+  c->hamming_granularity = 0;
 }
 
 namespace {
@@ -99,7 +100,8 @@ void check(bool ok, const std::string& field, const std::string& why) {
                                       X(rope_layout) X(rope_theta) X(rope_scale_factor)                       \
                                           X(rope_low_freq_factor) X(rope_high_freq_factor)                    \
                                               X(rope_original_max_positions) X(session_shared_url)           \
-                                                  X(cluster_exact_fraction) X(quant_rerank) X(hamming_importance)
+                                                  X(cluster_exact_fraction) X(quant_rerank) X(hamming_importance) \
+                                                      X(hamming_granularity)
 // clang-format on
 
 namespace {
@@ -212,6 +214,10 @@ void validate_config(const kvret_config& c) {
   check(c.hamming_buckets >= 0, "hamming_buckets", "must be >= 0");
   check(c.hamming_importance == KVRET_IMPORTANCE_WINDOW || c.hamming_importance == KVRET_IMPORTANCE_ACCUMULATED,
         "hamming_importance", "unknown value " + std::to_string(c.hamming_importance));
+  check(c.hamming_granularity >= 0 && c.hamming_granularity <= 4096 &&
+            (c.hamming_granularity & (c.hamming_granularity - 1)) == 0,
+        "hamming_granularity",
+        "must be 0, 1 or a power of two up to 4096, got " + std::to_string(c.hamming_granularity));
   check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
   check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");
   check(c.device_bytes_limit >= 0, "device_bytes_limit", "must be >= 0 (0 = unlimited)");

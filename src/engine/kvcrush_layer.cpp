@@ -18,6 +18,41 @@ uint64_t next_epoch() noexcept {
   static std::atomic<uint64_t> last{0};
   return ++last;
 }
+/// Writes the merged row from the marks over the middle (`taken`: the row's tokens and the representatives;
+/// `chosen`: the representatives), ascending, clearing every word it reads: without scores from the front (row is
+/// not read); with them from the back, so that each important score is read before its place is written.
+void write_merged_row(uint64_t* taken, uint64_t* chosen, size_t words, int64_t mid_begin, int32_t* row, float* scores,
+                      int64_t n_important, int64_t count) {
+  if (scores == nullptr) {
+    int64_t o = 0;
+    for (size_t w = 0; w < words && o < count; ++w) {
+      uint64_t bits = taken[w];
+      if (bits == 0) continue;
+      taken[w] = 0;
+      chosen[w] = 0;
+      const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+      for (; bits != 0; bits &= bits - 1) row[o++] = static_cast<int32_t>(base + __builtin_ctzll(bits));
+    }
+    return;
+  }
+  int64_t o = count, i = n_important;
+  for (size_t w = words; w-- > 0 && o > 0;) {
+    uint64_t bits = taken[w];
+    if (bits == 0) continue;
+    const uint64_t reps = chosen[w];
+    taken[w] = 0;
+    chosen[w] = 0;
+    const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
+    while (bits != 0) {
+      const int bit = 63 - __builtin_clzll(bits);
+      bits &= ~(uint64_t{1} << bit);
+      row[--o] = static_cast<int32_t>(base + bit);
+      const bool rep = ((reps >> bit) & 1u) != 0;
+      scores[o] = cuda::math::kvcrush_merged_score(rep, rep ? 0.0f : scores[--i]);
+    }
+  }
+}
+
 }  // namespace
 
 void KvCrushLayer::init(int sig_heads, int kv_heads) {
@@ -286,37 +321,84 @@ int64_t KvCrushLayer::add_representatives(int h, const MiddleOrder& order, int32
   for (int64_t k = 0; k < m && cuda::math::kvcrush_fill_takes(filled, missing); ++k)
     if (take(token(k) - mid_begin)) ++filled;
   found += filled;
-  // the row, ascending, from the marks, clearing them. Without scores from the front (row is not read); with them
-  // from the back, so that each important score is read before its place is written.
   const int64_t count = n_important + found;
-  if (scores == nullptr) {
-    int64_t o = 0;
-    for (size_t w = 0; w < words && o < count; ++w) {
-      uint64_t bits = taken[w];
-      if (bits == 0) continue;
-      taken[w] = 0;
-      chosen[w] = 0;
-      const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
-      for (; bits != 0; bits &= bits - 1) row[o++] = static_cast<int32_t>(base + __builtin_ctzll(bits));
-    }
-    return count;
+  write_merged_row(taken, chosen, words, mid_begin, row, scores, n_important, count);
+  return count;
+}
+
+KvCrushLayer::UnitOrder KvCrushLayer::unit_order(int64_t mid_begin, int64_t mid_end, int64_t granularity) const {
+  UnitOrder o;
+  o.mid_begin = mid_begin;
+  o.mid_end = mid_end;
+  o.granularity = granularity;
+  if (mid_end <= mid_begin || granularity < 2 || n_ < mid_end || words_ == 0) return o;
+  const int64_t first_unit = mid_begin / granularity, units = (mid_end - 1) / granularity - first_unit + 1;
+  std::vector<int32_t> distance(static_cast<size_t>(units));
+  std::vector<int32_t> ones(static_cast<size_t>(sig_heads_));
+  std::vector<uint64_t> majority(static_cast<size_t>(words_));
+  std::vector<int64_t> at(static_cast<size_t>(sig_heads_) + 2, 0);  // per distance: its units, then where they go
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t lo = std::max(mid_begin, (first_unit + u) * granularity);
+    const int64_t hi = std::min(mid_end, (first_unit + u + 1) * granularity);
+    std::fill(ones.begin(), ones.end(), 0);
+    for (int64_t t = lo; t < hi; ++t)
+      for (int w = 0; w < words_; ++w)
+        for (uint64_t b = bits_[static_cast<size_t>(t * words_ + w)]; b != 0; b &= b - 1)
+          ++ones[static_cast<size_t>(w * 64 + __builtin_ctzll(b))];
+    std::fill(majority.begin(), majority.end(), 0);
+    for (int i = 0; i < sig_heads_; ++i)
+      if (2 * static_cast<int64_t>(ones[static_cast<size_t>(i)]) > hi - lo)
+        majority[static_cast<size_t>(i / 64)] |= uint64_t{1} << (i % 64);
+    const int d = hamming_distance(majority.data(), anchor_.data(), words_);
+    distance[static_cast<size_t>(u)] = d;
+    ++at[static_cast<size_t>(d) + 1];
   }
-  int64_t o = count, i = n_important;
-  for (size_t w = words; w-- > 0 && o > 0;) {
-    uint64_t bits = taken[w];
-    if (bits == 0) continue;
-    const uint64_t reps = chosen[w];
-    taken[w] = 0;
-    chosen[w] = 0;
-    const int64_t base = mid_begin + static_cast<int64_t>(w) * 64;
-    while (bits != 0) {
-      const int bit = 63 - __builtin_clzll(bits);
-      bits &= ~(uint64_t{1} << bit);
-      row[--o] = static_cast<int32_t>(base + bit);
-      const bool rep = ((reps >> bit) & 1u) != 0;
-      scores[o] = cuda::math::kvcrush_merged_score(rep, rep ? 0.0f : scores[--i]);
-    }
+  for (size_t d = 1; d < at.size(); ++d) at[d] += at[d - 1];  // a stable counting sort: ties by position
+  o.units.resize(static_cast<size_t>(units));
+  for (int64_t u = 0; u < units; ++u)
+    o.units[static_cast<size_t>(at[static_cast<size_t>(distance[static_cast<size_t>(u)])]++)] =
+        static_cast<int32_t>(std::max(mid_begin, (first_unit + u) * granularity));
+  return o;
+}
+
+int64_t KvCrushLayer::add_unit_representatives(const UnitOrder& order, int32_t* row, float* scores, int64_t n_important,
+                                               int64_t n_rep) const {
+  const int64_t mid_begin = order.mid_begin, m = order.mid_end - order.mid_begin, g = order.granularity;
+  const auto units = static_cast<int64_t>(order.units.size());
+  if (n_rep <= 0 || n_important < 0 || n_important >= m || units == 0 || g < 2) return n_important;
+  const int64_t want = std::min(n_rep, m - n_important);  // the token rule's count of representatives
+  const auto words = static_cast<size_t>((m + 63) / 64);
+  std::vector<uint64_t> taken(words, 0), chosen(words, 0);
+  for (int64_t i = 0; i < n_important; ++i) {
+    const int64_t off = row[i] - mid_begin;
+    taken[static_cast<size_t>(off >> 6)] |= uint64_t{1} << (off & 63);
   }
+  int64_t added = 0;
+  // takes the unit's tokens not yet taken, in position order, while the count allows; how many it took
+  auto take_unit = [&](int64_t u) {
+    const int64_t lo = order.units[static_cast<size_t>(u)];
+    const int64_t hi = std::min(order.mid_end, (lo / g + 1) * g);
+    int64_t took = 0;
+    for (int64_t t = lo; t < hi && added < want; ++t) {
+      const int64_t off = t - mid_begin;
+      const uint64_t bit = uint64_t{1} << (off & 63);
+      if (taken[static_cast<size_t>(off >> 6)] & bit) continue;
+      taken[static_cast<size_t>(off >> 6)] |= bit;
+      chosen[static_cast<size_t>(off >> 6)] |= bit;
+      ++added;
+      ++took;
+    }
+    return took;
+  };
+  const int64_t buckets = std::min(n_rep / g, units);
+  for (int64_t b = 0; b < buckets && added < want; ++b) {
+    const int64_t hi = cuda::math::kvcrush_bucket_begin(b + 1, units, buckets);
+    for (int64_t u = cuda::math::kvcrush_bucket_begin(b, units, buckets); u < hi; ++u)
+      if (take_unit(u) > 0) break;
+  }
+  for (int64_t u = 0; u < units && added < want; ++u) take_unit(u);  // the fill: whole units in order
+  const int64_t count = n_important + added;
+  write_merged_row(taken.data(), chosen.data(), words, mid_begin, row, scores, n_important, count);
   return count;
 }
 

@@ -74,6 +74,28 @@ class KvCrushLayer {
   int64_t add_representatives(int h, int64_t mid_begin, int64_t mid_end, int32_t* row, float* scores,
                               int64_t n_important, int64_t n_rep) const;
 
+  /// KVCrush at unit granularity (config.hamming_granularity g > 1): the middle [mid_begin, mid_end) cut into the
+  /// aligned runs [j*g, (j+1)*g) of positions (the first and last clipped to the middle), each run's signature the
+  /// per-bit majority of its tokens' (a bit set when more than half of the run's tokens have it; a tie clears it),
+  /// the runs ordered by (Hamming distance to the alternating anchor, first position): units[] holds each run's
+  /// first position in that order. One pass over the middle's signatures and a counting sort by distance: O(middle
+  /// x signature words + units), nothing scored.
+  struct UnitOrder {
+    int64_t mid_begin = 0, mid_end = 0, granularity = 1;
+    std::vector<int32_t> units;
+  };
+  /// Requires mid_end <= tokens() and granularity >= 2.
+  UnitOrder unit_order(int64_t mid_begin, int64_t mid_end, int64_t granularity) const;
+  /// Adds representatives at unit granularity to row[0..n_important) (distinct, ascending middle positions), in
+  /// place: the units in `order` cut into k = min(floor(n_rep / g), units) buckets as kvcrush_bucket_begin cuts
+  /// tokens; each bucket sends its first unit (in order) holding a token not yet taken, with all of that unit's
+  /// tokens not yet taken; then, while fewer than min(n_rep, middle - n_important) tokens were added, the units in
+  /// order send their tokens not yet taken (whole units, the last one possibly cut, in position order). Returns the
+  /// new count n_important + min(n_rep, middle - n_important), the token rule's count. Scores as
+  /// add_representatives.
+  int64_t add_unit_representatives(const UnitOrder& order, int32_t* row, float* scores, int64_t n_important,
+                                   int64_t n_rep) const;
+
   int64_t tokens() const noexcept { return n_; }
   /// The identity of the token rows: a value of this process that no other state had, renewed whenever rows already
   /// held may change (a new state, a truncate); appends keep it. Rows [0, tokens()) of two looks at one object with

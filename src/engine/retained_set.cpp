@@ -38,15 +38,20 @@ int64_t retained_set(Sequence& seq, int32_t layer, int32_t budget, const kvret_t
   const int heads = c.n_kv_heads;
   std::vector<int32_t> rows(static_cast<size_t>(heads * count));
   std::vector<int64_t> counts(static_cast<size_t>(heads), 0);
-  parallel_for(heads, threads, g.middle() * c.n_q_heads >= SelectRequest::kParallelLogits, Schedule::kStatic,
-               [&](int64_t h) {
-                 std::vector<float> importance(static_cast<size_t>(g.middle()));
-                 crush.importance_range(static_cast<int>(h), g.mid_begin, g.mid_end, importance.data());
-                 int32_t* row = rows.data() + h * count;
-                 topk_positions(importance.data(), g.middle(), split.important, g.mid_begin, row);
-                 counts[static_cast<size_t>(h)] = crush.add_representatives(
-                     static_cast<int>(h), g.mid_begin, g.mid_end, row, nullptr, split.important, split.representatives);
-               });
+  const int64_t unit = c.hamming_granularity;  // > 1: representatives as whole units of that many positions
+  KvCrushLayer::UnitOrder units;
+  if (unit > 1 && split.representatives > 0) units = crush.unit_order(g.mid_begin, g.mid_end, unit);
+  parallel_for(
+      heads, threads, g.middle() * c.n_q_heads >= SelectRequest::kParallelLogits, Schedule::kStatic, [&](int64_t h) {
+        std::vector<float> importance(static_cast<size_t>(g.middle()));
+        crush.importance_range(static_cast<int>(h), g.mid_begin, g.mid_end, importance.data());
+        int32_t* row = rows.data() + h * count;
+        topk_positions(importance.data(), g.middle(), split.important, g.mid_begin, row);
+        counts[static_cast<size_t>(h)] =
+            unit > 1 ? crush.add_unit_representatives(units, row, nullptr, split.important, split.representatives)
+                     : crush.add_representatives(static_cast<int>(h), g.mid_begin, g.mid_end, row, nullptr,
+                                                 split.important, split.representatives);
+      });
   for (const int64_t n : counts)
     require(n == count, KVRET_ERR_INTERNAL,
             "retained set: a head kept " + std::to_string(n) + " tokens, not " + std::to_string(count));

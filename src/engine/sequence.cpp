@@ -457,6 +457,7 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   int64_t important = n, selected = n;
   if (!crush_.empty()) {
     const BudgetSplit split = split_budget(n, c.hamming_fraction, c.hamming_buckets);
+    if (split.representatives > 0 && c.hamming_granularity > 1) return false;  // the device adds single tokens only
     important = split.important;
     if (split.representatives > 0) {
       crush.representatives = split.representatives;
@@ -513,13 +514,22 @@ void Sequence::finish_select(PreparedSelect& p) {
   if (p.representatives > 0) {
     const KvCrushLayer& crush = crush_[static_cast<size_t>(p.layer)];
     const SelectRequest& r = p.job.request;
-    const KvCrushLayer::MiddleOrder order = crush.middle_order(r.mid_begin, r.mid_end, p.representatives);
-    // the heads in turn: a few microseconds each, less than starting threads
     int64_t count = p.job.count;
-    for (int h = 0; h < ctx_.config().n_kv_heads; ++h) {
-      const auto i = static_cast<size_t>(h);
-      count = crush.add_representatives(h, order, p.rows[i], p.has_scores ? p.score_rows[i] : nullptr, p.job.count,
-                                        p.representatives);  // the same for every head
+    if (const int32_t g = ctx_.config().hamming_granularity; g > 1) {  // representatives as whole units of g
+      const KvCrushLayer::UnitOrder units = crush.unit_order(r.mid_begin, r.mid_end, g);
+      for (int h = 0; h < ctx_.config().n_kv_heads; ++h) {
+        const auto i = static_cast<size_t>(h);
+        count = crush.add_unit_representatives(units, p.rows[i], p.has_scores ? p.score_rows[i] : nullptr, p.job.count,
+                                               p.representatives);  // the same for every head
+      }
+    } else {
+      const KvCrushLayer::MiddleOrder order = crush.middle_order(r.mid_begin, r.mid_end, p.representatives);
+      // the heads in turn: a few microseconds each, less than starting threads
+      for (int h = 0; h < ctx_.config().n_kv_heads; ++h) {
+        const auto i = static_cast<size_t>(h);
+        count = crush.add_representatives(h, order, p.rows[i], p.has_scores ? p.score_rows[i] : nullptr, p.job.count,
+                                          p.representatives);  // the same for every head
+      }
     }
     p.job.count = count;
   }

@@ -92,6 +92,9 @@ def test_invalid_pq_exact_fraction(fraction):
         ({"index_kind": "quant", "quant_rerank": 65}, "quant_rerank"),
         ({"hamming_importance": 2}, "hamming_importance"),
         ({"hamming_importance": -1}, "hamming_importance"),
+        ({"hamming_fraction": 0.25, "hamming_granularity": 3}, "hamming_granularity"),
+        ({"hamming_fraction": 0.25, "hamming_granularity": -1}, "hamming_granularity"),
+        ({"hamming_fraction": 0.25, "hamming_granularity": 8192}, "hamming_granularity"),
     ],
 )
 def test_invalid_quant_and_cluster_fields(overrides, field):

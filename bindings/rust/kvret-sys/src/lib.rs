@@ -178,6 +178,7 @@ pub struct kvret_config {
     pub cluster_exact_fraction: f32,
     pub quant_rerank: i32,
     pub hamming_importance: i32,
+    pub hamming_granularity: i32,
 }
 
 // ---- context and sequences: opaque handles ----

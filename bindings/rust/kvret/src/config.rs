@@ -593,6 +593,14 @@ impl Config {
         self.raw.hamming_importance = value as i32;
         self
     }
+
+    /// `kvret_config.hamming_granularity`: tokens per KVCrush representative unit: 0 or 1 = single tokens (default 0); a power of two 2..4096 =
+    /// aligned runs of that many positions (chunks of 8, or the engine's KV page), each representative unit
+    /// sending all its tokens the index did not select; the count a select returns does not change
+    pub fn hamming_granularity(mut self, value: impl ConfigInt) -> Self {
+        self.raw.hamming_granularity = self.int_field("hamming_granularity", value);
+        self
+    }
     // </generated setters>
 
     pub fn device(mut self, value: Device) -> Self {

@@ -287,6 +287,9 @@ fn config_values_past_the_c_types_are_refused() {
         (config().index_kind(IndexKind::Cluster).cluster_exact_fraction(f32::NAN), "cluster_exact_fraction"),
         (config().index_kind(IndexKind::Quant).quant_rerank(0), "quant_rerank"),
         (config().index_kind(IndexKind::Quant).quant_rerank(65), "quant_rerank"),
+        (config().hamming_fraction(0.25).hamming_granularity(3), "hamming_granularity"),
+        (config().hamming_fraction(0.25).hamming_granularity(-1), "hamming_granularity"),
+        (config().hamming_fraction(0.25).hamming_granularity(8192), "hamming_granularity"),
     ] {
         let error = expect_status(Context::new(&config), Status::InvalidArgument);
         assert!(error.message().contains(field), "{error}");

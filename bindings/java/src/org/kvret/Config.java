@@ -480,6 +480,16 @@ public final class Config {
   public Importance hammingImportance() {
     return Importance.fromCode(fields.getHamming_importance());
   }
+
+  /**
+   * kvret_config.hamming_granularity: tokens per KVCrush representative unit: 0 or 1 = single
+   * tokens (default 0); a power of two 2..4096 = aligned runs of that many positions (chunks of 8,
+   * or the engine's KV page), each representative unit sending all its tokens the index did not
+   * select; the count a select returns does not change
+   */
+  public int hammingGranularity() {
+    return fields.getHamming_granularity();
+  }
   // </generated getters>
 
   /** Sets kvret_config fields; {@link #build()} makes an independent Config (the builder stays usable). */
@@ -985,6 +995,17 @@ public final class Config {
      */
     public Builder hammingImportance(Importance value) {
       fields.setHamming_importance(value.code);
+      return this;
+    }
+
+    /**
+     * kvret_config.hamming_granularity: tokens per KVCrush representative unit: 0 or 1 = single
+     * tokens (default 0); a power of two 2..4096 = aligned runs of that many positions (chunks of
+     * 8, or the engine's KV page), each representative unit sending all its tokens the index did
+     * not select; the count a select returns does not change
+     */
+    public Builder hammingGranularity(int value) {
+      fields.setHamming_granularity(value);
       return this;
     }
     // </generated setters>

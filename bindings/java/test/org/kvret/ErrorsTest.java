@@ -81,12 +81,16 @@ public class ErrorsTest {
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(0.6f),
       Fixtures.config().indexKind(IndexKind.CLUSTER).clusterExactFraction(Float.NaN),
       Fixtures.config().indexKind(IndexKind.QUANT).quantRerank(0),
-      Fixtures.config().indexKind(IndexKind.QUANT).quantRerank(65)
+      Fixtures.config().indexKind(IndexKind.QUANT).quantRerank(65),
+      Fixtures.config().hammingFraction(0.25f).hammingGranularity(3),
+      Fixtures.config().hammingFraction(0.25f).hammingGranularity(-1),
+      Fixtures.config().hammingFraction(0.25f).hammingGranularity(8192)
     };
     String[] fields = {
       "quant_group_size", "quant_residual", "quant_attention", "quant_attention", "cluster_segment_tokens",
       "cluster_reuse_steps", "cluster_reuse_steps", "device_bytes_limit", "cluster_exact_fraction",
-      "cluster_exact_fraction", "cluster_exact_fraction", "quant_rerank", "quant_rerank"
+      "cluster_exact_fraction", "cluster_exact_fraction", "quant_rerank", "quant_rerank", "hamming_granularity",
+      "hamming_granularity", "hamming_granularity"
     };
     for (int i = 0; i < bad.length; ++i) {
       Config config = bad[i].build();
