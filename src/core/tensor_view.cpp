@@ -187,6 +187,7 @@ void load_row_f32(const std::byte* src, DType src_type, float* dst, size_t n) no
 }
 
 void convert_row(const std::byte* src, DType src_type, std::byte* dst, DType dst_type, size_t n) noexcept {
+  if (n == 0) return;  // src and dst may be null (an empty vector's data)
   if (src_type == dst_type) {
     std::memcpy(dst, src, n * dtype_size(src_type));
     return;

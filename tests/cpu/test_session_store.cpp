@@ -1493,6 +1493,10 @@ TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::setenv("KVRET_SESSION_WRITER_DIR", disk.c_str(), 1);
+      // not a shard of a sharded run (scripts/gtest_shards.sh): its one test might fall in another shard
+      ::unsetenv("GTEST_TOTAL_SHARDS");
+      ::unsetenv("GTEST_SHARD_INDEX");
+      ::unsetenv("GTEST_SHARD_STATUS_FILE");
       if (background) ::setenv("KVRET_SESSION_WRITER_BACKGROUND", "1", 1);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 1);
@@ -1501,8 +1505,16 @@ TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     }
     // Wait for a whole save (generously: a sanitizer build on a loaded machine takes many seconds to fill and save
     // the three versions), then kill at a different moment each round.
-    for (int i = 0; i < 24000 && !fs::exists(disk + ".ready"); ++i)
+    int early = 0;
+    bool exited = false;
+    for (int i = 0; i < 24000 && !fs::exists(disk + ".ready"); ++i) {
+      if (::waitpid(pid, &early, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_FALSE(exited) << "the writer exited before its first save, status " << early;
     if (!fs::exists(disk + ".ready")) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
