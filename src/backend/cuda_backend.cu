@@ -120,6 +120,23 @@ void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, b
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
   if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
 }
+
+/// A stream of kvret's own for work off the caller's streams (index builds): non-blocking, so that it neither
+/// waits for nor holds up work on the legacy default stream or the caller's streams. Destroyed when its work is done.
+class OwnStream {
+ public:
+  OwnStream() { check_cuda(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  ~OwnStream() {
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  kvret_stream get() const noexcept { return reinterpret_cast<kvret_stream>(s_); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
 #else
 struct DeviceScope {
   explicit DeviceScope(int) noexcept {}
@@ -150,6 +167,11 @@ void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool) { std::memcpy(dst, src, bytes); }
+
+/// Thrust's host system has no streams.
+struct OwnStream {
+  kvret_stream get() const noexcept { return nullptr; }
+};
 #endif
 
 /// n uninitialised elements of device memory (nothing runs on the device to make or free them); throws
@@ -478,8 +500,10 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
 /// CLUSTER's segment build on the device (cluster_build_ops.hpp): cluster_segment_index's result, bit for bit,
 /// from Thrust passes over device arrays; the keys go up once and the layout comes back (the host retriever keeps
 /// the index). The assignment is a reference pass (one dot8 per entry), not cuBLAS: a tuned SGEMM sums in another
-/// order and could change which cluster wins. Its passes run on the default stream (the build runs on the context's
-/// build thread, or in a decode call for a decode interval).
+/// order and could change which cluster wins. Its passes run on a non-blocking stream of its own, so that a build
+/// on the context's build thread neither waits for nor holds up the caller's decode work; the result comes back to
+/// the host, which hands it to the layer's index (a select on the layer waits for the build there, and then copies
+/// what changed into the device's mirror on the caller's stream).
 class CudaClusterBuilder final : public ClusterSegmentBuilder {
  public:
   explicit CudaClusterBuilder(int device_id) : device_id_(device_id) {}
@@ -496,7 +520,8 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
     out.sizes.assign(static_cast<size_t>(k), 0);
     if (n <= 0) return out;
     const auto nd = static_cast<size_t>(n) * d;
-    const kvret_stream s = nullptr;
+    const OwnStream stream;  // before the arrays: destroyed after them
+    const kvret_stream s = stream.get();
     const int threads = 0;
     const auto up = [&](void* dst, const void* src, size_t bytes) {
       if (bytes > 0) copy_bytes(dst, src, bytes, s, false);
