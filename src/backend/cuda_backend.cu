@@ -52,6 +52,7 @@
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime_api.h>
 
+#include "decode_attention.h"  // kernels/: the tuned attention
 #include "store/host_kv_store.hpp"
 #include "working_set_gather.h"  // kernels/: the tuned gather
 #define KVRET_ON_GPU 1
@@ -1999,6 +2000,7 @@ class CudaBackend final : public Backend {
     const int64_t heads = config.n_q_heads;
     const int32_t group = config.n_q_heads / config.n_kv_heads;
     const float s = attend_scale(config, scale);
+    if (tuned_attend(config, q, k, v, rows, s, out, n_threads, stream)) return;
     const DeviceArray<float> weights(static_cast<size_t>(heads * rows)), inv_z(static_cast<size_t>(heads));
     float* w = weights.get();
     float* z = inv_z.get();
@@ -2007,6 +2009,65 @@ class CudaBackend final : public Backend {
     for_each_index(stream, n_threads, heads, dm::AttentionNormaliser{w, z, rows});
     for_each_index(stream, n_threads, heads * d,
                    dm::AttentionOutput{device_tensor(v), device_tensor(out), w, z, rows, d, group});
+  }
+
+  /// The decode-attention kernel of kernels/decode_attention (flash-decoding over 32-row tiles, 16-byte cp.async
+  /// loads; equal to the reference passes within float rounding, not bit for bit) where the tensors allow it: k and
+  /// v of one element type, contiguous [n_kv_heads, capacity, head_dim] and 16-byte aligned, out contiguous, a
+  /// head_dim of 64, 128 or 256, at most 16 query heads per KV head. q of another type or layout is loaded into f32
+  /// first. Returns false (nothing enqueued) otherwise, and always on Thrust's host system (no kernels there): the
+  /// reference passes attend.
+  bool tuned_attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
+                    int64_t rows, float s, const TensorView& out, int n_threads, kvret_stream stream) {
+#if KVRET_ON_GPU
+    const int32_t d = config.head_dim;
+    const int64_t capacity = k.dim(1);
+    const auto dense = [&](const TensorView& t, int64_t rows_per_head) {
+      return t.stride(t.ndim() - 1) == 1 && (t.ndim() < 2 || t.stride(t.ndim() - 2) == d) &&
+             (t.ndim() < 3 || t.stride(0) == rows_per_head * d);
+    };
+    const auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
+    if (k.dtype() != v.dtype() || v.dim(1) != capacity || !dense(k, capacity) || !dense(v, capacity) ||
+        !dense(out, 1) || !aligned(k) || !aligned(v) || rows > INT32_MAX)
+      return false;
+    cuda::DecodeAttentionParams p;
+    p.n_seqs = 1;
+    p.n_q_heads = config.n_q_heads;
+    p.n_kv_heads = config.n_kv_heads;
+    p.head_dim = d;
+    p.kv_type = k.dtype() == DType::F16    ? cuda::ElemType::kF16
+                : k.dtype() == DType::BF16 ? cuda::ElemType::kBF16
+                                           : cuda::ElemType::kF32;
+    p.max_rows = static_cast<int32_t>(rows);
+    p.scale = s;
+    const size_t workspace_bytes = cuda::decode_attention_workspace_bytes(p);
+    if (workspace_bytes == 0) return false;     // a geometry the kernel does not take (head_dim, group size)
+    std::unique_ptr<DeviceArray<float>> q_f32;  // q as the kernel reads it: f32 [n_q_heads, head_dim]
+    const float* q_data = reinterpret_cast<const float*>(q.data());
+    if (q.dtype() != DType::F32 || !dense(q, 1)) {
+      q_f32 = std::make_unique<DeviceArray<float>>(static_cast<size_t>(config.n_q_heads) * d);
+      for_each_index(stream, n_threads, int64_t{config.n_q_heads} * d,
+                     dm::PageLoadQuery{device_tensor(q), q_f32->get(), d});
+      q_data = q_f32->get();
+    }
+    cuda::DecodeAttentionSeq seq;
+    seq.q = q_data;
+    seq.k = k.data();
+    seq.v = v.data();
+    seq.kv_capacity = capacity;
+    seq.n_rows = static_cast<int32_t>(rows);
+    seq.out = reinterpret_cast<float*>(out.data());
+    const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1);
+    const DeviceArray<std::byte> workspace(workspace_bytes);
+    copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);  // staged: the host struct may go
+    p.seqs = device_seq.get();
+    check_cuda(cuda::launch_decode_attention(p, workspace.get(), workspace_bytes, cuda_stream(stream)),
+               "launch_decode_attention");
+    return true;
+#else
+    (void)config, (void)q, (void)k, (void)v, (void)rows, (void)s, (void)out, (void)n_threads, (void)stream;
+    return false;
+#endif
   }
 
  private:
