@@ -33,6 +33,7 @@
 #include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
+#include "backend/exact_select_ops.hpp"
 #include "backend/kvcrush_select_ops.hpp"
 #include "backend/page_select_ops.hpp"
 #include "backend/pq_select_ops.hpp"
@@ -43,6 +44,7 @@
 #include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
+#include "index/exact_retriever.hpp"
 #include "index/kmeans.hpp"
 #include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
@@ -896,7 +898,8 @@ class CudaBackend final : public Backend {
     const auto* pq = dynamic_cast<const PqRetriever*>(&retriever);
     const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
                       dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr || pq != nullptr;
+                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr || pq != nullptr ||
+                      dynamic_cast<const ExactRetriever*>(&retriever) != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
@@ -907,15 +910,17 @@ class CudaBackend final : public Backend {
     const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
     const auto* pq = dynamic_cast<const PqRetriever*>(job.retriever);
-    if ((page == nullptr && cluster == nullptr && pq == nullptr) || job.sequence == nullptr || job.q == nullptr ||
-        job.out == nullptr)
+    const auto* exact = dynamic_cast<const ExactRetriever*>(job.retriever);
+    if ((page == nullptr && cluster == nullptr && pq == nullptr && exact == nullptr) || job.sequence == nullptr ||
+        job.q == nullptr || job.out == nullptr)
       return false;
     const SelectRequest& r = job.request;
     const Retriever& index = *job.retriever;
     if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
         r.budget > r.mid_end - r.mid_begin)
       return false;
-    if (pq != nullptr     ? pq->size() == 0
+    if (exact != nullptr  ? job.store == nullptr || job.store->size() < r.mid_end
+        : pq != nullptr   ? pq->size() == 0
         : page != nullptr ? page->pages() == 0
                           : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
       return false;
@@ -924,16 +929,8 @@ class CudaBackend final : public Backend {
     const int32_t d = static_cast<int32_t>(job.q->dim(1));
     const int64_t q_heads = r.n_q_heads;
     const int threads = r.n_threads;
-    // q where it is, into f32; a non-finite one changes nothing
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
-    if (job.check_finite) {
-      int64_t bad = 0;
-      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
-        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
-      });
-      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
-    }
+    load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     // KVCrush: the signatures' copy first, so that a refused one leaves the tensors unwritten
     const CrushMirror* crush = nullptr;
     if (job.crush != nullptr) {
@@ -941,7 +938,9 @@ class CudaBackend final : public Backend {
       crush = crush_mirror(*job.crush, job.sequence, job.layer, stream);
       if (crush == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     }
-    if (cluster != nullptr) {
+    if (exact != nullptr) {
+      exact_select(*job.store, job, q.get(), stream);
+    } else if (cluster != nullptr) {
       if (!cluster_select(*cluster, job, q.get(), stream)) return false;
     } else if (pq != nullptr) {
       if (!pq_select(*pq, job, q.get(), stream)) return false;
@@ -957,6 +956,58 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  /// q [q_heads, d] where it is (any float type and strides) into f32 `out` [q_heads, d], the first pass of every
+  /// select on the device; with check_finite (config.check_finite) a NaN or Inf in it is KVRET_ERR_NONFINITE, thrown
+  /// before the select writes anything.
+  void load_query(const TensorView& q, float* out, int64_t q_heads, int32_t d, bool check_finite, int threads,
+                  kvret_stream stream) {
+    const int64_t n = q_heads * d;
+    for_each_index(stream, threads, n, dm::PageLoadQuery{device_tensor(q), out, d});
+    if (!check_finite) return;
+    int64_t bad = 0;
+    with_policy(stream, threads, n, [&](const auto& policy) {
+      bad = static_cast<int64_t>(thrust::count_if(policy, out, out + n, dm::PageNonFinite{}));
+    });
+    require(bad == 0, KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
+  }
+
+  /// EXACT's select on the device (exact_select_ops.hpp), q already loaded: every middle token's key read in place
+  /// from the store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of top_tokens, the
+  /// positions and scores written. The key bytes read over the bus count as the sequence's loaded bytes
+  /// (stats.bytes_h2d).
+  void exact_select(const HostKvStore& store, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
+    const SelectRequest& r = job.request;
+    const int64_t n = r.mid_end - r.mid_begin, heads = store.n_kv_heads();
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t row_bytes = static_cast<int64_t>(store.row_bytes());
+    const int threads = r.n_threads;
+    // the pages up to the one holding the last middle token, as the device addresses them (a page holds the keys
+    // of every head first, HostKvStore's layout)
+    std::vector<const std::byte*> pages(static_cast<size_t>((r.mid_end - 1) / page_tokens + 1));
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const std::byte* page = store.key_row(0, static_cast<int64_t>(i) * page_tokens);
+#if KVRET_ON_GPU
+      void* device = nullptr;
+      check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(page), 0), "cudaHostGetDevicePointer");
+      page = static_cast<const std::byte*>(device);
+#endif
+      pages[i] = page;
+    }
+    const DeviceArray<const std::byte*> device_pages(pages.size());
+    // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const dm::ExactKeyPages keys{device_pages.get(), page_tokens, row_bytes, static_cast<int32_t>(store.dtype())};
+    const DeviceArray<float> logits(static_cast<size_t>(heads * r.group * n));
+    for_each_index(stream, threads, heads * n,
+                   dm::ExactLogits{keys, q, logits.get(), n, r.mid_begin, store.head_dim(), r.group, r.scale});
+    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
+    const DeviceArray<float> top_score(top.size());
+    top_tokens(heads, n, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream);
+    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    loaded_[job.sequence] += heads * n * row_bytes;  // the keys read from host memory
+  }
+
   /// Makes `m`, the mirror of (sequence, layer), anew with `bytes` of device memory (caches_mutex_ held; the old
   /// copy goes first: the new one may need its share of the budget). False, with no mirror kept, when it would pass
   /// config.device_bytes_limit or the device cannot hold it.
@@ -1208,14 +1259,7 @@ class CudaBackend final : public Backend {
     const int64_t q_heads = heads * group;
     const int threads = r.n_threads;
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
-    if (job.check_finite) {
-      int64_t bad = 0;
-      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
-        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
-      });
-      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
-    }
+    load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     const KiviParams& p = quant.params();
@@ -1236,9 +1280,9 @@ class CudaBackend final : public Backend {
     // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
     SelectRequest low = r;
     if (quant.rerank() > 1) low.fold = KVRET_FOLD_MAX_LOGIT;
-    quant_top(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
+    top_tokens(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
     if (quant.rerank() == 1) {
-      quant_write(keys.get(), score.get(), heads, r.budget, job, stream);
+      write_top(keys.get(), score.get(), heads, r.budget, job, stream);
       return true;
     }
     // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
@@ -1263,8 +1307,8 @@ class CudaBackend final : public Backend {
                    dm::QuantExactLogits{q.get(), exact_keys.get(), exact.get(), candidates, d, group, r.scale});
     const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
     const DeviceArray<float> top_score(top.size());
-    quant_top(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
-    quant_write(top.get(), top_score.get(), heads, r.budget, job, stream);
+    top_tokens(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
+    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
   }
 
@@ -1305,7 +1349,7 @@ class CudaBackend final : public Backend {
     l.blocks = quant->blocks();
     l.residual = quant->head(0).residual_tokens();
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    load_query(*job.q, q.get(), q_heads, d, false, threads, stream);
     // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
     const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
     const DeviceArray<float> low(static_cast<size_t>(q_heads * middle));
@@ -1328,7 +1372,7 @@ class CudaBackend final : public Backend {
       r.n_threads = threads;
       const DeviceArray<uint64_t> keys(cand.size());
       const DeviceArray<float> score(cand.size());
-      quant_top(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+      top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
       const DeviceArray<int32_t> positions(cand.size());
       for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
                      dm::QuantPositions{keys.get(), positions.get()});
@@ -1399,9 +1443,10 @@ class CudaBackend final : public Backend {
  private:
   /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
   /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
-  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them.
-  void quant_top(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
-                 uint64_t* keys, float* score, kvret_stream stream) {
+  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them. QUANT's and
+  /// EXACT's selects (gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens, bit for bit).
+  void top_tokens(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
+                  uint64_t* keys, float* score, kvret_stream stream) {
     const int threads = r.n_threads;
     const int64_t q_heads = heads * r.group, entries = heads * n;
     const DeviceArray<float> folded(static_cast<size_t>(entries));
@@ -1424,8 +1469,8 @@ class CudaBackend final : public Backend {
   }
 
   /// The sorted keys' positions and their scores into the job's tensors.
-  void quant_write(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
-                   kvret_stream stream) {
+  void write_top(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
+                 kvret_stream stream) {
     dm::DeviceTensor no_scores;
     no_scores.base = nullptr;
     for_each_index(stream, job.request.n_threads, heads * budget,

@@ -111,8 +111,8 @@ TEST(RetrieverKind, ARegisteredKindRunsThroughTheCAbi) {
 }
 
 // kvret_select_batch over n sequences: one select_batch call with n jobs, for a built-in kind (EXACT, counted through
-// a wrapper; not PQ, PAGE or CLUSTER, whose retrievers select on the CUDA backend's device without their kind) and
-// for a registered one.
+// a wrapper) and for a registered one. On the CUDA backend q and the outputs are labelled pinned host memory: with
+// device tensors EXACT's retrievers (as PQ's, PAGE's, CLUSTER's and QUANT's) select on the device without their kind.
 TEST(RetrieverKind, SelectBatchIsOneCallIntoTheKind) {
   Registered counted(kCountedPq, std::make_shared<CountingKind>(find_retriever_kind(KVRET_INDEX_EXACT)));
   kvret_config config = test::small_config(kCountedPq);
@@ -133,6 +133,8 @@ TEST(RetrieverKind, SelectBatchIsOneCallIntoTheKind) {
   q.data = test::random_vector(static_cast<size_t>(kBatch * 8 * 64), 5);
   q.refresh();
   I32 out({kBatch, 2, 40}), plain_out({kBatch, 2, 40});
+  if (test::device_type() == KVRET_DEVICE_CUDA)
+    for (kvret_tensor* t : {&q.t, &out.t, &plain_out.t}) t->device = {KVRET_DEVICE_CUDA_HOST, 0};
   std::vector<int32_t> counts(kBatch), plain_counts(kBatch);
   test::expect_ok(kvret_select_batch(ctx.get(), kBatch, seqs.data(), 0, &q, 40, &out, counts.data()));
   EXPECT_EQ(counted.kind->calls.load(), 1);
