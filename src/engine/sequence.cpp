@@ -826,6 +826,9 @@ bool Sequence::attend_on_device(int32_t layer, const TensorView& q, int32_t budg
   const kvret_config& c = ctx_.config();
   Backend& backend = ctx_.backend();
   AttendScratch& a = attend_scratch_;
+  // the kinds of the tensors first (q stands in for the positions' buffer, device memory too), so that a layer whose
+  // select cannot run on the device allocates nothing
+  if (!backend.selects_on_device(layer_at(layer).index(), q, q, nullptr)) return false;
   try {
     reserve(backend, a.device_selected, static_cast<size_t>(c.n_kv_heads * width) * sizeof(int32_t));
   } catch (const Error& e) {
