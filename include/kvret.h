@@ -521,8 +521,9 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  rows of blocks in the layer's block cache (config.cache_capacity_tokens) are read from device memory, the others
  *  from host memory, and after the gather, on the same stream, the cache admits the complete blocks holding the
  *  most selected rows (the rows are the same either way; with row sources, e.g. ClusterKV's reuse, the cache is not
- *  used). The call waits for the device to count the rows the cache served and the blocks it admitted. On the CPU
- *  backend the copy is complete, and *out valid, when the call returns. */
+ *  used). The call waits for the device to count the rows the cache served and the blocks it admitted (it copies
+ *  device positions to the host to check them; kvret_seq_attend is the path that keeps them on the device). On the
+ *  CPU backend the copy is complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 
@@ -570,7 +571,12 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  KVRET_IMPORTANCE_ACCUMULATED it also adds the step's attention probabilities to the layer's accumulated attention
  *  (as kvret_seq_observe_attention): each query head's softmax over the working set (sink, selected and local
  *  tokens; with config.quant_attention, over those exact rows only), every other token 0 that step; computed on the
- *  host, n_q_heads x (working set) x head_dim multiply-adds and n_q_heads x tokens additions per call. */
+ *  host, n_q_heads x (working set) x head_dim multiply-adds and n_q_heads x tokens additions per call. On the CUDA
+ *  backend, where q is labelled KVRET_DEVICE_CUDA and the layer's select runs on the device (and without
+ *  quant_attention, accumulated importance, row sources, ClusterKV's reuse or a pending prefetch of the layer), the
+ *  selected positions stay on the device from select to attention: the gather, the block cache's update and the
+ *  attention make no host wait (some selects still do, docs/cuda_backend.md), and the cache's hits, misses and
+ *  bytes are counted on the device and added to the stats when they are read. Never run on a GPU. */
 KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                         float scale, const kvret_tensor* out, kvret_stream stream);
 

@@ -170,6 +170,44 @@ class Backend {
     (void)sequence;
     return {};
   }
+  /// gather from positions in this backend's device memory (kvret_seq_attend's select writes them there), with
+  /// the block cache's update, ordered on `stream` and without a host wait: `selected` is [n_kv_heads, stride]
+  /// device memory holding `count` ascending middle positions per head (produced by select_on_device, so not
+  /// checked again), `out` the backend's memory. The rows the cache served and the bytes it loaded are counted on
+  /// the device; device_fetch_counts reads them. Returns the rows written per head, or -1 (nothing enqueued) where
+  /// it cannot (the default: never): the caller then gathers from host positions.
+  virtual int64_t gather_device_selected(const HostKvStore& store, int64_t mid_begin, int64_t mid_end,
+                                         const int32_t* selected, int64_t stride, int64_t count,
+                                         const WorkingSetViews& out, const void* sequence, int32_t layer, int n_threads,
+                                         kvret_stream stream) {
+    (void)store;
+    (void)mid_begin;
+    (void)mid_end;
+    (void)selected;
+    (void)stride;
+    (void)count;
+    (void)out;
+    (void)sequence;
+    (void)layer;
+    (void)n_threads;
+    (void)stream;
+    return -1;
+  }
+  /// What the gathers from device positions (gather_device_selected) of `sequence` counted on the device since it
+  /// opened: the rows its block caches served, and the stats.bytes_h2d those gathers moved beyond the bytes_to_device
+  /// of every row they wrote (the blocks loaded, less the bytes of the rows the caches served). Waits for the work
+  /// enqueued before it. All zero when there were none, or when the counts cannot be read (a device error).
+  struct DeviceFetchCounts {
+    int64_t cache_hits = 0;
+    int64_t bytes_h2d = 0;
+  };
+  virtual DeviceFetchCounts device_fetch_counts(const void* sequence) noexcept {
+    (void)sequence;
+    return {};
+  }
+  /// For tests: the host waits of this process's CUDA backends so far (copies the host waits for, stream and device
+  /// synchronizations, device reductions read back by the host); 0 on a backend without a device.
+  virtual int64_t host_waits() const noexcept { return 0; }
   /// gather for each of the `n` jobs (sequences): the same rows, bytes and counts as one gather per job, ordered on
   /// `stream`. The default runs one gather per job, in order; a backend may fuse them (one launch for the batch).
   /// On a throw, what the jobs' working sets hold is unspecified (every job may have been written, or none).

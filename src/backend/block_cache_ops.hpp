@@ -108,14 +108,14 @@ KVRET_BACKEND_HD inline uint64_t head_key(int64_t head, uint64_t value) {
 /// Element i = head * max_blocks + block: the selected positions of the head in the block (items: [heads, n],
 /// ascending per head); a prefetch counts 1 for a touched block.
 struct CountSelected {
-  const int32_t* items;
-  int64_t n;
+  const int32_t* items;  ///< [heads, stride]: n ascending positions per head
+  int64_t n, stride;
   int32_t max_blocks, block_tokens;
   bool prefetch;
   int32_t* counts;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t h = i / max_blocks, b = i % max_blocks;
-    const int32_t* head_items = items + h * n;
+    const int32_t* head_items = items + h * stride;
     const int64_t first = lower_bound_i32(head_items, n, b * block_tokens);
     const int64_t count = lower_bound_i32(head_items, n, (b + 1) * block_tokens) - first;
     counts[i] = static_cast<int32_t>(prefetch && count > 0 ? 1 : count);
@@ -268,6 +268,50 @@ struct FillSlots {
       *reinterpret_cast<uint16_t*>(cache.k + dst) = *reinterpret_cast<const uint16_t*>(page + key_offset);
       *reinterpret_cast<uint16_t*>(cache.v + dst) = *reinterpret_cast<const uint16_t*>(page + value_offset);
     }
+  }
+};
+
+/// Element i = head * rows + row of a working set gathered from device positions: the row's RowCopy (sink rows,
+/// then the `count` selected positions of the head's row of `selected`, then the local rows), its key and value
+/// rows in the store's pages (HostKvStore's layout: keys of every head, then values).
+struct WorkingSetRowCopies {
+  const int32_t* selected;  ///< [heads, stride]
+  int64_t stride, count, mid_begin, mid_end, rows, heads, page_tokens, row_bytes;
+  const std::byte* const* pages;  ///< [n_pages] the pages' bases
+  RowCopy* copies;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t h = i / rows, r = i % rows;
+    const int64_t p = r < mid_begin           ? r
+                      : r < mid_begin + count ? int64_t{selected[h * stride + (r - mid_begin)]}
+                                              : mid_end + (r - mid_begin - count);
+    const std::byte* page = pages[p / page_tokens];
+    const int64_t key = (h * page_tokens + p % page_tokens) * row_bytes;
+    copies[i] = RowCopy{page + key, page + key + heads * page_tokens * row_bytes, h, r, static_cast<int32_t>(p)};
+  }
+};
+
+/// hit[i] as an int64_t (the scan that counts a gather's cache hits on the device).
+struct HitAsI64 {
+  KVRET_BACKEND_HD int64_t operator()(uint8_t hit) const { return hit; }
+};
+
+/// One element: adds the last of `scanned` (the inclusive scan of a gather's hits, n > 0) to *counter.
+struct AddLast {
+  const int64_t* scanned;
+  int64_t n;
+  int64_t* counter;
+  KVRET_BACKEND_HD void operator()(int64_t) const { *counter += scanned[n - 1]; }
+};
+
+/// One element: adds the bytes of the blocks an update admitted (A per head, keys and values) to *counter.
+struct AddAdmittedBytes {
+  const int32_t* admit;
+  int64_t heads, block_bytes;
+  int64_t* counter;
+  KVRET_BACKEND_HD void operator()(int64_t) const {
+    int64_t blocks = 0;
+    for (int64_t h = 0; h < heads; ++h) blocks += admit[h];
+    *counter += 2 * blocks * block_bytes;
   }
 };
 

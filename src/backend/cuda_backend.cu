@@ -68,6 +68,11 @@ namespace {
 
 namespace dm = device_math;
 
+/// The host waits of every CUDA backend of the process (Backend::host_waits): a copy the host waits for, a stream or
+/// device synchronization, a reduction whose result the host reads.
+std::atomic<int64_t> g_host_waits{0};
+void note_wait() noexcept { g_host_waits.fetch_add(1, std::memory_order_relaxed); }
+
 #if KVRET_ON_GPU
 void check_cuda(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
@@ -140,6 +145,7 @@ void with_policy(kvret_stream stream, int, int64_t, const F& f) {
 /// waits for it (and for everything enqueued before it on `stream`).
 void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
+  if (wait) note_wait();
   if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
 }
 
@@ -188,7 +194,10 @@ void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
   }
 }
 
-void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool) { std::memcpy(dst, src, bytes); }
+void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool wait) {
+  if (wait) note_wait();  // counted as on a GPU, where the host would wait
+  std::memcpy(dst, src, bytes);
+}
 
 /// Thrust's host system has no streams.
 struct OwnStream {
@@ -611,6 +620,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
       int64_t moved = 0;
       with_policy(s, threads, m, [&](const auto& policy) {
         moved = static_cast<int64_t>(thrust::count(policy, changed.get(), changed.get() + m, 1));
+        note_wait();  // the count comes back to the host
       });
       if (moved == 0 || it + 1 == iters) break;  // settled, or the cap: directions stay the ones assigned to
 
@@ -767,6 +777,7 @@ class CudaBackend final : public Backend {
 #endif
   void check_stream(kvret_stream) const override {}
   void synchronize(kvret_stream stream) override {
+    note_wait();
 #if KVRET_ON_GPU
     DeviceScope scope(device_id_);
     check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
@@ -837,6 +848,82 @@ class CudaBackend final : public Backend {
     if (cache != nullptr && count > 0) update(store, selected, count, sequence, layer, *cache, true, stream, 0);
   }
 
+  int64_t gather_device_selected(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* selected,
+                                 int64_t stride, int64_t count, const WorkingSetViews& out, const void* sequence,
+                                 int32_t layer, int n_threads, kvret_stream stream) override {
+    if (sequence == nullptr || store.size() == 0) return -1;
+    DeviceScope scope(device_id_);
+    check_kernel_access(out.k);
+    check_kernel_access(out.v);
+    check_kernel_access(out.positions);
+    int64_t* counters = fetch_counters(sequence, store.row_bytes(), stream, n_threads);
+    const int heads = store.n_kv_heads();
+    const int64_t rows = mid_begin + count + (store.size() - mid_end);
+    const int64_t entries = heads * rows;
+    if (entries == 0) return rows;
+    LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
+    // the rows' sources, made on the device from the positions and the store's pages
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+    std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
+    for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
+    const DeviceArray<const std::byte*> device_pages(pages.size());
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const DeviceArray<dm::RowCopy> copies(static_cast<size_t>(entries));
+    for_each_index(stream, n_threads, entries,
+                   dm::WorkingSetRowCopies{selected, stride, count, mid_begin, mid_end, rows, heads, page_tokens,
+                                           static_cast<int64_t>(store.row_bytes()), device_pages.get(), copies.get()});
+    const dm::GatherRows gather{copies.get(),
+                                device_tensor(out.k),
+                                device_tensor(out.v),
+                                device_tensor(out.positions),
+                                static_cast<int32_t>(store.dtype()),
+                                store.head_dim()};
+    const int64_t n = entries * store.head_dim();
+    if (cache == nullptr || cache->view().max_blocks == 0) {
+      for_each_index(stream, n_threads, n, gather);
+    } else {  // the cache's rows, and their count added on the device
+      const DeviceArray<uint8_t> hit(static_cast<size_t>(entries));
+      const DeviceArray<int64_t> scanned(static_cast<size_t>(entries));
+      for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
+      with_policy(stream, n_threads, entries, [&](const auto& policy) {
+        const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
+        thrust::inclusive_scan(policy, as_i64, as_i64 + entries, scanned.get());
+      });
+      for_each_index(stream, n_threads, 1, dm::AddLast{scanned.get(), entries, counters});
+    }
+    if (cache != nullptr && count > 0) {
+      try {
+        update_passes(store, selected, stride, count, *cache, false, stream, n_threads, counters + 1);
+      } catch (const std::bad_alloc&) {
+        forget(sequence, layer);
+      } catch (...) {
+        forget(sequence, layer);
+        throw;
+      }
+    }
+    return rows;  // the temporaries are freed after the passes (cudaFree waits for the device)
+  }
+
+  DeviceFetchCounts device_fetch_counts(const void* sequence) noexcept override {
+    try {
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      const auto it = fetch_counts_.find(sequence);
+      if (it == fetch_counts_.end()) return {};
+      DeviceScope scope(device_id_);
+      int64_t counts[2] = {0, 0};
+      copy_bytes(counts, it->second.counters->get(), sizeof counts, nullptr, true);
+      DeviceFetchCounts out;
+      out.cache_hits = counts[0];
+      out.bytes_h2d = counts[1] - bytes_to_device(counts[0], it->second.row_bytes);
+      return out;
+    } catch (...) {
+      return {};
+    }
+  }
+
+  int64_t host_waits() const noexcept override { return g_host_waits.load(); }
+
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
     for (auto it = caches_.lower_bound({sequence, INT32_MIN}); it != caches_.end() && it->first.first == sequence;) {
@@ -868,6 +955,7 @@ class CudaBackend final : public Backend {
     crush_mirrors_.erase(crush_mirrors_.lower_bound({sequence, INT32_MIN}),
                          crush_mirrors_.upper_bound({sequence, INT32_MAX}));
     loaded_.erase(sequence);
+    fetch_counts_.erase(sequence);
   }
 
   CacheUse take_cache_use(const void* sequence) noexcept override {
@@ -967,6 +1055,7 @@ class CudaBackend final : public Backend {
     int64_t bad = 0;
     with_policy(stream, threads, n, [&](const auto& policy) {
       bad = static_cast<int64_t>(thrust::count_if(policy, out, out + n, dm::PageNonFinite{}));
+      note_wait();  // the count comes back to the host
     });
     require(bad == 0, KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
   }
@@ -1778,6 +1867,7 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize_device() {
+    note_wait();
 #if KVRET_ON_GPU
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 #endif
@@ -1813,6 +1903,24 @@ class CudaBackend final : public Backend {
     return cache;
   }
 
+  /// The device counters of `sequence`'s gathers from device positions ([0] rows served by its caches, [1] bytes
+  /// loaded into them), made zero at its first use.
+  int64_t* fetch_counters(const void* sequence, size_t row_bytes, kvret_stream stream, int n_threads) {
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    FetchCounts& f = fetch_counts_[sequence];
+    if (!f.counters) {
+      try {
+        f.counters = std::make_unique<DeviceArray<int64_t>>(2);
+      } catch (...) {
+        fetch_counts_.erase(sequence);
+        throw;
+      }
+      f.row_bytes = static_cast<int64_t>(row_bytes);
+      with_policy(stream, n_threads, 2, [&](const auto& policy) { thrust::fill_n(policy, f.counters->get(), 2, 0); });
+    }
+    return f.counters->get();
+  }
+
   /// Forgets the cache of (sequence, layer) (after a failed update, which may have left it half changed).
   void forget(const void* sequence, int32_t layer) noexcept {
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1826,7 +1934,15 @@ class CudaBackend final : public Backend {
   void update(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
               int32_t layer, LayerCache& cache, bool prefetch, kvret_stream stream, int n_threads) {
     try {
-      const int64_t bytes = update_passes(store, selected, count, cache, prefetch, stream, n_threads);
+      if (cache.view().max_blocks == 0) return;  // no complete block yet
+      const int64_t heads = store.n_kv_heads();
+      std::vector<int32_t> items(static_cast<size_t>(heads * count));
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
+      const DeviceArray<int32_t> device_items(items.size());
+      copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
+      const int64_t bytes =
+          update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, nullptr);
       std::lock_guard<std::mutex> lock(caches_mutex_);
       loaded_[sequence] += bytes;
     } catch (const std::bad_alloc&) {
@@ -1837,8 +1953,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  int64_t update_passes(const HostKvStore& store, const int32_t* const* selected, int64_t count, LayerCache& cache,
-                        bool prefetch, kvret_stream stream, int n_threads) {
+  /// The update's passes over `items`, device memory [heads, stride] holding `count` ascending positions per head.
+  /// With `loaded` null the host waits for the admitted counts and returns the bytes loaded; else the bytes are
+  /// added to *loaded on the device (no wait; the copy into the slots then covers the most any head may admit).
+  int64_t update_passes(const HostKvStore& store, const int32_t* items, int64_t stride, int64_t count,
+                        LayerCache& cache, bool prefetch, kvret_stream stream, int n_threads, int64_t* loaded) {
     const dm::CacheView c = cache.view();
     if (c.max_blocks == 0) return 0;  // no complete block yet
     const int64_t heads = store.n_kv_heads();
@@ -1846,17 +1965,12 @@ class CudaBackend final : public Backend {
     const int64_t n_slot_entries = heads * c.n_slots;
     const uint32_t step = cache.tick();
     const int32_t max_admit = prefetch ? c.n_slots : std::max(1, c.n_slots / 4);
-    std::vector<int32_t> items(static_cast<size_t>(heads * count));
-    for (int64_t h = 0; h < heads; ++h)
-      std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
-    const DeviceArray<int32_t> device_items(items.size());
-    copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
     const DeviceArray<int32_t> counts(static_cast<size_t>(n_blocks)), sorted_blocks(counts.size()),
         marks(counts.size()), ranks(counts.size()), victims(static_cast<size_t>(n_slot_entries)), admit(heads);
     const DeviceArray<uint64_t> slot_keys(victims.size()), block_keys(counts.size());
     const DeviceArray<dm::BlockLoad> loads(victims.size());
     for_each_index(stream, n_threads, n_blocks,
-                   dm::CountSelected{device_items.get(), count, c.max_blocks, c.block_tokens, prefetch, counts.get()});
+                   dm::CountSelected{items, count, stride, c.max_blocks, c.block_tokens, prefetch, counts.get()});
     for_each_index(stream, n_threads, n_slot_entries,
                    dm::UseSlots{c, counts.get(), policy_, step, prefetch, slot_keys.get(), victims.get()});
     for_each_index(stream, n_threads, n_blocks,
@@ -1878,11 +1992,17 @@ class CudaBackend final : public Backend {
     });
     for_each_index(stream, n_threads, n_blocks,
                    dm::Install{c, marks.get(), ranks.get(), victims.get(), policy_, step, prefetch, loads.get()});
-    std::vector<int32_t> admitted(static_cast<size_t>(heads));
-    copy_bytes(admitted.data(), admit.get(), admitted.size() * sizeof(int32_t), stream, true);
-    const int32_t most = *std::max_element(admitted.begin(), admitted.end());
+    int32_t most = max_admit;
     int64_t blocks = 0;
-    for (const int32_t a : admitted) blocks += a;
+    if (loaded != nullptr) {
+      for_each_index(stream, n_threads, 1,
+                     dm::AddAdmittedBytes{admit.get(), heads, c.block_tokens * c.row_bytes, loaded});
+    } else {
+      std::vector<int32_t> admitted(static_cast<size_t>(heads));
+      copy_bytes(admitted.data(), admit.get(), admitted.size() * sizeof(int32_t), stream, true);
+      most = *std::max_element(admitted.begin(), admitted.end());
+      for (const int32_t a : admitted) blocks += a;
+    }
     if (most == 0) return 0;
     // the admitted blocks' rows, from the store's pages into their slots
     const int64_t page_tokens = HostKvStore::kPageTokens;
@@ -1939,6 +2059,7 @@ class CudaBackend final : public Backend {
     int64_t hits = 0;
     with_policy(stream, n_threads, static_cast<int64_t>(copies.size()), [&](const auto& policy) {
       hits = static_cast<int64_t>(thrust::count(policy, hit.get(), hit.get() + copies.size(), uint8_t{1}));
+      note_wait();  // the count comes back to the host
     });
     return hits;
   }
@@ -2125,8 +2246,13 @@ class CudaBackend final : public Backend {
   std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
   std::map<std::pair<const void*, int32_t>, IndexMirror> mirrors_;  // PAGE bounds or clusters, by (sequence, layer)
   std::map<std::pair<const void*, int32_t>, CrushMirror> crush_mirrors_;  // KVCrush signatures, by (sequence, layer)
-  std::map<const void*, int64_t> loaded_;          // bytes copied into a sequence's caches since take_cache_use
-  [[maybe_unused]] bool pageable_access_ = false;  // the GPU reads pageable host memory (HMM or ATS)
+  std::map<const void*, int64_t> loaded_;  // bytes copied into a sequence's caches since take_cache_use
+  struct FetchCounts {
+    std::unique_ptr<DeviceArray<int64_t>> counters;  // [2]: rows the caches served, bytes loaded into them
+    int64_t row_bytes = 0;
+  };
+  std::map<const void*, FetchCounts> fetch_counts_;  // a sequence's gathers from device positions (by sequence)
+  [[maybe_unused]] bool pageable_access_ = false;    // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
   std::shared_ptr<const ClusterSegmentBuilder> cluster_builder_ = std::make_shared<CudaClusterBuilder>(device_id_);
   std::atomic<int64_t> cluster_upload_bytes_{0};  // bytes copied into CLUSTER mirrors

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -802,9 +803,80 @@ void Sequence::note_cache_use() {
   const Backend::CacheUse use = ctx_.backend().take_cache_use(this);
   stats_.bytes_h2d += use.loaded_bytes;  // blocks copied into the block cache
   int64_t held = use.held_bytes;
-  for (const auto* b : {&attend_scratch_.k, &attend_scratch_.v, &attend_scratch_.positions})
+  for (const auto* b :
+       {&attend_scratch_.k, &attend_scratch_.v, &attend_scratch_.positions, &attend_scratch_.device_selected})
     if (*b && (*b)->device().device_type == KVRET_DEVICE_CUDA) held += static_cast<int64_t>((*b)->bytes());
   stats_.device_bytes = held;
+}
+
+void Sequence::fold_device_counts() const noexcept {
+  if (!device_counted_.load()) return;
+  const Backend::DeviceFetchCounts d = ctx_.backend().device_fetch_counts(this);
+  // cumulative on the device: what a fold adds is the difference to the last (a reader on another thread may fold
+  // at the same time; each difference is added once)
+  const int64_t hits = d.cache_hits - folded_hits_.exchange(d.cache_hits);
+  const int64_t bytes = d.bytes_h2d - folded_bytes_.exchange(d.bytes_h2d);
+  stats_.cache_hits += hits;
+  stats_.cache_misses -= hits;  // counted as misses by attend_on_device
+  stats_.bytes_h2d += bytes;
+}
+
+bool Sequence::attend_on_device(int32_t layer, const TensorView& q, int32_t budget, int64_t width, float scale,
+                                const TensorView& out, kvret_stream stream) {
+  const kvret_config& c = ctx_.config();
+  Backend& backend = ctx_.backend();
+  AttendScratch& a = attend_scratch_;
+  // the kinds of the tensors first (q stands in for the positions' buffer, device memory too), so that a layer whose
+  // select cannot run on the device allocates nothing
+  if (!backend.selects_on_device(layer_at(layer).index(), q, q, nullptr)) return false;
+  try {
+    reserve(backend, a.device_selected, static_cast<size_t>(c.n_kv_heads * width) * sizeof(int32_t));
+  } catch (const Error& e) {
+    if (e.status() != KVRET_ERR_CAPACITY && e.status() != KVRET_ERR_OUT_OF_MEMORY) throw;
+    return false;  // no room for the selection on the device: the host path
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  if (a.device_selected->device().device_type != KVRET_DEVICE_CUDA) return false;
+  const std::vector<int64_t> selected_shape{c.n_kv_heads, width};
+  const kvret_tensor st =
+      own_tensor(reinterpret_cast<int32_t*>(a.device_selected->data()), a.device_selected->device(), selected_shape);
+  const TensorView sv = ctx_.view(&st, "positions", {DType::I32}, {2});
+  int64_t count = 0;
+  if (!select_on_device(layer, q, budget, sv, nullptr, &count)) return false;
+  // the working set of sink + count + local rows, from the positions on the device (ours: not checked again)
+  const TokenGroups g = groups(layer);
+  const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
+  const std::vector<int64_t> kv_shape{c.n_kv_heads, capacity, c.head_dim}, pos_shape{c.n_kv_heads, capacity};
+  const kvret_working_set ws{
+      own_tensor(reinterpret_cast<float*>(a.k->data()), a.k->device(), kv_shape),
+      own_tensor(reinterpret_cast<float*>(a.v->data()), a.v->device(), kv_shape),
+      own_tensor(reinterpret_cast<int32_t*>(a.positions->data()), a.positions->device(), pos_shape)};
+  const WorkingSetViews views{ctx_.view(&ws.k, "k", {DType::F32}, {3}), ctx_.view(&ws.v, "v", {DType::F32}, {3}),
+                              ctx_.view(&ws.positions, "positions", {DType::I32}, {2})};
+  const HostKvStore& store = layer_at(layer).store();
+  int64_t rows = backend.gather_device_selected(store, g.mid_begin, g.mid_end,
+                                                reinterpret_cast<const int32_t*>(a.device_selected->data()), width,
+                                                count, views, this, layer, ctx_.threads(), stream);
+  if (rows < 0) {  // the backend cannot: the selection through the host, as kvret_fetch_async takes it
+    std::vector<std::byte> copy;
+    const TensorView host = backend.host_readable(sv, copy);
+    const std::vector<int64_t> host_shape{c.n_kv_heads, width};
+    const kvret_tensor ht =
+        own_tensor(reinterpret_cast<int32_t*>(host.data()), kvret_device{KVRET_DEVICE_CPU, 0}, host_shape);
+    rows = fetch(layer, &ht, static_cast<int32_t>(count), &ws, stream);
+  } else {  // finish_fetch's stats, every row counted a miss until the device's hit count is folded in
+    if (c.index_kind == KVRET_INDEX_CLUSTER && dynamic_cast<const ClusterRetriever*>(&layer_at(layer).index()))
+      stats_.cluster_reuse_rows += count * c.n_kv_heads;
+    device_counted_ = true;
+    stats_.fetches += 1;
+    stats_.fetched_rows += rows * c.n_kv_heads;
+    stats_.cache_misses += rows * c.n_kv_heads;
+    stats_.bytes_h2d += backend.bytes_to_device(rows * c.n_kv_heads, store.row_bytes());
+    note_cache_use();
+  }
+  backend.attend(c, q, views.k, views.v, rows, scale, out, ctx_.threads(), stream);
+  return true;
 }
 
 void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budget, kvret_stream stream) {
@@ -861,6 +933,13 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
     reserve(backend, a.v, kv_bytes);
     reserve(backend, a.positions, static_cast<size_t>(c.n_kv_heads * most) * sizeof(int32_t));
   }
+  // the selection kept on the device where the call allows it (no host wait: docs/cuda_backend.md)
+  const auto sources = ctx_.row_sources();
+  if (c.quant_attention == 0 && c.hamming_importance != KVRET_IMPORTANCE_ACCUMULATED &&
+      !(sources && !sources->empty()) && !(c.index_kind == KVRET_INDEX_CLUSTER && c.cluster_reuse_steps > 0) &&
+      (prefetched_.empty() || prefetched_[static_cast<size_t>(layer)].empty()) &&
+      qv.device().device_type == KVRET_DEVICE_CUDA && attend_on_device(layer, qv, budget, width, scale, ov, stream))
+    return;
   const kvret_tensor st = own_tensor(a.selected.data(), backend.host_memory(), selected_shape);
   const int64_t count = select_checked(layer, qv, budget, ctx_.view(&st, "positions", {DType::I32}, {2}));
   if (c.quant_attention != 0) {  // SpeCache's output rule, over the whole low-bit copy

@@ -2,6 +2,7 @@
 // One sequence (request or conversation): per layer a host KV store and an index over its middle tokens.
 // Every public call validates everything before it changes anything, so a call that throws leaves the sequence
 // as it was.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -147,7 +148,12 @@ class Sequence {
   /// The layer's KVCrush select state (null unless config.hamming_fraction > 0). For tests.
   const KvCrushLayer* crush(int32_t layer) const;
 
-  const StatCounters& stats() const noexcept { return stats_; }
+  /// The counters, with what kvret_seq_attend's gathers from device positions counted on the device folded in
+  /// first (a wait for the device, only after such a gather).
+  const StatCounters& stats() const noexcept {
+    fold_device_counts();
+    return stats_;
+  }
   /// The index of a layer (waits for its build first). For tests and tooling.
   const Retriever& index(int32_t layer);
   /// The host store of a layer. For tests and tooling.
@@ -217,7 +223,15 @@ class Sequence {
   struct AttendScratch {
     std::vector<int32_t> selected;
     std::unique_ptr<DeviceBuffer> k, v, positions;  ///< the backend's memory
+    std::unique_ptr<DeviceBuffer> device_selected;  ///< attend_on_device's selection, [n_kv_heads, width] int32
   };
+  /// kvret_seq_attend with the selection kept on the device (docs/cuda_backend.md): select into
+  /// attend_scratch_.device_selected, gather from it with the block cache's update, attend, and no host wait.
+  /// False, with nothing changed, where it does not apply (the caller then runs the host path).
+  bool attend_on_device(int32_t layer, const TensorView& q, int32_t budget, int64_t width, float scale,
+                        const TensorView& out, kvret_stream stream);
+  /// Adds what the backend counted on the device for this sequence since the last fold to stats_.
+  void fold_device_counts() const noexcept;
 
   Context& ctx_;
   /// The layers; while load_ runs, those from load_->ready() on are null and filled by its loader.
@@ -247,7 +261,10 @@ class Sequence {
   void accumulate_attend(int32_t layer, const TensorView& q, const int32_t* selected, int64_t width, int64_t count,
                          float scale);
   AttendScratch attend_scratch_;
-  StatCounters stats_;
+  mutable StatCounters stats_;  ///< mutable: fold_device_counts adds the device's counts when they are read
+  /// The device counts already in stats_ (Backend::device_fetch_counts is cumulative), and whether there are any.
+  mutable std::atomic<int64_t> folded_hits_{0}, folded_bytes_{0};
+  std::atomic<bool> device_counted_{false};
 };
 
 }  // namespace kvret

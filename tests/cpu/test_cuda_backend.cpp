@@ -308,7 +308,10 @@ TEST_F(OnCudaBackend, ResultsEqualTheCpuBackendsAndGapsStayUntouched) {
     // PQ likewise keeps a copy of its index (m = 4 x 6 bits over the 880 middle tokens, 44 of them exact, per KV
     // head: the f32 codebook, the exact count, an i32 item and 4 code bytes per token, the exact keys as f32)
     const int64_t pq_index = kind == KVRET_INDEX_PQ ? 2 * ((4 * 64 * 16 + 1 + 880 + 44 * 64) * 4 + 880 * 4) : 0;
-    EXPECT_EQ(stats_a.device_bytes, 2 * (2 * capacity * 64 * 4) + 2 * capacity * 4 + bounds + pq_index)
+    // every kind here selects on the device, so kvret_seq_attend's selection stays there, in a buffer of [2, 20]
+    // positions
+    const int64_t selection = 2 * 20 * 4;
+    EXPECT_EQ(stats_a.device_bytes, 2 * (2 * capacity * 64 * 4) + 2 * capacity * 4 + bounds + pq_index + selection)
         << "seq_attend's f32 working set and positions, in device memory";
     F32 rk({10, 2, 64}, 5.0f), rv({10, 2, 64});
     test::expect_ok(kvret_seq_read(a, 0, 100, 110, &rk.t, &rv.t));
