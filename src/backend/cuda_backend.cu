@@ -205,9 +205,14 @@ struct OwnStream {
 };
 #endif
 
-/// n uninitialised elements of device memory (nothing runs on the device to make or free them); throws
-/// std::bad_alloc when the device is out of memory, KVRET_ERR_CUDA on another error. Freeing never throws: an error
-/// of the device (sticky) is reported by the context's next call.
+/// n uninitialised elements of device memory; throws std::bad_alloc when the device is out of memory,
+/// KVRET_ERR_CUDA on another error. Freeing never throws: an error of the device (sticky) is reported by the
+/// context's next call.
+/// - DeviceArray(n): memory kept between calls (caches, index copies): cudaMalloc, and cudaFree, which waits for
+///   the device.
+/// - DeviceArray(n, stream): a temporary of one call, used only by work on `stream`: cudaMallocAsync and
+///   cudaFreeAsync on `stream` (the device's default memory pool), so that neither making nor freeing it makes the
+///   host wait for the device.
 template <class T>
 class DeviceArray {
  public:
@@ -225,9 +230,30 @@ class DeviceArray {
     p_ = thrust::raw_pointer_cast(thrust::device_malloc<T>(n == 0 ? 1 : n));
 #endif
   }
+  DeviceArray(size_t n, kvret_stream stream) : n_(n) {
+#if KVRET_ON_GPU
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, (n == 0 ? 1 : n) * sizeof(T), cuda_stream(stream));
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    check_cuda(e, "cudaMallocAsync");
+    p_ = static_cast<T*>(p);
+    ordered_ = true;
+    stream_ = stream;
+#else
+    (void)stream;
+    p_ = thrust::raw_pointer_cast(thrust::device_malloc<T>(n == 0 ? 1 : n));
+#endif
+  }
   ~DeviceArray() {
 #if KVRET_ON_GPU
-    (void)cudaFree(p_);
+    if (ordered_) {
+      (void)cudaFreeAsync(p_, cuda_stream(stream_));
+    } else {
+      (void)cudaFree(p_);
+    }
 #else
     thrust::device_free(thrust::device_pointer_cast(p_));
 #endif
@@ -240,6 +266,8 @@ class DeviceArray {
  private:
   T* p_ = nullptr;
   size_t n_;
+  bool ordered_ = false;
+  kvret_stream stream_ = nullptr;
 };
 
 /// KV pages the device reads in place: pinned, mapped host memory (host memory on Thrust's host system).
@@ -571,7 +599,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
       });
     };
 
-    const DeviceArray<float> keys(nd), unit(nd);
+    const DeviceArray<float> keys(nd, s), unit(nd, s);
     up(keys.get(), job.keys, nd * sizeof(float));
     for_each_index(s, threads, n, dm::KmUnitRows{keys.get(), unit.get(), d});
 
@@ -581,26 +609,26 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
     r.trained = m;
     std::unique_ptr<DeviceArray<float>> drawn;
     if (m < n) {
-      drawn = std::make_unique<DeviceArray<float>>(static_cast<size_t>(m) * d);
-      const DeviceArray<int64_t> index(static_cast<size_t>(m));
+      drawn = std::make_unique<DeviceArray<float>>(static_cast<size_t>(m) * d, s);
+      const DeviceArray<int64_t> index(static_cast<size_t>(m), s);
       up(index.get(), sample.data(), sample.size() * sizeof(int64_t));
       for_each_index(s, threads, m, dm::KmGatherRows{unit.get(), index.get(), drawn->get(), d});
     }
     const float* train = m < n ? drawn->get() : unit.get();
-    const DeviceArray<float> directions(static_cast<size_t>(k) * d);
+    const DeviceArray<float> directions(static_cast<size_t>(k) * d, s);
     {
       const std::vector<int64_t> seeds = forgy_indices(m, k, job.seed);
-      const DeviceArray<int64_t> index(seeds.size());
+      const DeviceArray<int64_t> index(seeds.size(), s);
       up(index.get(), seeds.data(), seeds.size() * sizeof(int64_t));
       for_each_index(s, threads, k, dm::KmGatherRows{train, index.get(), directions.get(), d});
     }
 
-    const DeviceArray<float> score(static_cast<size_t>(std::max(m, n)) * k), cosine(static_cast<size_t>(n));
-    const DeviceArray<int32_t> labels(static_cast<size_t>(n)), changed(static_cast<size_t>(n)),
-        sorted(static_cast<size_t>(n));
-    const DeviceArray<int64_t> order(static_cast<size_t>(n)), lowest(static_cast<size_t>(m));
-    const DeviceArray<int64_t> offsets(static_cast<size_t>(k) + 1), empty_rank(static_cast<size_t>(k));
-    const DeviceArray<double> sums(static_cast<size_t>(k) * d), objective(1);
+    const DeviceArray<float> score(static_cast<size_t>(std::max(m, n)) * k, s), cosine(static_cast<size_t>(n), s);
+    const DeviceArray<int32_t> labels(static_cast<size_t>(n), s), changed(static_cast<size_t>(n), s),
+        sorted(static_cast<size_t>(n), s);
+    const DeviceArray<int64_t> order(static_cast<size_t>(n), s), lowest(static_cast<size_t>(m), s);
+    const DeviceArray<int64_t> offsets(static_cast<size_t>(k) + 1, s), empty_rank(static_cast<size_t>(k), s);
+    const DeviceArray<double> sums(static_cast<size_t>(k) * d, s), objective(1, s);
     const auto assign = [&](const float* x, int64_t count) {
       with_policy(s, threads, count, [&](const auto& policy) { thrust::fill_n(policy, labels.get(), count, -1); });
       for_each_index(s, threads, count * k, dm::KmCosineGemm{x, directions.get(), score.get(), k, d});
@@ -641,7 +669,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
       }
       if (emptied > 0) {  // points by increasing cosine, ties to the earlier: where emptied clusters re-seed
         up(empty_rank.get(), host_rank.data(), host_rank.size() * sizeof(int64_t));
-        const DeviceArray<float> by(static_cast<size_t>(m));
+        const DeviceArray<float> by(static_cast<size_t>(m), s);
         with_policy(s, threads, m, [&](const auto& policy) { thrust::copy_n(policy, cosine.get(), m, by.get()); });
         iota(lowest.get(), m);
         with_policy(s, threads, m, [&](const auto& policy) {
@@ -658,7 +686,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
     const int64_t e = std::min<int64_t>(std::max<int64_t>(job.exacts, 0), n);
     with_policy(s, threads, n, [&](const auto& policy) { thrust::copy_n(policy, labels.get(), n, sorted.get()); });
     if (e > 0) {
-      const DeviceArray<float> fit(static_cast<size_t>(n));
+      const DeviceArray<float> fit(static_cast<size_t>(n), s);
       for_each_index(s, threads, n, dm::KmFit{keys.get(), directions.get(), labels.get(), fit.get(), d});
       iota(order.get(), n);
       with_policy(s, threads, n, [&](const auto& policy) {
@@ -672,7 +700,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
       thrust::stable_sort_by_key(policy, sorted.get(), sorted.get() + n, order.get());
     });
     bounds(sorted.get(), n, offsets.get());
-    const DeviceArray<float> centroids(static_cast<size_t>(k) * d);
+    const DeviceArray<float> centroids(static_cast<size_t>(k) * d, s);
     for_each_index(s, threads, static_cast<int64_t>(k) * d,
                    dm::KmMeans{keys.get(), order.get(), offsets.get(), centroids.get(), d});
 
@@ -867,9 +895,9 @@ class CudaBackend final : public Backend {
     const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
     std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
     for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
-    const DeviceArray<const std::byte*> device_pages(pages.size());
+    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
     copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
-    const DeviceArray<dm::RowCopy> copies(static_cast<size_t>(entries));
+    const DeviceArray<dm::RowCopy> copies(static_cast<size_t>(entries), stream);
     for_each_index(stream, n_threads, entries,
                    dm::WorkingSetRowCopies{selected, stride, count, mid_begin, mid_end, rows, heads, page_tokens,
                                            static_cast<int64_t>(store.row_bytes()), device_pages.get(), copies.get()});
@@ -883,8 +911,8 @@ class CudaBackend final : public Backend {
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
     } else {  // the cache's rows, and their count added on the device
-      const DeviceArray<uint8_t> hit(static_cast<size_t>(entries));
-      const DeviceArray<int64_t> scanned(static_cast<size_t>(entries));
+      const DeviceArray<uint8_t> hit(static_cast<size_t>(entries), stream);
+      const DeviceArray<int64_t> scanned(static_cast<size_t>(entries), stream);
       for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
       with_policy(stream, n_threads, entries, [&](const auto& policy) {
         const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
@@ -902,7 +930,7 @@ class CudaBackend final : public Backend {
         throw;
       }
     }
-    return rows;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return rows;  // the temporaries are freed in stream order after the passes
   }
 
   DeviceFetchCounts device_fetch_counts(const void* sequence) noexcept override {
@@ -926,6 +954,12 @@ class CudaBackend final : public Backend {
 
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
+    try {  // the rows change after this: work still reading them (a fetch, a select of EXACT) finishes first
+      DeviceScope scope(device_id_);
+      synchronize_device();
+    } catch (...) {
+      // a sticky device error: the context's next call reports it
+    }
     for (auto it = caches_.lower_bound({sequence, INT32_MIN}); it != caches_.end() && it->first.first == sequence;) {
       if (layer != -1 && it->first.second != layer) {
         ++it;
@@ -950,6 +984,12 @@ class CudaBackend final : public Backend {
 
   void release_caches(const void* sequence) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
+    try {  // work still reading the sequence's memory finishes before it goes
+      DeviceScope scope(device_id_);
+      synchronize_device();
+    } catch (...) {
+      // a sticky device error: the context's next call reports it
+    }
     caches_.erase(caches_.lower_bound({sequence, INT32_MIN}), caches_.upper_bound({sequence, INT32_MAX}));
     mirrors_.erase(mirrors_.lower_bound({sequence, INT32_MIN}), mirrors_.upper_bound({sequence, INT32_MAX}));
     crush_mirrors_.erase(crush_mirrors_.lower_bound({sequence, INT32_MIN}),
@@ -1017,7 +1057,7 @@ class CudaBackend final : public Backend {
     const int32_t d = static_cast<int32_t>(job.q->dim(1));
     const int64_t q_heads = r.n_q_heads;
     const int threads = r.n_threads;
-    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d), stream);
     load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     // KVCrush: the signatures' copy first, so that a refused one leaves the tensors unwritten
     const CrushMirror* crush = nullptr;
@@ -1035,12 +1075,12 @@ class CudaBackend final : public Backend {
     } else {
       const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
       if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-      const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d));
+      const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d), stream);
       for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
       page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
     }
     if (crush != nullptr) crush_passes(*crush, *job.crush, r, job.out->dim(0), *job.out, job.scores, stream);
-    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return true;  // the temporaries are freed in stream order after the passes
   }
 
  private:
@@ -1082,15 +1122,15 @@ class CudaBackend final : public Backend {
 #endif
       pages[i] = page;
     }
-    const DeviceArray<const std::byte*> device_pages(pages.size());
+    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
     // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
     copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
     const dm::ExactKeyPages keys{device_pages.get(), page_tokens, row_bytes, static_cast<int32_t>(store.dtype())};
-    const DeviceArray<float> logits(static_cast<size_t>(heads * r.group * n));
+    const DeviceArray<float> logits(static_cast<size_t>(heads * r.group * n), stream);
     for_each_index(stream, threads, heads * n,
                    dm::ExactLogits{keys, q, logits.get(), n, r.mid_begin, store.head_dim(), r.group, r.scale});
-    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
-    const DeviceArray<float> top_score(top.size());
+    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget), stream);
+    const DeviceArray<float> top_score(top.size(), stream);
     top_tokens(heads, n, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream);
     write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1242,7 +1282,7 @@ class CudaBackend final : public Backend {
     for (int64_t h = 0; h < heads && l.pending > 0; ++h)
       job.store->keys_f32(static_cast<int>(h), l.first_pending, cluster.indexed_end(),
                           pending.data() + h * l.pending * l.d);
-    const DeviceArray<float> pending_keys(pending.size());
+    const DeviceArray<float> pending_keys(pending.size(), stream);
     if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, true);
     l.pending_keys = pending_keys.get();
 
@@ -1252,9 +1292,10 @@ class CudaBackend final : public Backend {
     const int64_t entries = heads * n;
     const int threads = r.n_threads;
     const bool max_logit = r.fold == KVRET_FOLD_MAX_LOGIT;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+        folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     for_each_index(stream, threads, q_heads * n, dm::ClusterLogits{l, q, logits.get(), group, r.scale});
     if (!max_logit)
       for_each_index(stream, threads, q_heads, dm::ClusterSoftmaxes{l, logits.get(), softmax.get(), group});
@@ -1266,8 +1307,8 @@ class CudaBackend final : public Backend {
         stream);
     // the taken tokens by (head, position), then into the caller's tensors
     const int64_t picked = heads * r.budget;
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(picked));
-    const DeviceArray<float> score(static_cast<size_t>(picked));
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(picked), stream);
+    const DeviceArray<float> score(static_cast<size_t>(picked), stream);
     for_each_index(stream, threads, entries,
                    dm::ClusterPick{l, taken.get(), offset.get(), folded.get(), keys.get(), score.get(), r.budget});
     with_policy(stream, threads, picked,
@@ -1277,7 +1318,7 @@ class CudaBackend final : public Backend {
     for_each_index(stream, threads, picked,
                    dm::ClusterWrite{keys.get(), score.get(), device_tensor(*job.out),
                                     job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.budget});
-    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return true;  // the temporaries are freed in stream order after the passes
   }
 
   /// The mirror of (sequence, layer) brought up to `quant`'s low-bit copy: the key blocks (and their value rows)
@@ -1347,7 +1388,7 @@ class CudaBackend final : public Backend {
     const int64_t heads = quant.n_kv_heads();
     const int64_t q_heads = heads * group;
     const int threads = r.n_threads;
-    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d), stream);
     load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
@@ -1357,15 +1398,15 @@ class CudaBackend final : public Backend {
     l.blocks = quant.blocks();
     l.residual = quant.head(0).residual_tokens();
     // the low-bit logits of every middle token
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n));
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream);
     if (l.blocks > 0)
       for_each_index(stream, threads, q_heads * l.blocks,
                      dm::QuantBlockLogits{l, q.get(), logits.get(), n, group, r.scale});
     if (l.residual > 0)
       for_each_index(stream, threads, q_heads * l.residual,
                      dm::QuantResidualLogits{l, q.get(), logits.get(), n, group, r.scale});
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates));
-    const DeviceArray<float> score(keys.size());
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates), stream);
+    const DeviceArray<float> score(keys.size(), stream);
     // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
     SelectRequest low = r;
     if (quant.rerank() > 1) low.fold = KVRET_FOLD_MAX_LOGIT;
@@ -1375,7 +1416,7 @@ class CudaBackend final : public Backend {
       return true;
     }
     // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
-    const DeviceArray<int32_t> cand(keys.size());
+    const DeviceArray<int32_t> cand(keys.size(), stream);
     for_each_index(stream, threads, heads * candidates, dm::QuantPositions{keys.get(), cand.get()});
     std::vector<int32_t> host_cand(cand.size());
     copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
@@ -1385,20 +1426,20 @@ class CudaBackend final : public Backend {
         const int32_t t = host_cand[static_cast<size_t>(h * candidates + i)];
         job.store->keys_f32(static_cast<int>(h), t, t + 1, host_keys.data() + (h * candidates + i) * d);
       }
-    const DeviceArray<float> exact_keys(host_keys.size());
+    const DeviceArray<float> exact_keys(host_keys.size(), stream);
     copy_bytes(exact_keys.get(), host_keys.data(), host_keys.size() * sizeof(float), stream, true);
     {
       std::lock_guard<std::mutex> lock(caches_mutex_);
       loaded_[job.sequence] += static_cast<int64_t>(host_keys.size() * sizeof(float));
     }
-    const DeviceArray<float> exact(static_cast<size_t>(q_heads * candidates));
+    const DeviceArray<float> exact(static_cast<size_t>(q_heads * candidates), stream);
     for_each_index(stream, threads, q_heads * candidates,
                    dm::QuantExactLogits{q.get(), exact_keys.get(), exact.get(), candidates, d, group, r.scale});
-    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
-    const DeviceArray<float> top_score(top.size());
+    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget), stream);
+    const DeviceArray<float> top_score(top.size(), stream);
     top_tokens(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
     write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
-    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return true;  // the temporaries are freed in stream order after the passes
   }
 
   /// The low-bit logits [heads * group, n] of the copy `l` (blocks and residual set) at `scale`, from q [heads *
@@ -1437,16 +1478,16 @@ class CudaBackend final : public Backend {
                                          int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
     l.blocks = quant->blocks();
     l.residual = quant->head(0).residual_tokens();
-    const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
+    const DeviceArray<float> q(static_cast<size_t>(q_heads * d), stream);
     load_query(*job.q, q.get(), q_heads, d, false, threads, stream);
     // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
     const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const DeviceArray<float> low(static_cast<size_t>(q_heads * middle));
+    const DeviceArray<float> low(static_cast<size_t>(q_heads * middle), stream);
     quant_low_logits(l, q.get(), low.get(), middle, group, select_scale, threads, stream);
     const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
     std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
     if (candidates > 0) {
-      const DeviceArray<float> folding(low.size());
+      const DeviceArray<float> folding(low.size(), stream);
       with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
         thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
       });
@@ -1459,10 +1500,10 @@ class CudaBackend final : public Backend {
       r.budget = candidates;
       r.fold = KVRET_FOLD_MAX_LOGIT;  // select's candidates (QuantRetriever::low_bit_candidates)
       r.n_threads = threads;
-      const DeviceArray<uint64_t> keys(cand.size());
-      const DeviceArray<float> score(cand.size());
+      const DeviceArray<uint64_t> keys(cand.size(), stream);
+      const DeviceArray<float> score(cand.size(), stream);
       top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
-      const DeviceArray<int32_t> positions(cand.size());
+      const DeviceArray<int32_t> positions(cand.size(), stream);
       for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
                      dm::QuantPositions{keys.get(), positions.get()});
       copy_bytes(cand.data(), positions.get(), cand.size() * sizeof(int32_t), stream, true);
@@ -1509,16 +1550,16 @@ class CudaBackend final : public Backend {
         }
       }
     }
-    const DeviceArray<int32_t> slot_d(slot.size());
-    const DeviceArray<uint8_t> exact_value_d(exact_value.size());
-    const DeviceArray<float> keys_d(keys.size()), values_d(values.size());
+    const DeviceArray<int32_t> slot_d(slot.size(), stream);
+    const DeviceArray<uint8_t> exact_value_d(exact_value.size(), stream);
+    const DeviceArray<float> keys_d(keys.size(), stream), values_d(values.size(), stream);
     copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
     copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
     copy_bytes(keys_d.get(), keys.data(), keys.size() * sizeof(float), stream, false);
     copy_bytes(values_d.get(), values.data(), values.size() * sizeof(float), stream, true);
     const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows};
     // the logits, the weights and the output
-    const DeviceArray<double> logits(static_cast<size_t>(q_heads * n)), z(static_cast<size_t>(q_heads));
+    const DeviceArray<double> logits(static_cast<size_t>(q_heads * n), stream), z(static_cast<size_t>(q_heads), stream);
     for_each_index(stream, threads, q_heads * n,
                    dm::QuantAttendLogits{x, q.get(), low.get(), logits.get(), n, begin, middle, d, group, job.scale,
                                          cuda::math::quant_rescale(job.scale, select_scale)});
@@ -1526,7 +1567,7 @@ class CudaBackend final : public Backend {
     for_each_index(stream, threads, q_heads * d,
                    dm::QuantAttendOutput{l, x, logits.get(), z.get(), device_tensor(*job.out), n, begin, group});
     *key_rows = key_only;
-    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return true;  // the temporaries are freed in stream order after the passes
   }
 
  private:
@@ -1538,9 +1579,9 @@ class CudaBackend final : public Backend {
                   uint64_t* keys, float* score, kvret_stream stream) {
     const int threads = r.n_threads;
     const int64_t q_heads = heads * r.group, entries = heads * n;
-    const DeviceArray<float> folded(static_cast<size_t>(entries));
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
       for_each_index(stream, threads, q_heads, dm::QuantSoftmaxes{logits, softmax.get(), n});
     SelectRequest top = r;
@@ -1615,11 +1656,12 @@ class CudaBackend final : public Backend {
     if (buckets <= 0 || n_important >= m) return;  // no candidate: the important row is the row
     const int threads = r.n_threads;
     const int64_t cells = heads * m;
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(m));
-    const DeviceArray<int64_t> important(static_cast<size_t>(cells)), chosen(important.size()),
-        is_free(important.size()), free_before(important.size()), rep(important.size()), important_below(rep.size()),
-        rep_below(rep.size()), none(static_cast<size_t>(heads * buckets)), missing(static_cast<size_t>(heads));
-    const DeviceArray<float> score(static_cast<size_t>(cells));
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(m), stream);
+    const DeviceArray<int64_t> important(static_cast<size_t>(cells), stream), chosen(important.size(), stream),
+        is_free(important.size(), stream), free_before(important.size(), stream), rep(important.size(), stream),
+        important_below(rep.size(), stream), rep_below(rep.size(), stream),
+        none(static_cast<size_t>(heads * buckets), stream), missing(static_cast<size_t>(heads), stream);
+    const DeviceArray<float> score(static_cast<size_t>(cells), stream);
     dm::DeviceTensor no_scores;
     no_scores.base = nullptr;
     const dm::DeviceTensor out_t = device_tensor(out),
@@ -1731,10 +1773,11 @@ class CudaBackend final : public Backend {
     const int64_t entries = heads * n;
     const int64_t tokens = heads * l.tokens;
     const int threads = r.n_threads;
-    const DeviceArray<float> lut(static_cast<size_t>(q_heads * l.m * l.k));
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    const DeviceArray<float> lut(static_cast<size_t>(q_heads * l.m * l.k), stream);
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+        folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     for_each_index(stream, threads, q_heads * l.m * l.k, dm::PqLut{l, q, lut.get(), group, r.scale});
     if (l.cells == 0) {
       pq_token_select(l, r, q, lut.get(), *job.out, job.scores, stream);
@@ -1750,7 +1793,7 @@ class CudaBackend final : public Backend {
         },
         stream);
     // per token: the rank in the trimmed cell, then whether it is taken and where it goes
-    const DeviceArray<int64_t> flag(static_cast<size_t>(tokens)), scan(flag.size());
+    const DeviceArray<int64_t> flag(static_cast<size_t>(tokens), stream), scan(flag.size(), stream);
     const auto scan_per_head = [&](const int64_t* in, int64_t* out) {
       with_policy(stream, threads, tokens, [&](const auto& policy) {
         const auto head_of =
@@ -1767,7 +1810,7 @@ class CudaBackend final : public Backend {
     for_each_index(stream, threads, tokens,
                    dm::PqWrite{l, flag.get(), scan.get(), folded.get(), device_tensor(*job.out),
                                job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.mid_begin});
-    return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
+    return true;  // the temporaries are freed in stream order after the passes
   }
 
   /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
@@ -1778,10 +1821,11 @@ class CudaBackend final : public Backend {
     const int64_t n = l.tokens, q_heads = heads * r.group, entries = heads * n;
     const int threads = r.n_threads;
     const bool pq4 = l.m == 4 && l.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
-    const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(q_heads));
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+        folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     for_each_index(stream, threads, q_heads * n, dm::PqTokenLogits{l, q, lut, logits.get(), r.group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT) {
       for_each_index(stream, threads, q_heads, dm::PqTokenHeads{l, lut, logits.get(), head.get(), r.group, pq4});
@@ -1810,8 +1854,9 @@ class CudaBackend final : public Backend {
                    const SortedWeights& sorted_weights, kvret_stream stream) {
     const int64_t entries = heads * n;
     const int threads = r.n_threads;
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries));
-    const DeviceArray<int64_t> index(keys.size()), head(keys.size()), weight(keys.size()), upto(keys.size());
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries), stream);
+    const DeviceArray<int64_t> index(keys.size(), stream), head(keys.size(), stream), weight(keys.size(), stream),
+        upto(keys.size(), stream);
     for_each_index(
         stream, threads, entries,
         dm::PageFold{logits, softmax, folded, keys.get(), index.get(), n, r.group, r.fold == KVRET_FOLD_MAX_LOGIT});
@@ -1846,9 +1891,10 @@ class CudaBackend final : public Backend {
     const int64_t entries = heads * n;
     const int32_t page_size = page.page_size();
     const int threads = r.n_threads;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n)), folded(static_cast<size_t>(entries));
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads));
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries)), offset(taken.size());
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+        folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     for_each_index(stream, threads, q_heads * n,
                    dm::PageLogits{split, mirror.bounds(), logits.get(), n, mirror.capacity, d, group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
@@ -1939,7 +1985,7 @@ class CudaBackend final : public Backend {
       std::vector<int32_t> items(static_cast<size_t>(heads * count));
       for (int64_t h = 0; h < heads; ++h)
         std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
-      const DeviceArray<int32_t> device_items(items.size());
+      const DeviceArray<int32_t> device_items(items.size(), stream);
       copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
       const int64_t bytes =
           update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, nullptr);
@@ -1965,10 +2011,11 @@ class CudaBackend final : public Backend {
     const int64_t n_slot_entries = heads * c.n_slots;
     const uint32_t step = cache.tick();
     const int32_t max_admit = prefetch ? c.n_slots : std::max(1, c.n_slots / 4);
-    const DeviceArray<int32_t> counts(static_cast<size_t>(n_blocks)), sorted_blocks(counts.size()),
-        marks(counts.size()), ranks(counts.size()), victims(static_cast<size_t>(n_slot_entries)), admit(heads);
-    const DeviceArray<uint64_t> slot_keys(victims.size()), block_keys(counts.size());
-    const DeviceArray<dm::BlockLoad> loads(victims.size());
+    const DeviceArray<int32_t> counts(static_cast<size_t>(n_blocks), stream), sorted_blocks(counts.size(), stream),
+        marks(counts.size(), stream), ranks(counts.size(), stream),
+        victims(static_cast<size_t>(n_slot_entries), stream), admit(heads, stream);
+    const DeviceArray<uint64_t> slot_keys(victims.size(), stream), block_keys(counts.size(), stream);
+    const DeviceArray<dm::BlockLoad> loads(victims.size(), stream);
     for_each_index(stream, n_threads, n_blocks,
                    dm::CountSelected{items, count, stride, c.max_blocks, c.block_tokens, prefetch, counts.get()});
     for_each_index(stream, n_threads, n_slot_entries,
@@ -2009,14 +2056,14 @@ class CudaBackend final : public Backend {
     const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
     std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
     for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
-    const DeviceArray<const std::byte*> device_pages(pages.size());
+    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
     copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
     const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
     const auto units = static_cast<int32_t>(c.row_bytes / unit_bytes);
     for_each_index(
         stream, n_threads, heads * most * c.block_tokens * units,
         dm::FillSlots{c, loads.get(), admit.get(), device_pages.get(), heads, page_tokens, most, units, unit_bytes});
-    return 2 * blocks * c.block_tokens * c.row_bytes;  // the temporaries are freed after the passes (cudaFree waits)
+    return 2 * blocks * c.block_tokens * c.row_bytes;  // the temporaries are freed in stream order
   }
 
   /// The working set's rows: cached rows from the cache, the others from the host store; returns the rows served
@@ -2041,7 +2088,7 @@ class CudaBackend final : public Backend {
       }
     }
     if (copies.empty()) return 0;
-    const DeviceArray<dm::RowCopy> device_copies(copies.size());
+    const DeviceArray<dm::RowCopy> device_copies(copies.size(), stream);
     copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
     const dm::GatherRows gather{device_copies.get(),
                                 device_tensor(out.k),
@@ -2052,9 +2099,9 @@ class CudaBackend final : public Backend {
     const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
-      return 0;  // device_copies is freed after the gather (cudaFree waits for the device)
+      return 0;  // device_copies is freed in stream order after the gather
     }
-    const DeviceArray<uint8_t> hit(copies.size());
+    const DeviceArray<uint8_t> hit(copies.size(), stream);
     for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
     int64_t hits = 0;
     with_policy(stream, n_threads, static_cast<int64_t>(copies.size()), [&](const auto& policy) {
@@ -2107,9 +2154,9 @@ class CudaBackend final : public Backend {
     for (int h = 0; h < heads; ++h)
       working_set_positions(mid_begin, mid_end, store.size(), count > 0 ? selected[h] : nullptr, count,
                             positions.data() + static_cast<size_t>(h * rows));
-    const DeviceArray<const void*> device_pages(pages.size());
-    const DeviceArray<int32_t> device_positions(positions.size());
-    const DeviceArray<cuda::WorkingSetGatherSeq> device_seq(1);
+    const DeviceArray<const void*> device_pages(pages.size(), stream);
+    const DeviceArray<int32_t> device_positions(positions.size(), stream);
+    const DeviceArray<cuda::WorkingSetGatherSeq> device_seq(1, stream);
     cuda::WorkingSetGatherSeq seq;
     seq.host.k_pages = device_pages.get();
     seq.host.v_pages = device_pages.get() + n_pages;
@@ -2124,7 +2171,7 @@ class CudaBackend final : public Backend {
     seq.out_v = out.v.data();
     seq.out_positions = reinterpret_cast<int32_t*>(out.positions.data());
     seq.out_capacity = capacity;
-    const DeviceArray<unsigned long long> counters(3);
+    const DeviceArray<unsigned long long> counters(3, stream);
     if (cache != nullptr && cache->view().max_blocks > 0) {
       const dm::CacheView c = cache->view();
       seq.cache.block_table = c.table;
@@ -2152,7 +2199,7 @@ class CudaBackend final : public Backend {
       copy_bytes(&from_cache, counters.get(), sizeof from_cache, stream, true);
       *hits = static_cast<int64_t>(from_cache);
     }
-    return true;  // the device arrays are freed after the gather (cudaFree waits for the device)
+    return true;  // the device arrays are freed in stream order after the gather
   }
 #endif
 
@@ -2167,7 +2214,8 @@ class CudaBackend final : public Backend {
     const int32_t group = config.n_q_heads / config.n_kv_heads;
     const float s = attend_scale(config, scale);
     if (tuned_attend(config, q, k, v, rows, s, out, n_threads, stream)) return;
-    const DeviceArray<float> weights(static_cast<size_t>(heads * rows)), inv_z(static_cast<size_t>(heads));
+    const DeviceArray<float> weights(static_cast<size_t>(heads * rows), stream),
+        inv_z(static_cast<size_t>(heads), stream);
     float* w = weights.get();
     float* z = inv_z.get();
     for_each_index(stream, n_threads, heads * rows,
@@ -2211,7 +2259,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<DeviceArray<float>> q_f32;  // q as the kernel reads it: f32 [n_q_heads, head_dim]
     const float* q_data = reinterpret_cast<const float*>(q.data());
     if (q.dtype() != DType::F32 || !dense(q, 1)) {
-      q_f32 = std::make_unique<DeviceArray<float>>(static_cast<size_t>(config.n_q_heads) * d);
+      q_f32 = std::make_unique<DeviceArray<float>>(static_cast<size_t>(config.n_q_heads) * d, stream);
       for_each_index(stream, n_threads, int64_t{config.n_q_heads} * d,
                      dm::PageLoadQuery{device_tensor(q), q_f32->get(), d});
       q_data = q_f32->get();
@@ -2223,8 +2271,8 @@ class CudaBackend final : public Backend {
     seq.kv_capacity = capacity;
     seq.n_rows = static_cast<int32_t>(rows);
     seq.out = reinterpret_cast<float*>(out.data());
-    const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1);
-    const DeviceArray<std::byte> workspace(workspace_bytes);
+    const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1, stream);
+    const DeviceArray<std::byte> workspace(workspace_bytes, stream);
     copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);  // staged: the host struct may go
     p.seqs = device_seq.get();
     check_cuda(cuda::launch_decode_attention(p, workspace.get(), workspace_bytes, cuda_stream(stream)),

@@ -441,7 +441,7 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
 }
 
 bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
-                                const TensorView* scores, int64_t* count) {
+                                const TensorView* scores, int64_t* count, kvret_stream stream, bool in_stream_order) {
   const kvret_config& c = ctx_.config();
   check_layer(layer);
   LayerState& l = *layers_[static_cast<size_t>(layer)];
@@ -493,7 +493,8 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   job.sequence = this;
   job.layer = layer;
   job.store = &l.store();
-  if (!backend.select_on_device(job, nullptr)) return false;
+  if (!backend.select_on_device(job, stream)) return false;
+  if (!in_stream_order) backend.synchronize(stream);  // the outputs are written when the call returns
   stats_.selections += 1;
   note_cache_use();  // the device's copy of the index counts in device_bytes
   *count = selected;
@@ -843,7 +844,7 @@ bool Sequence::attend_on_device(int32_t layer, const TensorView& q, int32_t budg
       own_tensor(reinterpret_cast<int32_t*>(a.device_selected->data()), a.device_selected->device(), selected_shape);
   const TensorView sv = ctx_.view(&st, "positions", {DType::I32}, {2});
   int64_t count = 0;
-  if (!select_on_device(layer, q, budget, sv, nullptr, &count)) return false;
+  if (!select_on_device(layer, q, budget, sv, nullptr, &count, stream, true)) return false;
   // the working set of sink + count + local rows, from the positions on the device (ours: not checked again)
   const TokenGroups g = groups(layer);
   const int64_t capacity = working_set_capacity(layer, static_cast<int32_t>(count));
@@ -1115,7 +1116,8 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
       quant,          &l.store(), &q,   &out, rows.data(), count, c.n_q_heads / c.n_kv_heads, attend_scale(c, scale),
       ctx_.threads(), this,       layer};
   if (backend.attend_quantized_on_device(job, &key_rows, nullptr)) {
-    note_cache_use();  // the device's copy of the index counts in device_bytes
+    backend.synchronize(nullptr);  // out is written when the call returns, whatever stream the caller reads it on
+    note_cache_use();              // the device's copy of the index counts in device_bytes
   } else {
     std::vector<std::byte> q_copy, out_copy;
     const std::vector<float> qf = load_query(backend.host_readable(q, q_copy), false);

@@ -100,9 +100,12 @@ class Sequence {
   /// caller's tensors (Backend::write_back).
   void finish_select(PreparedSelect& p);
   /// The select of select_checked on the backend's device (Backend::select_on_device), after check_select: true,
-  /// with *count, when it ran there; false, with nothing written, when the host must select.
+  /// with *count, when it ran there; false, with nothing written, when the host must select. It runs on `stream`;
+  /// unless `in_stream_order`, the call waits for it (kvret_select returns with its outputs written), else the
+  /// caller orders what reads them on the same stream.
   bool select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
-                        const TensorView* scores, int64_t* count);
+                        const TensorView* scores, int64_t* count, kvret_stream stream = nullptr,
+                        bool in_stream_order = false);
   /// Selects (after check_select) and returns the count written.
   int64_t select_checked(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
                          const TensorView* scores = nullptr);
