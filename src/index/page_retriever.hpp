@@ -27,6 +27,7 @@ class PageRetriever final : public Retriever {
   /// Always: whole pages are dropped, a page the cut splits is summarized again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PageRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 

@@ -50,6 +50,7 @@ class PqRetriever final : public Retriever {
   /// above it are dropped and the rest is what the same extends up to `end` built.
   bool can_cut(int64_t end) const noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PqRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   /// The codebook, codes, exact tokens (positions and keys) and thresholds; cells are derived again on restore.
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;

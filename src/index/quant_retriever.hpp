@@ -33,6 +33,7 @@ class QuantRetriever final : public Retriever {
   /// Always: whole blocks are dropped, and the residual the cut leaves is read again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<QuantRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
