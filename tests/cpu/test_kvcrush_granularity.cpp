@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcrush_fixture.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "test_util.hpp"
@@ -25,30 +26,19 @@ using namespace kvret::test;
 
 namespace {
 
-constexpr int64_t kTokens = 1300, kMidBegin = 4, kMidEnd = kTokens - 16;  // small_config: 4 sink, 16 local
+// small_config: 4 sink, 16 local
+constexpr int64_t kTokens = CrushFixture::kTokens, kMidBegin = 4, kMidEnd = kTokens - 16;
 
-struct Fixture {
-  ContextPtr ctx;
-  std::unique_ptr<Seq> seq;
-  F32 k{{kTokens, kHeads, kDim}}, v{{kTokens, kHeads, kDim}};
-  Fixture(int kind, float share, int32_t granularity) {
-    kvret_config c = small_config(kind);
-    c.hamming_fraction = share;
-    c.hamming_granularity = granularity;
-    ctx = make_context(c);
-    seq = std::make_unique<Seq>(ctx.get());
-    clustered_kv(kTokens, kHeads, kDim, 5, k, v);
-    prefill(seq->s, 0, k, v, 0, kTokens - 3);
-    decode(seq->s, 0, k, v, kTokens - 3, kTokens);
-  }
+/// The fixture's sequence in a context of `kind` with KVCrush's share and hamming_granularity.
+struct Fixture : CrushFixture {
+  Fixture(int kind, float share, int32_t granularity)
+      : CrushFixture([&] {
+          kvret_config c = small_config(kind);
+          c.hamming_fraction = share;
+          c.hamming_granularity = granularity;
+          return c;
+        }()) {}
 };
-
-F32 query(uint64_t seed) {
-  F32 q({kQHeads, kDim});
-  q.data = random_vector(static_cast<size_t>(kQHeads * kDim), seed, 2.0f);
-  q.refresh();
-  return q;
-}
 
 struct Rows {
   std::vector<std::vector<int32_t>> pos;

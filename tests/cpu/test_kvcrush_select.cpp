@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvcrush_fixture.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "test_util.hpp"
@@ -24,31 +25,20 @@ using namespace kvret::test;
 
 namespace {
 
-constexpr int64_t kTokens = 1300, kMidBegin = 4, kMidEnd = kTokens - 16;  // small_config: 4 sink, 16 local
+// small_config: 4 sink, 16 local
+constexpr int64_t kTokens = CrushFixture::kTokens, kMidBegin = 4, kMidEnd = kTokens - 16;
 constexpr int kGroup = kQHeads / kHeads;
 
-struct Fixture {
-  ContextPtr ctx;
-  std::unique_ptr<Seq> seq;
-  F32 k{{kTokens, kHeads, kDim}}, v{{kTokens, kHeads, kDim}};
-  Fixture(int kind, float share, int32_t buckets = 0) {
-    kvret_config c = small_config(kind);
-    c.hamming_fraction = share;
-    c.hamming_buckets = buckets;
-    ctx = make_context(c);
-    seq = std::make_unique<Seq>(ctx.get());
-    clustered_kv(kTokens, kHeads, kDim, 5, k, v);
-    prefill(seq->s, 0, k, v, 0, kTokens - 3);
-    decode(seq->s, 0, k, v, kTokens - 3, kTokens);
-  }
+/// The fixture's sequence in a context of `kind` with KVCrush's share and hamming_buckets.
+struct Fixture : CrushFixture {
+  Fixture(int kind, float share, int32_t buckets = 0)
+      : CrushFixture([&] {
+          kvret_config c = small_config(kind);
+          c.hamming_fraction = share;
+          c.hamming_buckets = buckets;
+          return c;
+        }()) {}
 };
-
-F32 query(uint64_t seed) {
-  F32 q({kQHeads, kDim});
-  q.data = random_vector(static_cast<size_t>(kQHeads * kDim), seed, 2.0f);
-  q.refresh();
-  return q;
-}
 
 std::vector<std::vector<int32_t>> select_rows(kvret_seq* s, const F32& q, int32_t budget,
                                               std::vector<std::vector<float>>* scores = nullptr) {
