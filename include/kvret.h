@@ -790,8 +790,11 @@ typedef struct kvret_stats {
   int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache, row sources) */
   int64_t cache_misses;  /**< rows read from host memory (cache_hits + cache_misses = fetched_rows) */
   int64_t prefetch_hits; /**< fetched middle rows that the layer's last kvret_prefetch_async had selected */
-  int64_t bytes_h2d;     /**< bytes moved host to device: rows fetched from host memory, keys and values, and
-                              blocks copied into the block cache (CUDA backend; 0 on the CPU backend) */
+  int64_t bytes_h2d;     /**< bytes moved host to device: rows fetched from host memory, keys and values,
+                              blocks copied into the block cache, QUANT's low-bit copy sent to the device and its
+                              re-ranking's candidate keys, and the keys EXACT's device select reads in place (CUDA
+                              backend; 0 on the CPU backend). The device copies of PAGE, CLUSTER and PQ indexes
+                              are not counted (docs/cuda_backend.md) */
   int64_t disk_reads;    /**< files the session store read from the disk tier (context stats) */
   int64_t disk_writes;   /**< files the session store wrote to the disk tier (context stats) */
   /* ClusterKV's reuse between steps (appended; config.cluster_reuse_steps, docs/cluster.md) */

@@ -33,6 +33,7 @@
 #include "backend/cluster_select_ops.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
+#include "backend/exact_select_ops.hpp"
 #include "backend/kvcrush_select_ops.hpp"
 #include "backend/page_select_ops.hpp"
 #include "backend/pq_select_ops.hpp"
@@ -43,6 +44,7 @@
 #include "core/tensor_view.hpp"
 #include "fetch/working_set.hpp"
 #include "index/cluster_retriever.hpp"
+#include "index/exact_retriever.hpp"
 #include "index/kmeans.hpp"
 #include "index/page_retriever.hpp"
 #include "index/pq_retriever.hpp"
@@ -52,6 +54,7 @@
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime_api.h>
 
+#include "decode_attention.h"  // kernels/: the tuned attention
 #include "store/host_kv_store.hpp"
 #include "working_set_gather.h"  // kernels/: the tuned gather
 #define KVRET_ON_GPU 1
@@ -103,11 +106,30 @@ void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
   }
 }
 
-/// f(policy) with the execution policy of `stream` (sorts and scans); a failed launch is KVRET_ERR_CUDA.
+/// Thrust's temporary storage (sorts, scans) in stream order on one stream: cudaMallocAsync and cudaFreeAsync, so
+/// that freeing it does not wait for the device as cudaFree does.
+struct StreamOrderedTemporaries {
+  using value_type = char;
+  cudaStream_t stream;
+  char* allocate(std::ptrdiff_t bytes) const {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    check_cuda(e, "cudaMallocAsync");
+    return static_cast<char*>(p);
+  }
+  void deallocate(char* p, size_t) const noexcept { (void)cudaFreeAsync(p, stream); }
+};
+
+/// f(policy) with the execution policy of `stream` (sorts and scans, their temporaries stream-ordered); a failed
+/// launch is KVRET_ERR_CUDA.
 template <class F>
 void with_policy(kvret_stream stream, int, int64_t, const F& f) {
   try {
-    f(thrust::cuda::par_nosync.on(cuda_stream(stream)));
+    f(thrust::cuda::par_nosync(StreamOrderedTemporaries{cuda_stream(stream)}).on(cuda_stream(stream)));
   } catch (const thrust::system_error& e) {
     (void)cudaGetLastError();
     throw Error(KVRET_ERR_CUDA, std::string("thrust: ") + e.what());
@@ -120,6 +142,23 @@ void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, b
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
   if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
 }
+
+/// A stream of kvret's own for work off the caller's streams (index builds): non-blocking, so that it neither
+/// waits for nor holds up work on the legacy default stream or the caller's streams. Destroyed when its work is done.
+class OwnStream {
+ public:
+  OwnStream() { check_cuda(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  ~OwnStream() {
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  kvret_stream get() const noexcept { return reinterpret_cast<kvret_stream>(s_); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
 #else
 struct DeviceScope {
   explicit DeviceScope(int) noexcept {}
@@ -150,6 +189,11 @@ void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool) { std::memcpy(dst, src, bytes); }
+
+/// Thrust's host system has no streams.
+struct OwnStream {
+  kvret_stream get() const noexcept { return nullptr; }
+};
 #endif
 
 /// n uninitialised elements of device memory (nothing runs on the device to make or free them); throws
@@ -478,8 +522,10 @@ dm::DeviceTensor device_tensor(const TensorView& t) {
 /// CLUSTER's segment build on the device (cluster_build_ops.hpp): cluster_segment_index's result, bit for bit,
 /// from Thrust passes over device arrays; the keys go up once and the layout comes back (the host retriever keeps
 /// the index). The assignment is a reference pass (one dot8 per entry), not cuBLAS: a tuned SGEMM sums in another
-/// order and could change which cluster wins. Its passes run on the default stream (the build runs on the context's
-/// build thread, or in a decode call for a decode interval).
+/// order and could change which cluster wins. Its passes run on a non-blocking stream of its own, so that a build
+/// on the context's build thread neither waits for nor holds up the caller's decode work; the result comes back to
+/// the host, which hands it to the layer's index (a select on the layer waits for the build there, and then copies
+/// what changed into the device's mirror on the caller's stream).
 class CudaClusterBuilder final : public ClusterSegmentBuilder {
  public:
   explicit CudaClusterBuilder(int device_id) : device_id_(device_id) {}
@@ -496,7 +542,8 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
     out.sizes.assign(static_cast<size_t>(k), 0);
     if (n <= 0) return out;
     const auto nd = static_cast<size_t>(n) * d;
-    const kvret_stream s = nullptr;
+    const OwnStream stream;  // before the arrays: destroyed after them
+    const kvret_stream s = stream.get();
     const int threads = 0;
     const auto up = [&](void* dst, const void* src, size_t bytes) {
       if (bytes > 0) copy_bytes(dst, src, bytes, s, false);
@@ -852,7 +899,8 @@ class CudaBackend final : public Backend {
     const auto* pq = dynamic_cast<const PqRetriever*>(index);
     const bool kind = dynamic_cast<const PageRetriever*>(index) != nullptr ||
                       dynamic_cast<const ClusterRetriever*>(index) != nullptr ||
-                      dynamic_cast<const QuantRetriever*>(index) != nullptr || pq != nullptr;
+                      dynamic_cast<const QuantRetriever*>(index) != nullptr || pq != nullptr ||
+                      dynamic_cast<const ExactRetriever*>(index) != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
@@ -864,15 +912,17 @@ class CudaBackend final : public Backend {
     const auto* page = dynamic_cast<const PageRetriever*>(target);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(target);
     const auto* pq = dynamic_cast<const PqRetriever*>(target);
-    if ((page == nullptr && cluster == nullptr && pq == nullptr) || job.sequence == nullptr || job.q == nullptr ||
-        job.out == nullptr)
+    const auto* exact = dynamic_cast<const ExactRetriever*>(target);
+    if ((page == nullptr && cluster == nullptr && pq == nullptr && exact == nullptr) || job.sequence == nullptr ||
+        job.q == nullptr || job.out == nullptr)
       return false;
     const SelectRequest& r = job.request;
     const Retriever& index = *target;
     if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
         r.budget > r.mid_end - r.mid_begin)
       return false;
-    if (pq != nullptr     ? pq->size() == 0
+    if (exact != nullptr  ? job.store == nullptr || job.store->size() < r.mid_end
+        : pq != nullptr   ? pq->size() == 0
         : page != nullptr ? page->pages() == 0
                           : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
       return false;
@@ -881,16 +931,8 @@ class CudaBackend final : public Backend {
     const int32_t d = static_cast<int32_t>(job.q->dim(1));
     const int64_t q_heads = r.n_q_heads;
     const int threads = r.n_threads;
-    // q where it is, into f32; a non-finite one changes nothing
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
-    if (job.check_finite) {
-      int64_t bad = 0;
-      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
-        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
-      });
-      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
-    }
+    load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     // KVCrush: the signatures' copy first, so that a refused one leaves the tensors unwritten
     const CrushMirror* crush = nullptr;
     if (job.crush != nullptr) {
@@ -898,7 +940,9 @@ class CudaBackend final : public Backend {
       crush = crush_mirror(*job.crush, job.sequence, job.layer, stream);
       if (crush == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     }
-    if (cluster != nullptr) {
+    if (exact != nullptr) {
+      exact_select(*job.store, job, q.get(), stream);
+    } else if (cluster != nullptr) {
       if (!cluster_select(*cluster, job, q.get(), stream)) return false;
     } else if (pq != nullptr) {
       if (!pq_select(*pq, job, q.get(), stream)) return false;
@@ -914,6 +958,58 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  /// q [q_heads, d] where it is (any float type and strides) into f32 `out` [q_heads, d], the first pass of every
+  /// select on the device; with check_finite (config.check_finite) a NaN or Inf in it is KVRET_ERR_NONFINITE, thrown
+  /// before the select writes anything.
+  void load_query(const TensorView& q, float* out, int64_t q_heads, int32_t d, bool check_finite, int threads,
+                  kvret_stream stream) {
+    const int64_t n = q_heads * d;
+    for_each_index(stream, threads, n, dm::PageLoadQuery{device_tensor(q), out, d});
+    if (!check_finite) return;
+    int64_t bad = 0;
+    with_policy(stream, threads, n, [&](const auto& policy) {
+      bad = static_cast<int64_t>(thrust::count_if(policy, out, out + n, dm::PageNonFinite{}));
+    });
+    require(bad == 0, KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
+  }
+
+  /// EXACT's select on the device (exact_select_ops.hpp), q already loaded: every middle token's key read in place
+  /// from the store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of top_tokens, the
+  /// positions and scores written. The key bytes read over the bus count as the sequence's loaded bytes
+  /// (stats.bytes_h2d).
+  void exact_select(const HostKvStore& store, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
+    const SelectRequest& r = job.request;
+    const int64_t n = r.mid_end - r.mid_begin, heads = store.n_kv_heads();
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t row_bytes = static_cast<int64_t>(store.row_bytes());
+    const int threads = r.n_threads;
+    // the pages up to the one holding the last middle token, as the device addresses them (a page holds the keys
+    // of every head first, HostKvStore's layout)
+    std::vector<const std::byte*> pages(static_cast<size_t>((r.mid_end - 1) / page_tokens + 1));
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const std::byte* page = store.key_row(0, static_cast<int64_t>(i) * page_tokens);
+#if KVRET_ON_GPU
+      void* device = nullptr;
+      check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(page), 0), "cudaHostGetDevicePointer");
+      page = static_cast<const std::byte*>(device);
+#endif
+      pages[i] = page;
+    }
+    const DeviceArray<const std::byte*> device_pages(pages.size());
+    // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const dm::ExactKeyPages keys{device_pages.get(), page_tokens, row_bytes, static_cast<int32_t>(store.dtype())};
+    const DeviceArray<float> logits(static_cast<size_t>(heads * r.group * n));
+    for_each_index(stream, threads, heads * n,
+                   dm::ExactLogits{keys, q, logits.get(), n, r.mid_begin, store.head_dim(), r.group, r.scale});
+    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
+    const DeviceArray<float> top_score(top.size());
+    top_tokens(heads, n, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream);
+    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
+    std::lock_guard<std::mutex> lock(caches_mutex_);
+    loaded_[job.sequence] += heads * n * row_bytes;  // the keys read from host memory
+  }
+
   /// Makes `m`, the mirror of (sequence, layer), anew with `bytes` of device memory (caches_mutex_ held; the old
   /// copy goes first: the new one may need its share of the budget). False, with no mirror kept, when it would pass
   /// config.device_bytes_limit or the device cannot hold it.
@@ -1165,14 +1261,7 @@ class CudaBackend final : public Backend {
     const int64_t q_heads = heads * group;
     const int threads = r.n_threads;
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
-    if (job.check_finite) {
-      int64_t bad = 0;
-      with_policy(stream, threads, q_heads * d, [&](const auto& policy) {
-        bad = static_cast<int64_t>(thrust::count_if(policy, q.get(), q.get() + q_heads * d, dm::PageNonFinite{}));
-      });
-      require(bad == 0, KVRET_ERR_NONFINITE, job.q->name() + ": contains NaN or Inf");
-    }
+    load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     const KiviParams& p = quant.params();
@@ -1193,9 +1282,9 @@ class CudaBackend final : public Backend {
     // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
     SelectRequest low = r;
     if (quant.rerank() > 1) low.fold = KVRET_FOLD_MAX_LOGIT;
-    quant_top(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
+    top_tokens(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
     if (quant.rerank() == 1) {
-      quant_write(keys.get(), score.get(), heads, r.budget, job, stream);
+      write_top(keys.get(), score.get(), heads, r.budget, job, stream);
       return true;
     }
     // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
@@ -1220,8 +1309,8 @@ class CudaBackend final : public Backend {
                    dm::QuantExactLogits{q.get(), exact_keys.get(), exact.get(), candidates, d, group, r.scale});
     const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget));
     const DeviceArray<float> top_score(top.size());
-    quant_top(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
-    quant_write(top.get(), top_score.get(), heads, r.budget, job, stream);
+    top_tokens(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
+    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
     return true;  // the temporaries are freed after the passes (cudaFree waits for the device)
   }
 
@@ -1263,7 +1352,7 @@ class CudaBackend final : public Backend {
     l.blocks = quant->blocks();
     l.residual = quant->head(0).residual_tokens();
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d));
-    for_each_index(stream, threads, q_heads * d, dm::PageLoadQuery{device_tensor(*job.q), q.get(), d});
+    load_query(*job.q, q.get(), q_heads, d, false, threads, stream);
     // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
     const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
     const DeviceArray<float> low(static_cast<size_t>(q_heads * middle));
@@ -1286,7 +1375,7 @@ class CudaBackend final : public Backend {
       r.n_threads = threads;
       const DeviceArray<uint64_t> keys(cand.size());
       const DeviceArray<float> score(cand.size());
-      quant_top(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+      top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
       const DeviceArray<int32_t> positions(cand.size());
       for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
                      dm::QuantPositions{keys.get(), positions.get()});
@@ -1357,9 +1446,10 @@ class CudaBackend final : public Backend {
  private:
   /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
   /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
-  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them.
-  void quant_top(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
-                 uint64_t* keys, float* score, kvret_stream stream) {
+  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them. QUANT's and
+  /// EXACT's selects (gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens, bit for bit).
+  void top_tokens(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
+                  uint64_t* keys, float* score, kvret_stream stream) {
     const int threads = r.n_threads;
     const int64_t q_heads = heads * r.group, entries = heads * n;
     const DeviceArray<float> folded(static_cast<size_t>(entries));
@@ -1382,8 +1472,8 @@ class CudaBackend final : public Backend {
   }
 
   /// The sorted keys' positions and their scores into the job's tensors.
-  void quant_write(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
-                   kvret_stream stream) {
+  void write_top(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
+                 kvret_stream stream) {
     dm::DeviceTensor no_scores;
     no_scores.base = nullptr;
     for_each_index(stream, job.request.n_threads, heads * budget,
@@ -1958,6 +2048,7 @@ class CudaBackend final : public Backend {
     const int64_t heads = config.n_q_heads;
     const int32_t group = config.n_q_heads / config.n_kv_heads;
     const float s = attend_scale(config, scale);
+    if (tuned_attend(config, q, k, v, rows, s, out, n_threads, stream)) return;
     const DeviceArray<float> weights(static_cast<size_t>(heads * rows)), inv_z(static_cast<size_t>(heads));
     float* w = weights.get();
     float* z = inv_z.get();
@@ -1966,6 +2057,65 @@ class CudaBackend final : public Backend {
     for_each_index(stream, n_threads, heads, dm::AttentionNormaliser{w, z, rows});
     for_each_index(stream, n_threads, heads * d,
                    dm::AttentionOutput{device_tensor(v), device_tensor(out), w, z, rows, d, group});
+  }
+
+  /// The decode-attention kernel of kernels/decode_attention (flash-decoding over 32-row tiles, 16-byte cp.async
+  /// loads; equal to the reference passes within float rounding, not bit for bit) where the tensors allow it: k and
+  /// v of one element type, contiguous [n_kv_heads, capacity, head_dim] and 16-byte aligned, out contiguous, a
+  /// head_dim of 64, 128 or 256, at most 16 query heads per KV head. q of another type or layout is loaded into f32
+  /// first. Returns false (nothing enqueued) otherwise, and always on Thrust's host system (no kernels there): the
+  /// reference passes attend.
+  bool tuned_attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
+                    int64_t rows, float s, const TensorView& out, int n_threads, kvret_stream stream) {
+#if KVRET_ON_GPU
+    const int32_t d = config.head_dim;
+    const int64_t capacity = k.dim(1);
+    const auto dense = [&](const TensorView& t, int64_t rows_per_head) {
+      return t.stride(t.ndim() - 1) == 1 && (t.ndim() < 2 || t.stride(t.ndim() - 2) == d) &&
+             (t.ndim() < 3 || t.stride(0) == rows_per_head * d);
+    };
+    const auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
+    if (k.dtype() != v.dtype() || v.dim(1) != capacity || !dense(k, capacity) || !dense(v, capacity) ||
+        !dense(out, 1) || !aligned(k) || !aligned(v) || rows > INT32_MAX)
+      return false;
+    cuda::DecodeAttentionParams p;
+    p.n_seqs = 1;
+    p.n_q_heads = config.n_q_heads;
+    p.n_kv_heads = config.n_kv_heads;
+    p.head_dim = d;
+    p.kv_type = k.dtype() == DType::F16    ? cuda::ElemType::kF16
+                : k.dtype() == DType::BF16 ? cuda::ElemType::kBF16
+                                           : cuda::ElemType::kF32;
+    p.max_rows = static_cast<int32_t>(rows);
+    p.scale = s;
+    const size_t workspace_bytes = cuda::decode_attention_workspace_bytes(p);
+    if (workspace_bytes == 0) return false;     // a geometry the kernel does not take (head_dim, group size)
+    std::unique_ptr<DeviceArray<float>> q_f32;  // q as the kernel reads it: f32 [n_q_heads, head_dim]
+    const float* q_data = reinterpret_cast<const float*>(q.data());
+    if (q.dtype() != DType::F32 || !dense(q, 1)) {
+      q_f32 = std::make_unique<DeviceArray<float>>(static_cast<size_t>(config.n_q_heads) * d);
+      for_each_index(stream, n_threads, int64_t{config.n_q_heads} * d,
+                     dm::PageLoadQuery{device_tensor(q), q_f32->get(), d});
+      q_data = q_f32->get();
+    }
+    cuda::DecodeAttentionSeq seq;
+    seq.q = q_data;
+    seq.k = k.data();
+    seq.v = v.data();
+    seq.kv_capacity = capacity;
+    seq.n_rows = static_cast<int32_t>(rows);
+    seq.out = reinterpret_cast<float*>(out.data());
+    const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1);
+    const DeviceArray<std::byte> workspace(workspace_bytes);
+    copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);  // staged: the host struct may go
+    p.seqs = device_seq.get();
+    check_cuda(cuda::launch_decode_attention(p, workspace.get(), workspace_bytes, cuda_stream(stream)),
+               "launch_decode_attention");
+    return true;
+#else
+    (void)config, (void)q, (void)k, (void)v, (void)rows, (void)s, (void)out, (void)n_threads, (void)stream;
+    return false;
+#endif
   }
 
  private:

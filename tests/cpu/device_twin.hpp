@@ -3,7 +3,7 @@
 // the build on Thrust's OpenMP host system): the same calls on a sequence of a context with device_type CUDA (its
 // tensors labelled CUDA) and on one of a context with device_type CPU, selects compared bit for bit, and a random
 // walk of appends, truncates, drop_fronts, forks and saved sessions between selects. The geometry is
-// test::small_config's: 8 query heads, 2 KV heads, head_dim 64.
+// test::small_config's: 8 query heads (or as many as q holds: select, walk), 2 KV heads, head_dim 64.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -108,10 +108,11 @@ struct Selected {
   std::vector<float> scores;
 };
 
-/// A select (scored or not) into tensors of `device_type`, [kHeads, width]; the elements past the count stay -7.
+/// A select (scored or not) of q [q.size() / kDim, kDim] into tensors of `device_type`, [kHeads, width]; the
+/// elements past the count stay -7.
 inline Selected select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget,
                        int64_t width, bool scored) {
-  F32 qt({kQHeads, kDim});
+  F32 qt({static_cast<int64_t>(q.size()) / kDim, kDim});
   qt.data = q;
   qt.refresh();
   label(qt, device_type);
@@ -142,6 +143,9 @@ struct Walk {
   int64_t truncate_span = 40;  ///< a truncate cuts up to this many tokens
   int64_t chunk_span = 30;     ///< an appended chunk has up to this many tokens
   std::string session;         ///< the prefix of the session ids it saves
+  /// The kind keeps no device copy (EXACT): a select ran on the device when it read every middle key over the bus
+  /// (stats.bytes_h2d) with device_bytes still 0.
+  bool reads_keys = false;
 };
 
 /// `w.steps` random steps on the twins a (dev_ctx's) and b (cpu_ctx's), which it may replace (a fork or an opened
@@ -181,7 +185,9 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
                              : kind == 1 ? length  // past the middle: the whole middle
                              : kind == 2 ? middle
                                          : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
-      const std::vector<float> q = random_vector(kQHeads * kDim, 9000 + static_cast<uint64_t>(step), 2.0f);
+      const std::vector<float> q =
+          random_vector(static_cast<size_t>(c.n_q_heads) * kDim, 9000 + static_cast<uint64_t>(step), 2.0f);
+      const int64_t h2d = stats_of(a).bytes_h2d;
       const bool scored = rng() % 2 == 0;
       const int64_t width = std::min(budget, middle) + static_cast<int64_t>(rng() % 3);
       const Selected x = select(a, KVRET_DEVICE_CUDA, layer, q, static_cast<int32_t>(budget), width, scored);
@@ -189,7 +195,14 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
       EXPECT_EQ(x.count, std::min(budget, middle)) << at;
       expect_same(x, y, at);
       if (::testing::Test::HasFatalFailure()) return selects;
-      EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the select ran on the device";
+      if (w.reads_keys) {
+        const int64_t key_bytes = c.kv_dtype == KVRET_KV_F32 ? 4 : 2;
+        EXPECT_EQ(stats_of(a).bytes_h2d - h2d, kHeads * middle * kDim * key_bytes)
+            << at << ": the device read the keys";
+        EXPECT_EQ(stats_of(a).device_bytes, 0) << at << ": no device copy";
+      } else {
+        EXPECT_GT(stats_of(a).device_bytes, 0) << at << ": the select ran on the device";
+      }
       ++selects;
     }
   }

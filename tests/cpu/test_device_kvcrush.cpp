@@ -3,10 +3,10 @@
 //   keys, the selected count) against the CPU library's own rules, and KvCrushLayer::add_representatives with a
 //   representative count past the middle;
 // - where the suite runs on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's OpenMP host
-//   system): PAGE and CLUSTER selects with hamming_fraction 0.25 and 0.5 give positions and scores bit for bit equal
-//   to the CPU backend's over appends, truncates, drop_fronts and forks, f32 and f16 stores, the three sources of
-//   importance (the keys' proxy window, an observed query window, accumulated attention) and budgets from 1 to the
-//   whole middle; the device's copy of the signatures counts in device_bytes and stays under device_bytes_limit
+//   system): PAGE, CLUSTER, PQ and EXACT selects with hamming_fraction 0.25 and 0.5 give positions and scores bit for
+//   bit equal to the CPU backend's over appends, truncates, drop_fronts and forks, f32 and f16 stores, the three
+//   sources of importance (the keys' proxy window, an observed query window, accumulated attention) and budgets from 1
+//   to the whole middle; the device's copy of the signatures counts in device_bytes and stays under device_bytes_limit
 //   (the host selects, with the same result, when it would not fit); kvret_select_batch equals single selects.
 #include <gtest/gtest.h>
 
@@ -218,12 +218,14 @@ struct Case {
   std::string name() const {
     if (index == KVRET_INDEX_QUANT) return "quant (representatives added on the host)";
     if (index == KVRET_INDEX_PQ) return "pq";
+    if (index == KVRET_INDEX_EXACT) return "exact";
     return index == KVRET_INDEX_PAGE ? "page " + std::to_string(page_size)
                                      : "cluster exact " + std::to_string(exact_fraction);
   }
 };
 const Case kCases[] = {{KVRET_INDEX_PAGE, 16, 0.0f},   {KVRET_INDEX_PAGE, 5, 0.0f}, {KVRET_INDEX_CLUSTER, 0, 0.0f},
-                       {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 0, 0.0f},   {KVRET_INDEX_QUANT, 0, 0.0f}};
+                       {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 0, 0.0f},   {KVRET_INDEX_QUANT, 0, 0.0f},
+                       {KVRET_INDEX_EXACT, 0, 0.0f}};
 
 kvret_config crush_config(const Case& c, int32_t device_type, int kv, float share, Importance imp,
                           int32_t buckets = 0) {
