@@ -1023,27 +1023,29 @@ class CudaBackend final : public Backend {
   bool selects_on_device(const Retriever& retriever, const TensorView& q, const TensorView& out,
                          const TensorView* scores) const override {
     const auto on_device = [](const TensorView& t) { return t.device().device_type == KVRET_DEVICE_CUDA; };
-    const auto* pq = dynamic_cast<const PqRetriever*>(&retriever);
-    const bool kind = dynamic_cast<const PageRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const ClusterRetriever*>(&retriever) != nullptr ||
-                      dynamic_cast<const QuantRetriever*>(&retriever) != nullptr || pq != nullptr ||
-                      dynamic_cast<const ExactRetriever*>(&retriever) != nullptr;
+    const Retriever* index = retriever.selects_as();  // a wrapper that selects as one of kvret's own: that one
+    const auto* pq = dynamic_cast<const PqRetriever*>(index);
+    const bool kind = dynamic_cast<const PageRetriever*>(index) != nullptr ||
+                      dynamic_cast<const ClusterRetriever*>(index) != nullptr ||
+                      dynamic_cast<const QuantRetriever*>(index) != nullptr || pq != nullptr ||
+                      dynamic_cast<const ExactRetriever*>(index) != nullptr;
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
+    const Retriever* target = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     // QUANT adds no KVCrush representatives on the device: with them the host selects
-    if (const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever))
+    if (const auto* quant = dynamic_cast<const QuantRetriever*>(target))
       return job.crush == nullptr && quant_select(*quant, job, stream);
-    const auto* page = dynamic_cast<const PageRetriever*>(job.retriever);
-    const auto* cluster = dynamic_cast<const ClusterRetriever*>(job.retriever);
-    const auto* pq = dynamic_cast<const PqRetriever*>(job.retriever);
-    const auto* exact = dynamic_cast<const ExactRetriever*>(job.retriever);
+    const auto* page = dynamic_cast<const PageRetriever*>(target);
+    const auto* cluster = dynamic_cast<const ClusterRetriever*>(target);
+    const auto* pq = dynamic_cast<const PqRetriever*>(target);
+    const auto* exact = dynamic_cast<const ExactRetriever*>(target);
     if ((page == nullptr && cluster == nullptr && pq == nullptr && exact == nullptr) || job.sequence == nullptr ||
         job.q == nullptr || job.out == nullptr)
       return false;
     const SelectRequest& r = job.request;
-    const Retriever& index = *job.retriever;
+    const Retriever& index = *target;
     if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
         r.budget > r.mid_end - r.mid_begin)
       return false;
@@ -1458,7 +1460,8 @@ class CudaBackend final : public Backend {
   /// device copy, the candidates by select's passes, the exact rows (sink, local, selected) and candidate keys read
   /// by the host from the store and copied in, then the logits, weights and weighted sums in double on the device.
   bool attend_quantized_on_device(const QuantAttendJob& job, int64_t* key_rows, kvret_stream stream) override {
-    const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever);
+    const auto* quant =
+        dynamic_cast<const QuantRetriever*>(job.retriever != nullptr ? job.retriever->selects_as() : nullptr);
     const auto on_device = [](const TensorView* t) {
       return t != nullptr && t->device().device_type == KVRET_DEVICE_CUDA;
     };

@@ -620,7 +620,7 @@ void Sequence::begin_fetch(PreparedFetch& p) {
   if (c.index_kind == KVRET_INDEX_CLUSTER) {
     LayerState& l = layer_at(p.layer);
     if (c.cluster_reuse_steps > 0 && p.count > 0) l.drain();  // the index must not change while it is read
-    p.clusters = dynamic_cast<const ClusterRetriever*>(&l.index());
+    p.clusters = dynamic_cast<const ClusterRetriever*>(l.index().selects_as());
     if (p.clusters != nullptr && c.cluster_reuse_steps > 0 && p.count > 0) {
       if (reuse_.empty()) reuse_.resize(static_cast<size_t>(c.n_layers));
       p.reuse = &reuse_[static_cast<size_t>(p.layer)];
@@ -1106,7 +1106,7 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
                                 int64_t count, float scale, const TensorView& out) {
   const kvret_config& c = ctx_.config();
   LayerState& l = layer_at(layer);
-  const auto* quant = dynamic_cast<const QuantRetriever*>(&l.index());
+  const auto* quant = dynamic_cast<const QuantRetriever*>(l.index().selects_as());
   require(quant != nullptr, KVRET_ERR_INTERNAL, "config.quant_attention is set but the index is not the quant index");
   Backend& backend = ctx_.backend();
   std::vector<const int32_t*> rows(static_cast<size_t>(c.n_kv_heads));

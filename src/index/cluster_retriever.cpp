@@ -1,7 +1,6 @@
 #include "index/cluster_retriever.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
+#include "index/change_log.hpp"
 #include "index/kmeans.hpp"
 #include "math/cluster_math.h"
 #include "math/kmeans_math.h"
@@ -88,12 +88,6 @@ void cluster_segment(const HostKvStore& store, int head, int d, const ClusterRet
   job.sample = static_cast<int64_t>(params.sample_per_cluster) * seg.clusters;
   out = builder != nullptr ? builder->build(job) : cluster_segment_index(job);
   out.kmeans = CosineKmeansResult{};  // only the layout is kept
-}
-
-/// A version no other index of the process has had.
-uint64_t new_version() noexcept {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 /// Reserves room for `needed` elements, growing geometrically (decode appends a segment now and then).
@@ -256,7 +250,7 @@ ClusterRetriever::ClusterRetriever(int n_kv_heads, int head_dim, const Params& p
       ids_(static_cast<size_t>(n_kv_heads)),
       exact_pos_(static_cast<size_t>(n_kv_heads)),
       exact_keys_(static_cast<size_t>(n_kv_heads)),
-      version_(new_version()) {
+      version_(ChangeLog::next_version()) {
   require(params.cluster_tokens >= 1 && params.decode_interval >= 1 && params.decode_k >= 1, KVRET_ERR_INVALID_ARGUMENT,
           "cluster_tokens, cluster_decode_interval and cluster_decode_k must be >= 1");
   require(params.segment_tokens >= 0 && params.sample_per_cluster >= 0, KVRET_ERR_INVALID_ARGUMENT,
@@ -347,7 +341,7 @@ void ClusterRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_
   }
 
   // commit (no throw below: every insert fits the reserved capacity)
-  const uint64_t version = new_version();
+  const uint64_t version = ChangeLog::next_version();
   segments_.insert(segments_.end(), fresh.begin(), fresh.end());
   stamps_.resize(segments_.size(), version);
   for (int h = 0; h < n_kv_; ++h) {
@@ -373,7 +367,7 @@ bool ClusterRetriever::can_cut(int64_t end) const noexcept {
 void ClusterRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
   size_t keep = segments_.size();
   while (keep > 0 && (end <= base_ || segments_[keep - 1].begin >= end)) --keep;
-  if (keep < segments_.size()) version_ = new_version();
+  if (keep < segments_.size()) version_ = ChangeLog::next_version();
   segments_.resize(keep);  // shrinking: no allocation
   stamps_.resize(keep);
   const auto c = static_cast<size_t>(clusters());
@@ -590,7 +584,7 @@ void ClusterRetriever::restore(const HostKvStore& store, const std::byte* data, 
   }
   require_intact(r.left() == 0, "trailing bytes");
   std::vector<uint64_t> stamps(segments.size());
-  const uint64_t version = new_version();
+  const uint64_t version = ChangeLog::next_version();
   std::fill(stamps.begin(), stamps.end(), version);
   // commit
   segments_.swap(segments);

@@ -119,6 +119,7 @@ class ClusterRetriever final : public Retriever {
   /// keep its clusters, and the sequence rebuilds.
   bool can_cut(int64_t end) const noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<ClusterRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 

@@ -26,6 +26,7 @@ class ExactRetriever final : public RangeOnlyRetriever {
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<ExactRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
 };
 
 /// The streaming baseline: selects nothing, so the working set is sink + local.
@@ -36,6 +37,7 @@ class StreamingRetriever final : public RangeOnlyRetriever {
   int64_t bytes() const noexcept override { return 0; }
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<StreamingRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
 };
 
 }  // namespace kvret

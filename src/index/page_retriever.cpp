@@ -1,7 +1,6 @@
 #include "index/page_retriever.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 
 #include "core/config.hpp"
@@ -17,19 +16,10 @@ namespace kvret {
 namespace {
 constexpr int64_t kKeyChunk = 256;         ///< keys converted to f32 at a time
 constexpr int64_t kParallelTokens = 1024;  ///< below this an extend runs on the calling thread (decode)
-
-uint64_t new_version() noexcept {
-  static std::atomic<uint64_t> last{0};
-  return ++last;
-}
 }  // namespace
 
 PageRetriever::PageRetriever(int n_kv_heads, int head_dim, int page_size)
-    : n_kv_(n_kv_heads),
-      d_(head_dim),
-      page_size_(page_size),
-      bounds_(static_cast<size_t>(n_kv_heads)),
-      version_(new_version()) {
+    : n_kv_(n_kv_heads), d_(head_dim), page_size_(page_size), bounds_(static_cast<size_t>(n_kv_heads)) {
   require(page_size >= 1, KVRET_ERR_INVALID_ARGUMENT, "page_size must be >= 1");
   require(head_dim >= 1 && head_dim <= kMaxHeadDim, KVRET_ERR_INVALID_ARGUMENT, "head_dim above kMaxHeadDim");
 }
@@ -38,24 +28,6 @@ int64_t PageRetriever::bytes() const noexcept {
   int64_t b = 0;
   for (const auto& h : bounds_) b += static_cast<int64_t>(h.size() * sizeof(float));
   return b;
-}
-
-void PageRetriever::changed(int64_t first) noexcept {
-  changes_[next_change_] = {version_, first};
-  next_change_ = (next_change_ + 1) % changes_.size();
-  version_ = new_version();
-}
-
-int64_t PageRetriever::pages_changed_since(uint64_t v) const noexcept {
-  if (v == version_) return pages();
-  int64_t first = pages();
-  for (size_t i = 0; i < changes_.size(); ++i) {  // newest first
-    const Change& c = changes_[(next_change_ + changes_.size() - 1 - i) % changes_.size()];
-    if (c.from == 0) break;
-    first = std::min(first, c.first);
-    if (c.from == v) return first;
-  }
-  return 0;
 }
 
 int64_t PageRetriever::page_tokens(int64_t p) const noexcept {
@@ -119,13 +91,13 @@ void PageRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t e
     b.resize(static_cast<size_t>(first_page) * row);
     b.insert(b.end(), t.begin(), t.end());
   }
-  changed(first_page);
+  log_.mark(first_page);
 }
 
 void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
   if (end <= base_) {
     for (auto& b : bounds_) b.clear();
-    changed(0);
+    log_.mark(0);
     return;
   }
   const int64_t n_pages = (end - base_ + page_size_ - 1) / page_size_;
@@ -148,7 +120,7 @@ void PageRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
       }
     }
   }
-  changed(n_pages - 1);
+  log_.mark(n_pages - 1);
 }
 
 void PageRetriever::upper_bounds(int head, const float* q, float* out) const {
@@ -259,8 +231,7 @@ void PageRetriever::restore(const HostKvStore& store, const std::byte* data, siz
   bounds_.swap(bounds);  // commit
   base_ = base;
   end_ = end;
-  changes_ = {};
-  version_ = new_version();
+  log_.reset();
 }
 
 }  // namespace kvret

@@ -8,11 +8,11 @@
 // best first until the budget, and the page that crosses the budget is trimmed to its earliest tokens.
 //
 // Decode tokens arrive one at a time: the last page may be partial and fills up as they come.
-#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "core/large_vector.hpp"
+#include "index/change_log.hpp"
 #include "index/retriever.hpp"
 
 namespace kvret {
@@ -27,6 +27,7 @@ class PageRetriever final : public Retriever {
   /// Always: whole pages are dropped, a page the cut splits is summarized again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PageRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
@@ -50,8 +51,8 @@ class PageRetriever final : public Retriever {
   /// clone has its original's until either changes. For a copy of the bounds elsewhere (the CUDA backend's device
   /// mirror): pages_changed_since(v) is the first page whose bounds may differ from those of version v (pages()
   /// when none do; 0 when v is unknown: every page).
-  uint64_t version() const noexcept { return version_; }
-  int64_t pages_changed_since(uint64_t v) const noexcept;
+  uint64_t version() const noexcept { return log_.version(); }
+  int64_t pages_changed_since(uint64_t v) const noexcept { return log_.changed_since(v, pages()); }
 
  protected:
   void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
@@ -61,20 +62,11 @@ class PageRetriever final : public Retriever {
   const float* bounds(int head, int64_t p) const noexcept {
     return bounds_[static_cast<size_t>(head)].data() + static_cast<size_t>(p) * 2 * d_;
   }
-  /// Records a change of the bounds from page `first` on under a new version.
-  void changed(int64_t first) noexcept;
-
   int n_kv_;
   int d_;
   int page_size_;
   std::vector<LargeVector<float>> bounds_;  ///< per head [pages, 2, d]: min row then max row
-  uint64_t version_;
-  struct Change {
-    uint64_t from = 0;  ///< the version before the change (0: none recorded)
-    int64_t first = 0;  ///< the first page it changed
-  };
-  std::array<Change, 8> changes_{};  ///< the last changes, a ring
-  size_t next_change_ = 0;
+  ChangeLog log_;                           ///< the changes of the bounds, by page
 };
 
 }  // namespace kvret

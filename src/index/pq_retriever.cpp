@@ -11,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/vec_math.hpp"
+#include "index/change_log.hpp"
 #include "index/kmeans.hpp"
 #include "math/pq_math.h"
 #include "select/gqa_fold.hpp"
@@ -103,7 +104,7 @@ PqRetriever::PqRetriever(int n_kv_heads, int head_dim, const Params& params)
       exact_pos_(static_cast<size_t>(n_kv_heads)),
       exact_keys_(static_cast<size_t>(n_kv_heads)),
       exact_threshold_(static_cast<size_t>(n_kv_heads), std::numeric_limits<float>::infinity()),
-      version_(next_version()),
+      version_(ChangeLog::next_version()),
       layout_version_(version_) {}
 
 int64_t PqRetriever::bytes() const noexcept {
@@ -274,7 +275,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     key_dtype_ = key_dtype;
     exact_threshold_.swap(threshold);
     trained_on_ = total;
-    layout_version_ = version_ = next_version();
+    layout_version_ = version_ = ChangeLog::next_version();
     return;
   }
 
@@ -339,7 +340,7 @@ void PqRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t end
     const auto& keys = new_keys[static_cast<size_t>(h)];
     exact_keys_[static_cast<size_t>(h)].insert(exact_keys_[static_cast<size_t>(h)].end(), keys.begin(), keys.end());
   }
-  version_ = next_version();
+  version_ = ChangeLog::next_version();
 }
 
 bool PqRetriever::can_cut(int64_t end) const noexcept { return base_ < 0 || end >= end_ || end >= base_ + trained_on_; }
@@ -367,7 +368,7 @@ void PqRetriever::on_cut(const HostKvStore&, int64_t end) noexcept {
     pos.resize(first_cut);
     exact_keys_[static_cast<size_t>(h)].resize(first_cut * row_bytes);
   }
-  layout_version_ = version_ = next_version();
+  layout_version_ = version_ = ChangeLog::next_version();
 }
 
 std::vector<float> PqRetriever::exact_keys_f32(int head) const {
@@ -446,7 +447,7 @@ void PqRetriever::restore(const HostKvStore& store, const std::byte* data, size_
   base_ = base;
   end_ = end;
   trained_on_ = trained_on;
-  layout_version_ = version_ = next_version();
+  layout_version_ = version_ = ChangeLog::next_version();
 }
 
 void PqRetriever::lookup_table(int head, const float* q, float scale, float* lut) const {

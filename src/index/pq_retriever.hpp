@@ -50,6 +50,7 @@ class PqRetriever final : public Retriever {
   /// above it are dropped and the rest is what the same extends up to `end` built.
   bool can_cut(int64_t end) const noexcept override;
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<PqRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   /// The codebook, codes, exact tokens (positions and keys) and thresholds; cells are derived again on restore.
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
@@ -113,8 +114,6 @@ class PqRetriever final : public Retriever {
   void encode(const HostKvStore& store, const std::vector<float>& codebook, int64_t begin, int64_t end,
               std::vector<LargeVector<uint8_t>>& out, std::vector<std::vector<float>>* errors, int n_threads) const;
   bool keeps_exact() const noexcept { return params_.exact_fraction > 0.0f; }
-  /// A version number unique in the process (pq_retriever_device.cpp).
-  static uint64_t next_version() noexcept;
   void lookup_table(int head, const float* q, float scale, float* lut) const;
   bool uses_cells() const noexcept { return cells_ > 0; }
   /// Cell id of a code tuple: sum_j code_j * k^j.

@@ -1,17 +1,11 @@
-// The parts of PqRetriever that the CUDA backend's device copy of the index reads (src/backend/cuda_backend.cu) and
-// its version numbers, in a translation unit of their own: with them in pq_retriever.cpp, GCC inlines differently
-// into the CPU select, whose machine code is kept as it was.
+// The parts of PqRetriever that the CUDA backend's device copy of the index reads (src/backend/cuda_backend.cu), in
+// a translation unit of their own: with them in pq_retriever.cpp, GCC inlines differently into the CPU select, whose
+// machine code is kept as it was.
 #include <algorithm>
-#include <atomic>
 
 #include "index/pq_retriever.hpp"
 
 namespace kvret {
-
-uint64_t PqRetriever::next_version() noexcept {
-  static std::atomic<uint64_t> last{0};
-  return last.fetch_add(1, std::memory_order_relaxed) + 1;  // 0 is never issued
-}
 
 std::vector<float> PqRetriever::exact_keys_f32(int head, int64_t from) const {
   const auto& rows = exact_keys_[static_cast<size_t>(head)];

@@ -1,7 +1,6 @@
 #include "index/quant_retriever.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -21,35 +20,12 @@ constexpr int64_t kChunk = 256;              ///< tokens read from the store at 
 constexpr int64_t kParallelTokens = 1024;    ///< below this an extend runs on the calling thread (decode)
 constexpr uint32_t kQuantTag = 0x5155414eu;  // "QUAN"
 constexpr uint32_t kQuantVersion = 1;
-
-uint64_t new_version() noexcept {
-  static std::atomic<uint64_t> last{0};
-  return ++last;
-}
 }  // namespace
 
 QuantRetriever::QuantRetriever(int n_kv_heads, int head_dim, const KiviParams& params, int rerank)
-    : n_kv_(n_kv_heads), d_(head_dim), p_(params), rerank_(rerank < 1 ? 1 : rerank), version_(new_version()) {
+    : n_kv_(n_kv_heads), d_(head_dim), p_(params), rerank_(rerank < 1 ? 1 : rerank) {
   heads_.reserve(static_cast<size_t>(n_kv_heads));
   for (int h = 0; h < n_kv_heads; ++h) heads_.emplace_back(head_dim, params);
-}
-
-void QuantRetriever::changed(int64_t first) noexcept {
-  changes_[next_change_] = {version_, first};
-  next_change_ = (next_change_ + 1) % changes_.size();
-  version_ = new_version();
-}
-
-int64_t QuantRetriever::blocks_changed_since(uint64_t v) const noexcept {
-  if (v == version_) return blocks();
-  int64_t first = blocks();
-  for (size_t i = 0; i < changes_.size(); ++i) {  // newest first
-    const Change& c = changes_[(next_change_ + changes_.size() - 1 - i) % changes_.size()];
-    if (c.from == 0) break;
-    first = std::min(first, c.first);
-    if (c.from == v) return first;
-  }
-  return 0;
 }
 
 void QuantRetriever::low_bit_candidates(int h, const float* qh, int group, float scale, int64_t base, int64_t n,
@@ -159,7 +135,7 @@ void QuantRetriever::on_extend(const HostKvStore& store, int64_t begin, int64_t 
       heads_[static_cast<size_t>(h)].append(keys, values, c1 - c0);
     }
   });
-  changed(first);
+  log_.mark(first);
 }
 
 void QuantRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
@@ -170,7 +146,7 @@ void QuantRetriever::on_cut(const HostKvStore& store, int64_t end) noexcept {
       store.keys_f32(h, base + t, base + t + 1, key);
       load_row_f32(store.value_row(h, base + t), store.dtype(), value, static_cast<size_t>(d_));
     });
-  changed(blocks());  // blocks from here on are gone (a later extend quantizes them anew)
+  log_.mark(blocks());  // blocks from here on are gone (a later extend quantizes them anew)
 }
 
 int64_t QuantRetriever::select(const HostKvStore& store, const SelectRequest& r, int32_t* const* out_rows,
@@ -255,8 +231,7 @@ void QuantRetriever::restore(const HostKvStore& store, const std::byte* data, si
   require_intact(r.left() == 0, "trailing bytes");
   heads_.swap(heads);  // commit
   set_range(range);
-  version_ = new_version();  // unknown to every copy
-  changes_ = {};
+  log_.reset();  // unknown to every copy
 }
 
 namespace {

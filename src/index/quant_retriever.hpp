@@ -13,11 +13,11 @@
 // the copy, never the host store; with it, the candidates' keys too. The quantized state is a function of the indexed
 // tokens (blocks start at the first middle position), so a decode extend, a cut and a rebuild all agree. See
 // docs/quant.md.
-#include <array>
 #include <memory>
 #include <vector>
 
 #include "core/kivi_quant.hpp"
+#include "index/change_log.hpp"
 #include "index/retriever.hpp"
 
 namespace kvret {
@@ -33,6 +33,7 @@ class QuantRetriever final : public Retriever {
   /// Always: whole blocks are dropped, and the residual the cut leaves is read again from the store.
   bool can_cut(int64_t) const noexcept override { return true; }
   std::unique_ptr<Retriever> clone() const override { return std::make_unique<QuantRetriever>(*this); }
+  const Retriever* selects_as() const noexcept override { return this; }
   std::vector<std::byte> save() const override;
   void restore(const HostKvStore& store, const std::byte* data, size_t size) override;
 
@@ -62,8 +63,8 @@ class QuantRetriever final : public Retriever {
   /// mirror): blocks_changed_since(v) is the first key block (and its group of value rows) that may differ from
   /// version v's (blocks() when none does; 0 when v is unknown: every block). The f16 residual may differ after
   /// any change.
-  uint64_t version() const noexcept { return version_; }
-  int64_t blocks_changed_since(uint64_t v) const noexcept;
+  uint64_t version() const noexcept { return log_.version(); }
+  int64_t blocks_changed_since(uint64_t v) const noexcept { return log_.changed_since(v, blocks()); }
 
  protected:
   void on_extend(const HostKvStore& store, int64_t begin, int64_t end, bool may_retrain, int n_threads) override;
@@ -81,18 +82,9 @@ class QuantRetriever final : public Retriever {
   void low_bit_candidates(int h, const float* qh, int group, float scale, int64_t base, int64_t n, int64_t k,
                           float* logits, int32_t* cand) const;
 
-  /// Records a change of the blocks from block `first` on under a new version.
-  void changed(int64_t first) noexcept;
-
   int rerank_;
   std::vector<KiviHead> heads_;
-  uint64_t version_;
-  struct Change {
-    uint64_t from = 0;  ///< the version before the change (0: none recorded)
-    int64_t first = 0;  ///< the first block it changed
-  };
-  std::array<Change, 8> changes_{};  ///< the last changes, a ring
-  size_t next_change_ = 0;
+  ChangeLog log_;  ///< the changes of the copy, by key block
 };
 
 /// The KVRET_INDEX_QUANT kind.

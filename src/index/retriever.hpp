@@ -61,6 +61,15 @@ class Retriever {
   /// Bytes the index holds.
   virtual int64_t bytes() const noexcept = 0;
 
+  /// The retriever whose select this one's select is, verbatim: the same positions and scores, from that
+  /// retriever's index as it is. A backend may then run that retriever's select in this one's place (the CUDA
+  /// backend selects on its device from its own copy of a PAGE, CLUSTER, PQ or QUANT index, or EXACT's keys in place),
+  /// and the sequence may read that index as its kind's (CLUSTER's resident clusters, QUANT's quantized attention).
+  /// kvret's own retrievers name themselves. The default, null, says "no other": the retriever is only ever run through
+  /// its own select. A retriever that wraps one of kvret's own and forwards select (and extend, cut) to it unchanged
+  /// may return the wrapped one's selects_as(); one whose select differs in anything must keep the default.
+  virtual const Retriever* selects_as() const noexcept { return nullptr; }
+
   /// Whether cut(end) can drop the indexed positions at or above `end` exactly, leaving the index the positions
   /// below `end` would have built by the same extends. When it cannot (the default), the sequence rebuilds the
   /// index from the remaining positions instead.

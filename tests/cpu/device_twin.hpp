@@ -63,6 +63,45 @@ inline void append_both(kvret_seq* dev, kvret_seq* cpu, int32_t layers, int64_t 
   for (int32_t l = 0; l < layers; ++l) expect_ok(kvret_append_prefill(cpu, l, &k.t, &v.t));
 }
 
+/// A sequence of each context: a of `dev`, b of `cpu`.
+inline void open_both(kvret_context* dev, kvret_context* cpu, kvret_seq*& a, kvret_seq*& b) {
+  expect_ok(kvret_seq_open(dev, &a));
+  expect_ok(kvret_seq_open(cpu, &b));
+}
+
+/// Both truncated to the same random length: `length` - 1 - rng() % span.
+inline void truncate_both(kvret_seq* a, kvret_seq* b, int64_t length, int64_t span, std::mt19937_64& rng) {
+  const int64_t to = length - 1 - static_cast<int64_t>(rng() % static_cast<uint64_t>(span));
+  expect_ok(kvret_seq_truncate(a, to));
+  expect_ok(kvret_seq_truncate(b, to));
+}
+
+/// The same random drop_front of both: after rng() % 60 tokens, 1 + rng() % span of them.
+inline void drop_front_both(kvret_seq* a, kvret_seq* b, int64_t span, std::mt19937_64& rng) {
+  const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % span);
+  expect_ok(kvret_seq_drop_front(a, keep, count));
+  expect_ok(kvret_seq_drop_front(b, keep, count));
+}
+
+/// A fork of each: fa of a, fb of b.
+inline void fork_both(kvret_seq* a, kvret_seq* b, kvret_seq*& fa, kvret_seq*& fb) {
+  expect_ok(kvret_seq_fork(a, &fa));
+  expect_ok(kvret_seq_fork(b, &fb));
+}
+
+/// Both saved as session `id`, then closed; a and b go on as the sessions opened from it in `dev` and `cpu`.
+inline void reopen_both(kvret_context* dev, kvret_context* cpu, kvret_seq*& a, kvret_seq*& b, const std::string& id) {
+  expect_ok(kvret_session_save(a, id.c_str()));
+  expect_ok(kvret_session_save(b, id.c_str()));
+  kvret_seq *oa = nullptr, *ob = nullptr;
+  expect_ok(kvret_session_open(dev, id.c_str(), &oa));
+  expect_ok(kvret_session_open(cpu, id.c_str(), &ob));
+  expect_ok(kvret_seq_close(a));
+  expect_ok(kvret_seq_close(b));
+  a = oa;
+  b = ob;
+}
+
 struct Selected {
   int32_t count = 0;
   std::vector<int32_t> positions;
@@ -122,32 +161,18 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
     const uint64_t op = rng() % 24;
     const std::string at = where + " step " + std::to_string(step);
     if (op == 0 && length > 100) {
-      const int64_t to = length - 1 - static_cast<int64_t>(rng() % static_cast<uint64_t>(w.truncate_span));
-      expect_ok(kvret_seq_truncate(a, to));
-      expect_ok(kvret_seq_truncate(b, to));
+      truncate_both(a, b, length, w.truncate_span, rng);
     } else if (op == 1 && length > 120) {
-      const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
-      expect_ok(kvret_seq_drop_front(a, keep, count));
-      expect_ok(kvret_seq_drop_front(b, keep, count));
+      drop_front_both(a, b, 30, rng);
     } else if (op == 2) {
       kvret_seq *fa = nullptr, *fb = nullptr;
-      expect_ok(kvret_seq_fork(a, &fa));
-      expect_ok(kvret_seq_fork(b, &fb));
+      fork_both(a, b, fa, fb);
       if (rng() % 2 == 0) std::swap(a, fa), std::swap(b, fb);  // go on with the fork, or the parent
       append_both(fa, fb, c.n_layers, 3, 500 + static_cast<uint64_t>(step));
       expect_ok(kvret_seq_close(fa));
       expect_ok(kvret_seq_close(fb));
     } else if (op == 3) {
-      const std::string id = w.session + "-" + std::to_string(step);
-      expect_ok(kvret_session_save(a, id.c_str()));
-      expect_ok(kvret_session_save(b, id.c_str()));
-      kvret_seq *oa = nullptr, *ob = nullptr;
-      expect_ok(kvret_session_open(dev_ctx, id.c_str(), &oa));
-      expect_ok(kvret_session_open(cpu_ctx, id.c_str(), &ob));
-      expect_ok(kvret_seq_close(a));
-      expect_ok(kvret_seq_close(b));
-      a = oa;
-      b = ob;
+      reopen_both(dev_ctx, cpu_ctx, a, b, w.session + "-" + std::to_string(step));
     } else if (op < 10) {
       const int64_t tokens =
           op < 7 ? 1 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(w.chunk_span));  // decodes, chunks

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "device_twin.hpp"
 #include "kvret.h"
 #include "test_util.hpp"
 
@@ -43,18 +44,8 @@ kvret_config cache_config(int64_t slots, int32_t policy = KVRET_CACHE_LRU) {
   return c;
 }
 
-int64_t length_of(kvret_seq* seq) {
-  int64_t n = 0;
-  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
-  return n;
-}
-
-kvret_stats stats_of(kvret_seq* seq) {
-  kvret_stats s;
-  kvret_stats_init(&s);
-  kvret_seq_stats(seq, &s);
-  return s;
-}
+using test::twin::length_of;
+using test::twin::stats_of;
 
 /// `count` distinct ascending middle positions per head of a layer of `length` tokens, most of them in a few hot
 /// blocks; [kHeads, count].
@@ -124,8 +115,7 @@ TEST_F(BlockCache, WorkingSetsEqualAContextWithoutOneUnderEveryChange) {
       off.cache_capacity_tokens = 0;
       auto ctx_on = test::make_context(on), ctx_off = test::make_context(off);
       kvret_seq *a = nullptr, *b = nullptr;
-      test::expect_ok(kvret_seq_open(ctx_on.get(), &a));
-      test::expect_ok(kvret_seq_open(ctx_off.get(), &b));
+      test::twin::open_both(ctx_on.get(), ctx_off.get(), a, b);
       append_tokens(a, on.n_layers, 300, 11);
       append_tokens(b, on.n_layers, 300, 11);
       std::mt19937_64 rng(5 + static_cast<uint64_t>(kv * 2 + rope));
@@ -135,17 +125,12 @@ TEST_F(BlockCache, WorkingSetsEqualAContextWithoutOneUnderEveryChange) {
         ASSERT_EQ(length, length_of(b));
         const uint64_t op = rng() % 20;
         if (op == 0 && length > 120) {
-          const int64_t to = length - 1 - static_cast<int64_t>(rng() % 40);
-          test::expect_ok(kvret_seq_truncate(a, to));
-          test::expect_ok(kvret_seq_truncate(b, to));
+          test::twin::truncate_both(a, b, length, 40, rng);
         } else if (op == 1 && length > 150) {
-          const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
-          test::expect_ok(kvret_seq_drop_front(a, keep, count));
-          test::expect_ok(kvret_seq_drop_front(b, keep, count));
+          test::twin::drop_front_both(a, b, 30, rng);
         } else if (op == 2) {
           kvret_seq *fa = nullptr, *fb = nullptr;
-          test::expect_ok(kvret_seq_fork(a, &fa));
-          test::expect_ok(kvret_seq_fork(b, &fb));
+          test::twin::fork_both(a, b, fa, fb);
           if (rng() % 2 == 0) {  // go on with the fork, or with the parent after the fork wrote into its pages
             std::swap(a, fa);
             std::swap(b, fb);

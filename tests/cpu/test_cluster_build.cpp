@@ -21,6 +21,7 @@
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
 #include "core/error.hpp"
+#include "device_twin.hpp"
 #include "engine/context.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
@@ -309,8 +310,10 @@ TEST(ClusterDeviceBuild, BuilderEqualsTheCpuBuildAndIsAKmeans) {
 
 // --- through the C ABI: a CUDA-backend context against a CPU-backend one ---
 
-constexpr int kHeads = 2;
-constexpr int kDim = 64;
+using test::twin::kDim;
+using test::twin::kHeads;
+using test::twin::label;
+using test::twin::length_of;
 
 kvret_config build_config(int32_t device_type, int kv, float exact_fraction) {
   kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
@@ -323,12 +326,6 @@ kvret_config build_config(int32_t device_type, int kv, float exact_fraction) {
   c.cluster_exact_fraction = exact_fraction;
   c.background_build = 1;
   return c;
-}
-
-template <class T>
-T& label(T& t, int32_t device_type) {
-  t.t.device = {device_type, 0};
-  return t;
 }
 
 void append_both(kvret_seq* dev, kvret_seq* cpu, int64_t tokens, uint64_t seed) {
@@ -371,34 +368,6 @@ void expect_same_index(kvret_seq* dev, kvret_seq* cpu, const std::string& where)
   }
 }
 
-struct Picked {
-  int32_t count = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> scores;
-};
-
-Picked select(kvret_seq* seq, int32_t device_type, int32_t layer, const std::vector<float>& q, int32_t budget) {
-  F32 qt({8, kDim});
-  qt.data = q;
-  qt.refresh();
-  label(qt, device_type);
-  test::I32 out({kHeads, budget}, -7);
-  F32 sc({kHeads, budget}, -7.0f);
-  label(out, device_type);
-  label(sc, device_type);
-  Picked p;
-  EXPECT_EQ(kvret_select_scored(seq, layer, &qt.t, budget, &out.t, &sc.t, &p.count), KVRET_OK) << kvret_last_error();
-  p.positions = out.data;
-  p.scores = sc.data;
-  return p;
-}
-
-int64_t length_of(kvret_seq* seq) {
-  int64_t n = 0;
-  EXPECT_EQ(kvret_seq_length(seq, 0, &n), KVRET_OK) << kvret_last_error();
-  return n;
-}
-
 class ClusterDeviceIndex : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -418,8 +387,7 @@ TEST_F(ClusterDeviceIndex, EqualsTheCpuBackendsOverPrefillDecodesAndEdits) {
       auto dev_ctx = test::make_context(build_config(KVRET_DEVICE_CUDA, kv, exact));
       auto cpu_ctx = test::make_context(build_config(KVRET_DEVICE_CPU, kv, exact));
       kvret_seq *a = nullptr, *b = nullptr;
-      test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-      test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+      test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
       append_both(a, b, 260, 31);
       std::mt19937_64 rng(40 + static_cast<uint64_t>(kv) + static_cast<uint64_t>(exact * 10));
       int decode_segments = 0;
@@ -429,17 +397,12 @@ TEST_F(ClusterDeviceIndex, EqualsTheCpuBackendsOverPrefillDecodesAndEdits) {
         const std::string at = where + " step " + std::to_string(step);
         const size_t before = cluster_of(a, 0).segments().size();
         if (op == 0 && length > 120) {
-          const int64_t to = length - 1 - static_cast<int64_t>(rng() % 60);
-          test::expect_ok(kvret_seq_truncate(a, to));
-          test::expect_ok(kvret_seq_truncate(b, to));
+          test::twin::truncate_both(a, b, length, 60, rng);
         } else if (op == 1 && length > 150) {
-          const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 50);
-          test::expect_ok(kvret_seq_drop_front(a, keep, count));
-          test::expect_ok(kvret_seq_drop_front(b, keep, count));
+          test::twin::drop_front_both(a, b, 50, rng);
         } else if (op == 2) {
           kvret_seq *fa = nullptr, *fb = nullptr;
-          test::expect_ok(kvret_seq_fork(a, &fa));
-          test::expect_ok(kvret_seq_fork(b, &fb));
+          test::twin::fork_both(a, b, fa, fb);
           append_both(fa, fb, 30, 700 + static_cast<uint64_t>(step));
           expect_same_index(fa, fb, at + " fork");
           std::swap(a, fa);
@@ -447,16 +410,8 @@ TEST_F(ClusterDeviceIndex, EqualsTheCpuBackendsOverPrefillDecodesAndEdits) {
           test::expect_ok(kvret_seq_close(fa));
           test::expect_ok(kvret_seq_close(fb));
         } else if (op == 3) {
-          const std::string id = "kmdev-" + std::to_string(kv) + "-" + std::to_string(step);
-          test::expect_ok(kvret_session_save(a, id.c_str()));
-          test::expect_ok(kvret_session_save(b, id.c_str()));
-          kvret_seq *oa = nullptr, *ob = nullptr;
-          test::expect_ok(kvret_session_open(dev_ctx.get(), id.c_str(), &oa));
-          test::expect_ok(kvret_session_open(cpu_ctx.get(), id.c_str(), &ob));
-          test::expect_ok(kvret_seq_close(a));
-          test::expect_ok(kvret_seq_close(b));
-          a = oa;
-          b = ob;
+          test::twin::reopen_both(dev_ctx.get(), cpu_ctx.get(), a, b,
+                                  "kmdev-" + std::to_string(kv) + "-" + std::to_string(step));
         } else if (op == 4) {
           append_both(a, b, 40 + static_cast<int64_t>(rng() % 120), 900 + static_cast<uint64_t>(step));  // a chunk
         } else if (op < 30) {
@@ -467,8 +422,8 @@ TEST_F(ClusterDeviceIndex, EqualsTheCpuBackendsOverPrefillDecodesAndEdits) {
           const int64_t middle = length - 4 - 16;
           const int32_t budget = 1 + static_cast<int32_t>(rng() % static_cast<uint64_t>(middle));
           const std::vector<float> q = test::random_vector(8 * kDim, 5000 + static_cast<uint64_t>(step), 2.0f);
-          const Picked x = select(a, KVRET_DEVICE_CUDA, layer, q, budget);
-          const Picked y = select(b, KVRET_DEVICE_CPU, layer, q, budget);
+          const test::twin::Selected x = test::twin::select(a, KVRET_DEVICE_CUDA, layer, q, budget, budget, true);
+          const test::twin::Selected y = test::twin::select(b, KVRET_DEVICE_CPU, layer, q, budget, budget, true);
           ASSERT_EQ(x.count, y.count) << at;
           ASSERT_EQ(x.positions, y.positions) << at;
           expect_same_floats(x.scores, y.scores, at + " scores");
@@ -511,13 +466,12 @@ TEST_F(ClusterDeviceIndex, MirrorSendsOnlyWhatADecodeIntervalAdded) {
     auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
     const Backend& backend = context_from_handle(dev_ctx.get())->backend();
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, 3000, 77);
     const std::vector<float> q = test::random_vector(8 * kDim, 78, 2.0f);
     const auto select_both = [&](const std::string& at) {
-      const Picked x = select(a, KVRET_DEVICE_CUDA, 0, q, 200);
-      const Picked y = select(b, KVRET_DEVICE_CPU, 0, q, 200);
+      const test::twin::Selected x = test::twin::select(a, KVRET_DEVICE_CUDA, 0, q, 200, 200, true);
+      const test::twin::Selected y = test::twin::select(b, KVRET_DEVICE_CPU, 0, q, 200, 200, true);
       ASSERT_EQ(x.positions, y.positions) << at;
       expect_same_floats(x.scores, y.scores, at);
     };

@@ -312,8 +312,7 @@ int random_walk(const Case& c, int kv, float share, Importance imp, int32_t buck
   const kvret_config cc = crush_config(c, KVRET_DEVICE_CPU, kv, share, imp, buckets);
   auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
   kvret_seq *a = nullptr, *b = nullptr;
-  test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+  test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
   append_both(a, b, 160 + c.page_size, seed);
   if (imp != Importance::kKeys) observe_both(a, b, imp, seed + 3);
   std::mt19937_64 rng(seed);
@@ -324,17 +323,12 @@ int random_walk(const Case& c, int kv, float share, Importance imp, int32_t buck
     const uint64_t op = rng() % 24;
     const std::string at = where + " step " + std::to_string(step);
     if (op == 0 && length > 100) {
-      const int64_t to = length - 1 - static_cast<int64_t>(rng() % 40);
-      test::expect_ok(kvret_seq_truncate(a, to));
-      test::expect_ok(kvret_seq_truncate(b, to));
+      test::twin::truncate_both(a, b, length, 40, rng);
     } else if (op == 1 && length > 120) {
-      const int64_t keep = static_cast<int64_t>(rng() % 60), count = 1 + static_cast<int64_t>(rng() % 30);
-      test::expect_ok(kvret_seq_drop_front(a, keep, count));
-      test::expect_ok(kvret_seq_drop_front(b, keep, count));
+      test::twin::drop_front_both(a, b, 30, rng);
     } else if (op == 2) {
       kvret_seq *fa = nullptr, *fb = nullptr;
-      test::expect_ok(kvret_seq_fork(a, &fa));
-      test::expect_ok(kvret_seq_fork(b, &fb));
+      test::twin::fork_both(a, b, fa, fb);
       if (rng() % 2 == 0) std::swap(a, fa), std::swap(b, fb);  // go on with the fork, or the parent
       append_both(fa, fb, 3, 500 + static_cast<uint64_t>(step));
       test::expect_ok(kvret_seq_close(fa));
@@ -419,8 +413,7 @@ TEST_F(DeviceKvCrush, DeviceBytesCountTheSignaturesAndTheLimitHolds) {
     kvret_config cpu = crush_config(c, KVRET_DEVICE_CPU, KVRET_KV_F32, 0.0f, Importance::kKeys);
     auto ctx = test::make_context(plain), cctx = test::make_context(cpu);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cctx.get(), &b));
+    test::twin::open_both(ctx.get(), cctx.get(), a, b);
     append_both(a, b, tokens, 31);
     (void)select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true);
     index_bytes = stats_of(a).device_bytes;
@@ -436,8 +429,7 @@ TEST_F(DeviceKvCrush, DeviceBytesCountTheSignaturesAndTheLimitHolds) {
     const kvret_config cc = crush_config(c, KVRET_DEVICE_CPU, KVRET_KV_F32, 0.5f, Importance::kKeys);
     auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, tokens, 31);
     expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
                 "first select");
@@ -479,8 +471,7 @@ TEST_F(DeviceKvCrush, BatchEqualsSingleSelects) {
     std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
     for (int i = 0; i < kSeqs; ++i) {
       const auto u = static_cast<size_t>(i);
-      test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[u]));
-      test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[u]));
+      test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a[u], b[u]);
       append_both(a[u], b[u], 200 + 37 * i, 40 + static_cast<uint64_t>(i));
     }
     const int32_t budget = 50;
@@ -529,8 +520,7 @@ TEST_F(DeviceKvCrush, NonFiniteQueryLeavesTheSignaturesAsTheyWere) {
     dc.check_finite = cc.check_finite = 1;
     auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, 300, 61);
     for (const auto& [s, device] : {std::pair{a, KVRET_DEVICE_CUDA}, std::pair{b, KVRET_DEVICE_CPU}}) {
       F32 q({kQHeads, kDim});

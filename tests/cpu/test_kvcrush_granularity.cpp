@@ -15,42 +15,30 @@
 #include <string>
 #include <vector>
 
+#include "kvcrush_fixture.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "test_util.hpp"
-#ifdef KVRET_HAVE_WORKLOAD
-#include "workload.hpp"
-#endif
+#include "workload_mass.hpp"
 
 using namespace kvret;
 using namespace kvret::test;
 
 namespace {
 
-constexpr int64_t kTokens = 1300, kMidBegin = 4, kMidEnd = kTokens - 16;  // small_config: 4 sink, 16 local
+// small_config: 4 sink, 16 local
+constexpr int64_t kTokens = CrushFixture::kTokens, kMidBegin = 4, kMidEnd = kTokens - 16;
 
-struct Fixture {
-  ContextPtr ctx;
-  std::unique_ptr<Seq> seq;
-  F32 k{{kTokens, kHeads, kDim}}, v{{kTokens, kHeads, kDim}};
-  Fixture(int kind, float share, int32_t granularity) {
-    kvret_config c = small_config(kind);
-    c.hamming_fraction = share;
-    c.hamming_granularity = granularity;
-    ctx = make_context(c);
-    seq = std::make_unique<Seq>(ctx.get());
-    clustered_kv(kTokens, kHeads, kDim, 5, k, v);
-    prefill(seq->s, 0, k, v, 0, kTokens - 3);
-    decode(seq->s, 0, k, v, kTokens - 3, kTokens);
-  }
+/// The fixture's sequence in a context of `kind` with KVCrush's share and hamming_granularity.
+struct Fixture : CrushFixture {
+  Fixture(int kind, float share, int32_t granularity)
+      : CrushFixture([&] {
+          kvret_config c = small_config(kind);
+          c.hamming_fraction = share;
+          c.hamming_granularity = granularity;
+          return c;
+        }()) {}
 };
-
-F32 query(uint64_t seed) {
-  F32 q({kQHeads, kDim});
-  q.data = random_vector(static_cast<size_t>(kQHeads * kDim), seed, 2.0f);
-  q.refresh();
-  return q;
-}
 
 struct Rows {
   std::vector<std::vector<int32_t>> pos;
@@ -224,20 +212,7 @@ TEST(KvCrushGranularity, AttentionMassOnTheSyntheticWorkload) {
   // reported, not a quality claim: the folded mass (of the middle) a budget of 410 holds without representatives
   // and with 25% of them at granularity 1, 8 and 16, on the synthetic workload (8k tokens, 4 decode queries) as in
   // KvCrushSelect.AttentionMassOnTheSyntheticWorkload
-  workload::Config wc;
-  wc.n_layers = 1;
-  wc.n_q_heads = 8;
-  wc.n_kv_heads = 2;
-  wc.head_dim = 128;
-  wc.n_prefill = 8192;
-  wc.n_decode = 4;
-  wc.seed = 3;
-  const workload::Workload w(wc);
-  F32 k({wc.n_prefill, 2, 128}), v({wc.n_prefill, 2, 128});
-  w.keys_values(0, 0, wc.n_prefill, k.data.data(), v.data.data());
-  std::vector<float> qs(static_cast<size_t>(4 * 8 * 128));
-  w.queries(0, 4, qs.data());
-  const int64_t mb = 16, me = wc.n_prefill - 64;
+  const MassWorkload w;
   const int32_t budget = 410;
   for (const int kind : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT}) {
     const float shares[] = {0.0f, 0.25f, 0.25f, 0.25f};
@@ -245,32 +220,10 @@ TEST(KvCrushGranularity, AttentionMassOnTheSyntheticWorkload) {
     double mass[4] = {0, 0, 0, 0};
     for (int run = 0; run < 4; ++run) {
       kvret_config c = small_config(kind);
-      c.n_layers = 1;
-      c.head_dim = 128;
-      c.n_sink = 16;
-      c.n_local = 64;
       c.hamming_fraction = shares[run];
       c.hamming_granularity = grains[run];
-      auto ctx = make_context(c);
-      Seq seq(ctx.get());
-      expect_ok(kvret_append_prefill(seq.s, 0, &k, &v));
-      for (int step = 0; step < 4; ++step) {
-        F32 qt({8, 128});
-        qt.data.assign(qs.begin() + step * 1024, qs.begin() + (step + 1) * 1024);
-        qt.refresh();
-        I32 out({2, budget});
-        int32_t n = 0;
-        expect_ok(kvret_select(seq.s, 0, &qt, budget, &out, &n));
-        ASSERT_EQ(n, budget);
-        for (int h = 0; h < 2; ++h) {
-          const auto scores = exact_folded(k.data, 2, 128, qt.data, 4, h, mb, me, false);
-          double m = 0, total = 0;
-          for (int i = 0; i < budget; ++i)
-            m += scores[static_cast<size_t>(out.data[static_cast<size_t>(h * budget + i)] - mb)];
-          for (const double x : scores) total += x;
-          mass[run] += m / total / 8.0;
-        }
-      }
+      w.mass(c, budget, mass[run]);
+      if (HasFatalFailure()) return;
     }
     std::printf(
         "[ KvCrush ] workload 8k, %s, budget 410: attention mass %.4f without, with 25%% representatives %.4f "

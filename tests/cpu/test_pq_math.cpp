@@ -200,6 +200,53 @@ void header_select(const PqRetriever& index, const std::vector<float>& q, float 
   }
 }
 
+using HeaderModel = void (*)(const PqRetriever& index, const std::vector<float>& q, float scale, int64_t budget,
+                             kvret_gqa_fold fold, int h, std::vector<int32_t>& rows, std::vector<float>& scores);
+
+/// 16 selects of b.index, both folds, budgets of the whole middle, 1 and random, with random, zero, -0 and awkward
+/// (NaN, -0, infinities; at trial 4 of 8, and 6 too when `awkward_six`) queries: every head's positions and scores
+/// are `model`'s, bit for bit.
+void expect_selects_are_the_model(const Built& b, HeaderModel model, bool awkward_six, std::mt19937_64& rng,
+                                  const std::string& where) {
+  const PqRetriever& index = b.index;
+  const int64_t middle = index.size();
+  for (int trial = 0; trial < 16; ++trial) {
+    const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
+    const int64_t budget = trial % 8 == 1   ? middle
+                           : trial % 8 == 3 ? 1
+                                            : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
+    std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
+    if (trial % 8 == 2) std::fill(q.begin(), q.end(), 0.0f);  // every logit 0: ties everywhere
+    if (trial % 8 == 4 || (awkward_six && trial % 8 == 6)) q = awkward_floats(q.size(), rng(), 2.0f);
+    if (trial % 8 == 5) std::fill(q.begin(), q.end(), -0.0f);
+    SelectRequest req;
+    req.q = q.data();
+    req.n_q_heads = kQ;
+    req.group = kGroup;
+    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    req.mid_begin = index.indexed_begin();
+    req.mid_end = index.indexed_end();
+    req.budget = budget;
+    req.fold = fold;
+    req.n_threads = 2;
+    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
+    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
+    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
+    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
+    ASSERT_EQ(index.select(b.store, req, row_ptrs, score_ptrs), budget);
+    for (int h = 0; h < kH; ++h) {
+      std::vector<int32_t> want_rows;
+      std::vector<float> want_scores;
+      model(index, q, req.scale, budget, fold, h, want_rows, want_scores);
+      const std::string at = where + " trial " + std::to_string(trial) + " head " + std::to_string(h);
+      ASSERT_EQ(rows[static_cast<size_t>(h)], want_rows) << at;
+      for (size_t i = 0; i < want_scores.size(); ++i)
+        ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], want_scores[i]))
+            << at << " token " << i << ": " << scores[static_cast<size_t>(h)][i] << " vs " << want_scores[i];
+    }
+  }
+}
+
 TEST(PqMath, CpuSelectIsTheHeaderModel) {
   const Shape shapes[] = {{2, 6, 0.0f, DType::F32}, {2, 6, 0.1f, DType::F32},  {2, 6, 0.05f, DType::F16},
                           {3, 4, 0.1f, DType::F32}, {4, 3, 0.05f, DType::F16}, {2, 4, 0.0f, DType::F16}};
@@ -217,44 +264,10 @@ TEST(PqMath, CpuSelectIsTheHeaderModel) {
       if (s.exact > 0) {
         ASSERT_GT(index.exact_positions(0).size(), 0u);
       }
-      const int64_t middle = index.size();
-      for (int trial = 0; trial < 16; ++trial) {
-        const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
-        const int64_t budget = trial % 8 == 1   ? middle
-                               : trial % 8 == 3 ? 1
-                                                : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
-        std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
-        if (trial % 8 == 2) std::fill(q.begin(), q.end(), 0.0f);        // every logit 0: ties everywhere
-        if (trial % 8 == 4) q = awkward_floats(q.size(), rng(), 2.0f);  // NaN, -0, infinities
-        if (trial % 8 == 5) std::fill(q.begin(), q.end(), -0.0f);
-        SelectRequest req;
-        req.q = q.data();
-        req.n_q_heads = kQ;
-        req.group = kGroup;
-        req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-        req.mid_begin = index.indexed_begin();
-        req.mid_end = index.indexed_end();
-        req.budget = budget;
-        req.fold = fold;
-        req.n_threads = 2;
-        std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
-        std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
-        int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-        float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-        ASSERT_EQ(index.select(b.store, req, row_ptrs, score_ptrs), budget);
-        for (int h = 0; h < kH; ++h) {
-          std::vector<int32_t> want_rows;
-          std::vector<float> want_scores;
-          header_select(index, q, req.scale, budget, fold, h, want_rows, want_scores);
-          const std::string where = "m " + std::to_string(s.m) + " bits " + std::to_string(s.bits) + " exact " +
-                                    std::to_string(s.exact) + " cut " + std::to_string(cut) + " trial " +
-                                    std::to_string(trial) + " head " + std::to_string(h);
-          ASSERT_EQ(rows[static_cast<size_t>(h)], want_rows) << where;
-          for (size_t i = 0; i < want_scores.size(); ++i)
-            ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], want_scores[i]))
-                << where << " token " << i << ": " << scores[static_cast<size_t>(h)][i] << " vs " << want_scores[i];
-        }
-      }
+      const std::string where = "m " + std::to_string(s.m) + " bits " + std::to_string(s.bits) + " exact " +
+                                std::to_string(s.exact) + " cut " + std::to_string(cut);
+      expect_selects_are_the_model(b, header_select, false, rng, where);
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }
@@ -366,43 +379,9 @@ TEST(PqMath, CpuTokenSelectIsTheHeaderModel) {
     Built b(s, 1300, 21 + static_cast<uint64_t>(s.m * 7 + s.bits));
     const PqRetriever& index = b.index;
     ASSERT_FALSE(index.scores_cells());
-    const int64_t middle = index.size();
-    for (int trial = 0; trial < 16; ++trial) {
-      const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
-      const int64_t budget = trial % 8 == 1   ? middle
-                             : trial % 8 == 3 ? 1
-                                              : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
-      std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
-      if (trial % 8 == 2) std::fill(q.begin(), q.end(), 0.0f);
-      if (trial % 8 == 4 || trial % 8 == 6) q = awkward_floats(q.size(), rng(), 2.0f);
-      if (trial % 8 == 5) std::fill(q.begin(), q.end(), -0.0f);
-      SelectRequest req;
-      req.q = q.data();
-      req.n_q_heads = kQ;
-      req.group = kGroup;
-      req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-      req.mid_begin = index.indexed_begin();
-      req.mid_end = index.indexed_end();
-      req.budget = budget;
-      req.fold = fold;
-      req.n_threads = 2;
-      std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
-      std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
-      int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-      float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-      ASSERT_EQ(index.select(b.store, req, row_ptrs, score_ptrs), budget);
-      for (int h = 0; h < kH; ++h) {
-        std::vector<int32_t> want_rows;
-        std::vector<float> want_scores;
-        header_token_select(index, q, req.scale, budget, fold, h, want_rows, want_scores);
-        const std::string where = "m " + std::to_string(s.m) + " bits " + std::to_string(s.bits) + " trial " +
-                                  std::to_string(trial) + " head " + std::to_string(h);
-        ASSERT_EQ(rows[static_cast<size_t>(h)], want_rows) << where;
-        for (size_t i = 0; i < want_scores.size(); ++i)
-          ASSERT_TRUE(same_bits(scores[static_cast<size_t>(h)][i], want_scores[i]))
-              << where << " token " << i << ": " << scores[static_cast<size_t>(h)][i] << " vs " << want_scores[i];
-      }
-    }
+    expect_selects_are_the_model(b, header_token_select, true, rng,
+                                 "m " + std::to_string(s.m) + " bits " + std::to_string(s.bits));
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
