@@ -111,6 +111,18 @@ void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
   }
 }
 
+/// Whether the current device allocates in stream order (cudaMallocAsync; cudaDevAttrMemoryPoolsSupported). Where
+/// it does not, temporaries fall back to cudaMalloc and cudaFree.
+bool stream_ordered_memory() noexcept {
+  int device = 0, supported = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return supported != 0;
+}
+
 /// Thrust's temporary storage (sorts, scans) in stream order on one stream: cudaMallocAsync and cudaFreeAsync, so
 /// that freeing it does not wait for the device as cudaFree does.
 struct StreamOrderedTemporaries {
@@ -118,7 +130,8 @@ struct StreamOrderedTemporaries {
   cudaStream_t stream;
   char* allocate(std::ptrdiff_t bytes) const {
     void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream);
+    const cudaError_t e = stream_ordered_memory() ? cudaMallocAsync(&p, static_cast<size_t>(bytes), stream)
+                                                  : cudaMalloc(&p, static_cast<size_t>(bytes));
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       throw std::bad_alloc();
@@ -126,7 +139,13 @@ struct StreamOrderedTemporaries {
     check_cuda(e, "cudaMallocAsync");
     return static_cast<char*>(p);
   }
-  void deallocate(char* p, size_t) const noexcept { (void)cudaFreeAsync(p, stream); }
+  void deallocate(char* p, size_t) const noexcept {
+    if (stream_ordered_memory()) {
+      (void)cudaFreeAsync(p, stream);
+    } else {
+      (void)cudaFree(p);
+    }
+  }
 };
 
 /// f(policy) with the execution policy of `stream` (sorts and scans, their temporaries stream-ordered); a failed
@@ -212,7 +231,7 @@ struct OwnStream {
 ///   the device.
 /// - DeviceArray(n, stream): a temporary of one call, used only by work on `stream`: cudaMallocAsync and
 ///   cudaFreeAsync on `stream` (the device's default memory pool), so that neither making nor freeing it makes the
-///   host wait for the device.
+///   host wait for the device (cudaMalloc and cudaFree on a device without memory pools).
 template <class T>
 class DeviceArray {
  public:
@@ -233,14 +252,15 @@ class DeviceArray {
   DeviceArray(size_t n, kvret_stream stream) : n_(n) {
 #if KVRET_ON_GPU
     void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, (n == 0 ? 1 : n) * sizeof(T), cuda_stream(stream));
+    ordered_ = stream_ordered_memory();
+    const size_t bytes = (n == 0 ? 1 : n) * sizeof(T);
+    const cudaError_t e = ordered_ ? cudaMallocAsync(&p, bytes, cuda_stream(stream)) : cudaMalloc(&p, bytes);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       throw std::bad_alloc();
     }
-    check_cuda(e, "cudaMallocAsync");
+    check_cuda(e, ordered_ ? "cudaMallocAsync" : "cudaMalloc");
     p_ = static_cast<T*>(p);
-    ordered_ = true;
     stream_ = stream;
 #else
     (void)stream;
