@@ -960,6 +960,7 @@ class CudaBackend final : public Backend {
       if (it == fetch_counts_.end()) return {};
       DeviceScope scope(device_id_);
       int64_t counts[2] = {0, 0};
+      synchronize_device();  // the work of every stream that may add to them, the caller's non-blocking ones too
       copy_bytes(counts, it->second.counters->get(), sizeof counts, nullptr, true);
       DeviceFetchCounts out;
       out.cache_hits = counts[0];
