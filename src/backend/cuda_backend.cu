@@ -72,6 +72,9 @@ namespace dm = device_math;
 /// device synchronization, a reduction whose result the host reads.
 std::atomic<int64_t> g_host_waits{0};
 void note_wait() noexcept { g_host_waits.fetch_add(1, std::memory_order_relaxed); }
+/// The working-set gather passes of every CUDA backend of the process (Backend::gather_passes).
+std::atomic<int64_t> g_gather_passes{0};
+void note_gather_pass() noexcept { g_gather_passes.fetch_add(1, std::memory_order_relaxed); }
 
 #if KVRET_ON_GPU
 void check_cuda(cudaError_t e, const std::string& what) {
@@ -869,6 +872,59 @@ class CudaBackend final : public Backend {
     return rows;
   }
 
+  /// The jobs without row sources gathered in one pass over one row list for the whole batch (each row from its
+  /// job's cache or its store's pages, into its job's working set), then each job's cache update, in job order; the
+  /// jobs with row sources through host copies, as gather does. One gather per job where fewer than two jobs go
+  /// without sources, where a (sequence, layer) comes twice (the second reads what the first's update left) or
+  /// where the stores differ in element type or shape.
+  void gather_batch(GatherJob* jobs, size_t n, int n_threads, kvret_stream stream) override {
+    std::vector<size_t> fused;
+    std::vector<std::pair<const void*, int32_t>> keys;
+    for (size_t i = 0; i < n; ++i) {
+      const GatherJob& j = jobs[i];
+      if (j.sources->empty()) fused.push_back(i);
+      if (j.sequence != nullptr) keys.emplace_back(j.sequence, j.layer);
+    }
+    std::sort(keys.begin(), keys.end());
+    bool fits = fused.size() >= 2 && std::adjacent_find(keys.begin(), keys.end()) == keys.end();
+    for (const size_t i : fused) {
+      const HostKvStore& a = *jobs[fused[0]].store;
+      const HostKvStore& b = *jobs[i].store;
+      fits = fits && a.dtype() == b.dtype() && a.head_dim() == b.head_dim() && a.n_kv_heads() == b.n_kv_heads() &&
+             a.row_bytes() == b.row_bytes();
+    }
+    if (!fits) {
+      Backend::gather_batch(jobs, n, n_threads, stream);
+      return;
+    }
+    DeviceScope scope(device_id_);
+    for (size_t i = 0; i < n; ++i) {  // the host-copy jobs, as gather does
+      GatherJob& j = jobs[i];
+      if (!j.sources->empty())
+        j.rows = gather(*j.store, j.mid_begin, j.mid_end, j.selected, j.count, *j.out, n_threads, *j.sources,
+                        j.sequence, j.layer, &j.served_by_sources, stream);
+    }
+    for (const size_t i : fused) {
+      const WorkingSetViews& out = *jobs[i].out;
+      check_kernel_access(out.k);
+      check_kernel_access(out.v);
+      check_kernel_access(out.positions);
+    }
+    std::vector<LayerCache*> caches(fused.size(), nullptr);
+    for (size_t f = 0; f < fused.size(); ++f) {
+      GatherJob& j = jobs[fused[f]];
+      j.served_by_sources = 0;
+      j.rows = j.mid_begin + j.count + (j.store->size() - j.mid_end);
+      caches[f] = cache_of(*j.store, j.sequence, j.layer, stream, n_threads);
+    }
+    gather_fused(jobs, fused, caches, n_threads, stream);
+    for (size_t f = 0; f < fused.size(); ++f) {
+      GatherJob& j = jobs[fused[f]];
+      if (caches[f] != nullptr && j.count > 0)
+        update(*j.store, j.selected, j.count, j.sequence, j.layer, *caches[f], false, stream, n_threads);
+    }
+  }
+
   void prefetch(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
                 int32_t layer, kvret_stream stream) override {
     DeviceScope scope(device_id_);
@@ -908,6 +964,7 @@ class CudaBackend final : public Backend {
                                 static_cast<int32_t>(store.dtype()),
                                 store.head_dim()};
     const int64_t n = entries * store.head_dim();
+    note_gather_pass();
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
     } else {  // the cache's rows, and their count added on the device
@@ -951,6 +1008,7 @@ class CudaBackend final : public Backend {
   }
 
   int64_t host_waits() const noexcept override { return g_host_waits.load(); }
+  int64_t gather_passes() const noexcept override { return g_gather_passes.load(); }
 
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -2100,6 +2158,7 @@ class CudaBackend final : public Backend {
                                 static_cast<int32_t>(store.dtype()),
                                 store.head_dim()};
     const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
+    note_gather_pass();
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
       return 0;  // device_copies is freed in stream order after the gather
@@ -2112,6 +2171,68 @@ class CudaBackend final : public Backend {
       note_wait();  // the count comes back to the host
     });
     return hits;
+  }
+
+  /// The rows of the `fused` jobs (rows set, caches from cache_of) in one gather pass; sets each job's
+  /// served_by_sources to the rows its cache served.
+  void gather_fused(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
+                    int n_threads, kvret_stream stream) {
+    const HostKvStore& first = *jobs[fused[0]].store;
+    const int heads = first.n_kv_heads();
+    const int32_t d = first.head_dim();
+    std::vector<dm::RowCopy> copies;
+    std::vector<int32_t> job_of_row;
+    std::vector<int64_t> ends(fused.size());
+    std::vector<dm::BatchGatherJob> views(fused.size());
+    bool cached = false;
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      std::vector<int32_t> order(static_cast<size_t>(j.rows));
+      for (int h = 0; h < heads; ++h) {
+        working_set_positions(j.mid_begin, j.mid_end, store.size(), j.count > 0 ? j.selected[h] : nullptr, j.count,
+                              order.data());
+        for (int64_t r = 0; r < j.rows; ++r) {
+          const int32_t p = order[static_cast<size_t>(r)];
+          copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r, p});
+          job_of_row.push_back(static_cast<int32_t>(f));
+        }
+      }
+      ends[f] = static_cast<int64_t>(copies.size());
+      views[f] = {device_tensor(j.out->k), device_tensor(j.out->v), device_tensor(j.out->positions), {}};
+      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+        views[f].cache = caches[f]->view();
+        cached = true;
+      }
+    }
+    if (copies.empty()) return;
+    const auto entries = static_cast<int64_t>(copies.size());
+    const DeviceArray<dm::RowCopy> device_copies(copies.size(), stream);
+    const DeviceArray<int32_t> device_jobs_of_rows(job_of_row.size(), stream);
+    const DeviceArray<dm::BatchGatherJob> device_views(views.size(), stream);
+    const DeviceArray<uint8_t> hit(copies.size(), stream);
+    copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    copy_bytes(device_jobs_of_rows.get(), job_of_row.data(), job_of_row.size() * sizeof(int32_t), stream, false);
+    copy_bytes(device_views.get(), views.data(), views.size() * sizeof(dm::BatchGatherJob), stream, false);
+    note_gather_pass();
+    for_each_index(stream, n_threads, entries * d,
+                   dm::GatherBatchRows{device_copies.get(), device_jobs_of_rows.get(), device_views.get(),
+                                       static_cast<int32_t>(first.dtype()), d, hit.get()});
+    if (!cached) return;  // the temporaries are freed in stream order after the gather
+    // the rows each job's cache served: a scan of the hits, each job's share of it, read back in one copy
+    const DeviceArray<int64_t> scanned(copies.size(), stream);
+    const DeviceArray<int64_t> device_ends(ends.size(), stream);
+    const DeviceArray<int64_t> device_hits(ends.size(), stream);
+    copy_bytes(device_ends.get(), ends.data(), ends.size() * sizeof(int64_t), stream, false);
+    with_policy(stream, n_threads, entries, [&](const auto& policy) {
+      const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
+      thrust::inclusive_scan(policy, as_i64, as_i64 + entries, scanned.get());
+    });
+    for_each_index(stream, n_threads, static_cast<int64_t>(ends.size()),
+                   dm::JobHits{scanned.get(), device_ends.get(), device_hits.get()});
+    std::vector<int64_t> hits(ends.size());
+    copy_bytes(hits.data(), device_hits.get(), hits.size() * sizeof(int64_t), stream, true);
+    for (size_t f = 0; f < fused.size(); ++f) jobs[fused[f]].served_by_sources = hits[f];
   }
 
 #if KVRET_ON_GPU
@@ -2193,6 +2314,7 @@ class CudaBackend final : public Backend {
     copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
     copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);
     // (a copy from pageable memory returns once its bytes are staged, so the host arrays may go)
+    note_gather_pass();
     check_cuda(
         cuda::launch_working_set_gather(device_seq.get(), 1, static_cast<int32_t>(rows), geo, cuda_stream(stream)),
         "launch_working_set_gather");
