@@ -2177,6 +2177,9 @@ class CudaBackend final : public Backend {
   /// served_by_sources to the rows its cache served.
   void gather_fused(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
                     int n_threads, kvret_stream stream) {
+#if KVRET_ON_GPU
+    if (tuned_gather_batch(jobs, fused, caches, stream)) return;
+#endif
     const HostKvStore& first = *jobs[fused[0]].store;
     const int heads = first.n_kv_heads();
     const int32_t d = first.head_dim();
@@ -2236,6 +2239,123 @@ class CudaBackend final : public Backend {
   }
 
 #if KVRET_ON_GPU
+  /// Whether the tuned gather (tuned_gather) takes the `rows` rows per head of `store` into `out`.
+  static bool tuned_fits(const HostKvStore& store, int64_t rows, const WorkingSetViews& out) {
+    const int d = store.head_dim();
+    const int64_t capacity = out.k.dim(1);
+    const bool contiguous = out.k.stride(2) == 1 && out.k.stride(1) == d && out.k.stride(0) == capacity * d &&
+                            out.v.stride(2) == 1 && out.v.stride(1) == d && out.v.stride(0) == capacity * d &&
+                            out.v.dim(1) == capacity && out.positions.dim(1) == capacity &&
+                            out.positions.stride(1) == 1 && out.positions.stride(0) == capacity;
+    return out.k.dtype() == store.dtype() && out.v.dtype() == store.dtype() && contiguous &&
+           (d == 64 || d == 128 || d == 256) && rows > 0 && rows <= INT32_MAX && store.size() > 0;
+  }
+  cuda::KvGeometry tuned_geometry(const HostKvStore& store) const {
+    cuda::KvGeometry geo;
+    geo.n_kv_heads = store.n_kv_heads();
+    geo.head_dim = store.head_dim();
+    geo.block_tokens = block_tokens_;
+    geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
+                    : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
+                                                   : cuda::ElemType::kF32;
+    return geo;
+  }
+
+  /// The fused jobs of gather_batch in one launch of the tuned gather (one WorkingSetGatherSeq per job), where it
+  /// takes every one of them (tuned_fits); false (nothing enqueued) otherwise. Sets each job's served_by_sources.
+  bool tuned_gather_batch(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
+                          kvret_stream stream) {
+    int64_t max_rows = 0;
+    for (const size_t i : fused) {
+      if (!tuned_fits(*jobs[i].store, jobs[i].rows, *jobs[i].out)) return false;
+      max_rows = std::max(max_rows, jobs[i].rows);
+    }
+    if (fused.size() > INT32_MAX) return false;
+    const HostKvStore& first = *jobs[fused[0]].store;
+    const int heads = first.n_kv_heads();
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t row_bytes = static_cast<int64_t>(first.row_bytes());
+    // every job's pages (keys, then values, as the device addresses them) and positions, one array each
+    std::vector<const void*> pages;
+    std::vector<int32_t> positions;
+    std::vector<size_t> pages_at(fused.size()), positions_at(fused.size());
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      pages_at[f] = pages.size();
+      pages.resize(pages.size() + static_cast<size_t>(2 * n_pages));
+      for (int64_t i = 0; i < n_pages; ++i) {
+        void* device = nullptr;
+        check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(store.key_row(0, i * page_tokens)), 0),
+                   "cudaHostGetDevicePointer");
+        pages[pages_at[f] + static_cast<size_t>(i)] = device;
+        pages[pages_at[f] + static_cast<size_t>(n_pages + i)] =
+            static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
+      }
+      positions_at[f] = positions.size();
+      positions.resize(positions.size() + static_cast<size_t>(heads * j.rows));
+      for (int h = 0; h < heads; ++h)
+        working_set_positions(j.mid_begin, j.mid_end, store.size(), j.count > 0 ? j.selected[h] : nullptr, j.count,
+                              positions.data() + positions_at[f] + static_cast<size_t>(h * j.rows));
+    }
+    const DeviceArray<const void*> device_pages(pages.size(), stream);
+    const DeviceArray<int32_t> device_positions(positions.size(), stream);
+    const DeviceArray<cuda::WorkingSetGatherSeq> device_seqs(fused.size(), stream);
+    const DeviceArray<unsigned long long> counters(3 * fused.size(), stream);
+    std::vector<cuda::WorkingSetGatherSeq> seqs(fused.size());
+    bool cached = false;
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      cuda::WorkingSetGatherSeq& seq = seqs[f];
+      seq.host.k_pages = device_pages.get() + pages_at[f];
+      seq.host.v_pages = device_pages.get() + pages_at[f] + n_pages;
+      seq.host.page_tokens = page_tokens;
+      seq.host.token_stride = row_bytes;
+      seq.host.head_stride = page_tokens * row_bytes;
+      seq.host.n_tokens = store.size();
+      seq.positions = device_positions.get() + positions_at[f];
+      seq.positions_stride = j.rows;
+      seq.n_rows = static_cast<int32_t>(j.rows);
+      seq.out_k = j.out->k.data();
+      seq.out_v = j.out->v.data();
+      seq.out_positions = reinterpret_cast<int32_t*>(j.out->positions.data());
+      seq.out_capacity = j.out->k.dim(1);
+      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+        const dm::CacheView c = caches[f]->view();
+        seq.cache.block_table = c.table;
+        seq.cache.slot_block = c.slot_block;
+        seq.cache.slot_stamp = c.stamp;
+        seq.cache.slot_prefetched = c.prefetched;
+        seq.cache.k = c.k;
+        seq.cache.v = c.v;
+        seq.cache.max_blocks = c.max_blocks;
+        seq.cache.n_slots = c.n_slots;
+        seq.counters = counters.get() + 3 * f;
+        cached = true;
+      }
+    }
+    if (cached)
+      check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * fused.size() * sizeof(unsigned long long), cuda_stream(stream)),
+                 "cudaMemsetAsync");
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
+    copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
+    copy_bytes(device_seqs.get(), seqs.data(), seqs.size() * sizeof(cuda::WorkingSetGatherSeq), stream, false);
+    note_gather_pass();
+    check_cuda(
+        cuda::launch_working_set_gather(device_seqs.get(), static_cast<int32_t>(fused.size()),
+                                        static_cast<int32_t>(max_rows), tuned_geometry(first), cuda_stream(stream)),
+        "launch_working_set_gather");
+    std::vector<unsigned long long> counts(3 * fused.size(), 0);
+    if (cached)  // rows from the caches (each job's first counter), after the gather
+      copy_bytes(counts.data(), counters.get(), counts.size() * sizeof(unsigned long long), stream, true);
+    for (size_t f = 0; f < fused.size(); ++f)
+      jobs[fused[f]].served_by_sources = seqs[f].counters != nullptr ? static_cast<int64_t>(counts[3 * f]) : 0;
+    return true;  // the device arrays are freed in stream order after the gather
+  }
+
   /// The working-set gather of kernels/working_set_gather (16-byte pieces of rows straight from the mapped pinned
   /// pages) where the outputs allow it: the store's element type, a head_dim of 64, 128 or 256, contiguous
   /// [H, capacity, D] and [H, capacity] outputs. Returns false (nothing enqueued) otherwise: the Thrust gather
@@ -2246,21 +2366,8 @@ class CudaBackend final : public Backend {
     const int heads = store.n_kv_heads();
     const int d = store.head_dim();
     const int64_t capacity = out.k.dim(1);
-    const bool contiguous = out.k.stride(2) == 1 && out.k.stride(1) == d && out.k.stride(0) == capacity * d &&
-                            out.v.stride(2) == 1 && out.v.stride(1) == d && out.v.stride(0) == capacity * d &&
-                            out.v.dim(1) == capacity && out.positions.dim(1) == capacity &&
-                            out.positions.stride(1) == 1 && out.positions.stride(0) == capacity;
-    if (out.k.dtype() != store.dtype() || out.v.dtype() != store.dtype() || !contiguous ||
-        (d != 64 && d != 128 && d != 256) || rows <= 0 || rows > INT32_MAX || store.size() == 0) {
-      return false;
-    }
-    cuda::KvGeometry geo;
-    geo.n_kv_heads = heads;
-    geo.head_dim = d;
-    geo.block_tokens = block_tokens_;
-    geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
-                    : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
-                                                   : cuda::ElemType::kF32;
+    if (!tuned_fits(store, rows, out)) return false;
+    const cuda::KvGeometry geo = tuned_geometry(store);
     // the pages of the store, as the device addresses them (each page is one mapped pinned allocation: keys of
     // every head, then values)
     const int64_t page_tokens = HostKvStore::kPageTokens;
