@@ -1,18 +1,21 @@
 // kvret_fetch_batch_async on the CUDA backend (KVRET_TEST_DEVICE=cuda): the batch is gathered in one pass, and
 // what it writes and counts equals one kvret_fetch_async per sequence (another context of the same backend, given
 // the same appends) and the CPU backend's working sets, over steps of random appends, truncates and selections of
-// different sizes, the block caches cold at first and warm later.
+// different sizes, the block caches cold at first and warm later. With a row source the batch goes through host
+// copies (no gather pass on the device), with the same results.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
 #include "engine/context.hpp"
+#include "fetch/working_set.hpp"
 #include "kvret.h"
 #include "test_util.hpp"
 
@@ -62,17 +65,42 @@ std::unique_ptr<test::WorkingSetBuffers> filled(kvret_seq* seq, int32_t count) {
   return b;
 }
 
-class FusedFetchBatch : public ::testing::TestWithParam<int32_t> {};
+/// Serves every position divisible by 3: its key row all `position`, its value row all `-position` (f32 rows).
+class ThirdPositions final : public RowSource {
+ public:
+  const char* name() const noexcept override { return "every third position"; }
+  int64_t serve(const RowRequest& r) const override {
+    std::vector<float> row(static_cast<size_t>(r.store->head_dim()));
+    int64_t wrote = 0;
+    for (int64_t i = 0; i < r.rows; ++i) {
+      if (r.served[i] != 0 || r.positions[i] % 3 != 0) continue;
+      std::fill(row.begin(), row.end(), static_cast<float>(r.positions[i]));
+      write_row(r, 0, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
+      std::fill(row.begin(), row.end(), -static_cast<float>(r.positions[i]));
+      write_row(r, 1, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
+      r.served[i] = 1;
+      ++wrote;
+    }
+    return wrote;
+  }
+};
+
+/// (kv_dtype, with a row source)
+class FusedFetchBatch : public ::testing::TestWithParam<std::tuple<int32_t, bool>> {};
 
 TEST_P(FusedFetchBatch, OnePassEqualToOneFetchPerSequenceAndToTheCpuBackend) {
   if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "the CUDA backend's fused gather";
+  const auto [kv_dtype, with_source] = GetParam();
   kvret_config c = test::small_config(KVRET_INDEX_EXACT);
   c.n_layers = 1;
-  c.kv_dtype = GetParam();
+  c.kv_dtype = kv_dtype;
   kvret_config cpu = c;
   cpu.device_type = KVRET_DEVICE_CPU;
   test::ContextPtr batched_ctx = test::make_context(c), single_ctx = test::make_context(c),
                    cpu_ctx = test::make_context(cpu);
+  if (with_source)
+    for (kvret_context* x : {batched_ctx.get(), single_ctx.get(), cpu_ctx.get()})
+      context_from_handle(x)->add_row_source(std::make_shared<ThirdPositions>());
   // three copies of each sequence: batched (CUDA), single fetches (CUDA), the CPU backend's
   std::vector<kvret_seq*> batched(kN), single(kN), host(kN);
   for (int32_t i = 0; i < kN; ++i) {
@@ -80,7 +108,7 @@ TEST_P(FusedFetchBatch, OnePassEqualToOneFetchPerSequenceAndToTheCpuBackend) {
     test::expect_ok(kvret_seq_open(single_ctx.get(), &single[i]));
     test::expect_ok(kvret_seq_open(cpu_ctx.get(), &host[i]));
   }
-  std::mt19937_64 rng(GetParam() * 1000 + 17);
+  std::mt19937_64 rng(static_cast<uint64_t>(kv_dtype) * 1000 + (with_source ? 5 : 17));
   const auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const auto append = [&](int32_t i, int64_t tokens) {
     F32 k({tokens, kHeads, kDim}), v({tokens, kHeads, kDim});
@@ -114,8 +142,8 @@ TEST_P(FusedFetchBatch, OnePassEqualToOneFetchPerSequenceAndToTheCpuBackend) {
         }
       }
     }
-    // a budget per sequence (0 on some steps), the positions drawn from the middle, ascending per head; the same
-    // positions often, so that the caches warm up
+    // a budget per sequence (0 on some steps), the positions drawn from the middle, ascending per head, by a draw
+    // that repeats every third step (so that cached blocks are asked for again)
     std::vector<int32_t> counts(kN);
     for (int32_t i = 0; i < kN; ++i) counts[i] = uniform(0, 4) == 0 ? 0 : static_cast<int32_t>(uniform(1, 48));
     const int32_t width = std::max(1, *std::max_element(counts.begin(), counts.end()));
@@ -153,7 +181,8 @@ TEST_P(FusedFetchBatch, OnePassEqualToOneFetchPerSequenceAndToTheCpuBackend) {
     const int64_t passes_before = passes(batched_ctx.get());
     test::expect_ok(kvret_fetch_batch_async(batched_ctx.get(), kN, batched.data(), kLayer, &positions.t, counts.data(),
                                             ws_b.data(), rows_b.data(), nullptr));
-    EXPECT_EQ(passes(batched_ctx.get()) - passes_before, 1) << "step " << step << ": one gather pass for the batch";
+    EXPECT_EQ(passes(batched_ctx.get()) - passes_before, with_source ? 0 : 1)
+        << "step " << step << (with_source ? ": host copies" : ": one gather pass for the batch");
     for (int32_t i = 0; i < kN; ++i) {
       test::expect_ok(
           kvret_fetch_async(single[i], kLayer, &rows_of[i].t, counts[i], &out_s[i]->ws, &rows_s[i], nullptr));
@@ -184,6 +213,7 @@ TEST_P(FusedFetchBatch, OnePassEqualToOneFetchPerSequenceAndToTheCpuBackend) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(KvDtypes, FusedFetchBatch, ::testing::Values(KVRET_KV_F32, KVRET_KV_F16));
+INSTANTIATE_TEST_SUITE_P(KvDtypesAndSources, FusedFetchBatch,
+                         ::testing::Combine(::testing::Values(KVRET_KV_F32, KVRET_KV_F16), ::testing::Bool()));
 
 }  // namespace
