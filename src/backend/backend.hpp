@@ -208,6 +208,9 @@ class Backend {
   /// For tests: the host waits of this process's CUDA backends so far (copies the host waits for, stream and device
   /// synchronizations, device reductions read back by the host); 0 on a backend without a device.
   virtual int64_t host_waits() const noexcept { return 0; }
+  /// For tests: the working-set gather passes (kernel launches over the rows of working sets) this process's CUDA
+  /// backends have launched so far; 0 on a backend without a device.
+  virtual int64_t gather_passes() const noexcept { return 0; }
   /// gather for each of the `n` jobs (sequences): the same rows, bytes and counts as one gather per job, ordered on
   /// `stream`. The default runs one gather per job, in order; a backend may fuse them (one launch for the batch).
   /// On a throw, what the jobs' working sets hold is unspecified (every job may have been written, or none).

@@ -72,6 +72,41 @@ struct GatherCachedRows {
   }
 };
 
+/// One job (sequence) of a batched gather (CudaBackend::gather_batch): its outputs and its (sequence, layer) cache
+/// (table null, or max_blocks 0: none).
+struct BatchGatherJob {
+  DeviceTensor k_out, v_out, positions;
+  CacheView cache;
+};
+
+/// Element i of the gather of a whole batch, one row list for every job (row i / head_dim, of job
+/// job_of_row[i / head_dim]): GatherCachedRows with that job's outputs and cache, so each row's bytes are the ones
+/// a gather of the job alone writes; hit[r] = 1 where row r came from a cache.
+struct GatherBatchRows {
+  const RowCopy* rows;
+  const int32_t* job_of_row;
+  const BatchGatherJob* jobs;
+  int32_t src_type, head_dim;
+  uint8_t* hit;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const BatchGatherJob& j = jobs[job_of_row[i / head_dim]];
+    GatherCachedRows{GatherRows{rows, j.k_out, j.v_out, j.positions, src_type, head_dim}, j.cache, hit}(i);
+  }
+};
+
+/// Element j: the rows of job j a batched gather served from its cache, from the inclusive scan of the batch's hits
+/// (job j's rows are [ends[j - 1], ends[j]), ends[-1] = 0).
+struct JobHits {
+  const int64_t* scanned;
+  const int64_t* ends;
+  int64_t* hits;
+  KVRET_BACKEND_HD void operator()(int64_t j) const {
+    const int64_t begin = j == 0 ? 0 : ends[j - 1];
+    const int64_t end = ends[j];
+    hits[j] = end == begin ? 0 : scanned[end - 1] - (begin == 0 ? 0 : scanned[begin - 1]);
+  }
+};
+
 /// The first index of the ascending items[0, n) that is >= x.
 KVRET_BACKEND_HD inline int64_t lower_bound_i32(const int32_t* items, int64_t n, int64_t x) {
   int64_t lo = 0, hi = n;

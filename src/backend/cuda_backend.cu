@@ -72,6 +72,9 @@ namespace dm = device_math;
 /// device synchronization, a reduction whose result the host reads.
 std::atomic<int64_t> g_host_waits{0};
 void note_wait() noexcept { g_host_waits.fetch_add(1, std::memory_order_relaxed); }
+/// The working-set gather passes of every CUDA backend of the process (Backend::gather_passes).
+std::atomic<int64_t> g_gather_passes{0};
+void note_gather_pass() noexcept { g_gather_passes.fetch_add(1, std::memory_order_relaxed); }
 
 #if KVRET_ON_GPU
 void check_cuda(cudaError_t e, const std::string& what) {
@@ -889,6 +892,59 @@ class CudaBackend final : public Backend {
     return rows;
   }
 
+  /// The jobs without row sources gathered in one pass over one row list for the whole batch (each row from its
+  /// job's cache or its store's pages, into its job's working set), then each job's cache update, in job order; the
+  /// jobs with row sources through host copies, as gather does. One gather per job where fewer than two jobs go
+  /// without sources, where a (sequence, layer) comes twice (the second reads what the first's update left) or
+  /// where the stores differ in element type or shape.
+  void gather_batch(GatherJob* jobs, size_t n, int n_threads, kvret_stream stream) override {
+    std::vector<size_t> fused;
+    std::vector<std::pair<const void*, int32_t>> keys;
+    for (size_t i = 0; i < n; ++i) {
+      const GatherJob& j = jobs[i];
+      if (j.sources->empty()) fused.push_back(i);
+      if (j.sequence != nullptr) keys.emplace_back(j.sequence, j.layer);
+    }
+    std::sort(keys.begin(), keys.end());
+    bool fits = fused.size() >= 2 && std::adjacent_find(keys.begin(), keys.end()) == keys.end();
+    for (const size_t i : fused) {
+      const HostKvStore& a = *jobs[fused[0]].store;
+      const HostKvStore& b = *jobs[i].store;
+      fits = fits && a.dtype() == b.dtype() && a.head_dim() == b.head_dim() && a.n_kv_heads() == b.n_kv_heads() &&
+             a.row_bytes() == b.row_bytes();
+    }
+    if (!fits) {
+      Backend::gather_batch(jobs, n, n_threads, stream);
+      return;
+    }
+    DeviceScope scope(device_id_);
+    for (size_t i = 0; i < n; ++i) {  // the host-copy jobs, as gather does
+      GatherJob& j = jobs[i];
+      if (!j.sources->empty())
+        j.rows = gather(*j.store, j.mid_begin, j.mid_end, j.selected, j.count, *j.out, n_threads, *j.sources,
+                        j.sequence, j.layer, &j.served_by_sources, stream);
+    }
+    for (const size_t i : fused) {
+      const WorkingSetViews& out = *jobs[i].out;
+      check_kernel_access(out.k);
+      check_kernel_access(out.v);
+      check_kernel_access(out.positions);
+    }
+    std::vector<LayerCache*> caches(fused.size(), nullptr);
+    for (size_t f = 0; f < fused.size(); ++f) {
+      GatherJob& j = jobs[fused[f]];
+      j.served_by_sources = 0;
+      j.rows = j.mid_begin + j.count + (j.store->size() - j.mid_end);
+      caches[f] = cache_of(*j.store, j.sequence, j.layer, stream, n_threads);
+    }
+    gather_fused(jobs, fused, caches, n_threads, stream);
+    for (size_t f = 0; f < fused.size(); ++f) {
+      GatherJob& j = jobs[fused[f]];
+      if (caches[f] != nullptr && j.count > 0)
+        update(*j.store, j.selected, j.count, j.sequence, j.layer, *caches[f], false, stream, n_threads);
+    }
+  }
+
   void prefetch(const HostKvStore& store, const int32_t* const* selected, int64_t count, const void* sequence,
                 int32_t layer, kvret_stream stream) override {
     DeviceScope scope(device_id_);
@@ -928,6 +984,7 @@ class CudaBackend final : public Backend {
                                 static_cast<int32_t>(store.dtype()),
                                 store.head_dim()};
     const int64_t n = entries * store.head_dim();
+    note_gather_pass();
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
     } else {  // the cache's rows, and their count added on the device
@@ -972,6 +1029,7 @@ class CudaBackend final : public Backend {
   }
 
   int64_t host_waits() const noexcept override { return g_host_waits.load(); }
+  int64_t gather_passes() const noexcept override { return g_gather_passes.load(); }
 
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -2121,6 +2179,7 @@ class CudaBackend final : public Backend {
                                 static_cast<int32_t>(store.dtype()),
                                 store.head_dim()};
     const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
+    note_gather_pass();
     if (cache == nullptr || cache->view().max_blocks == 0) {
       for_each_index(stream, n_threads, n, gather);
       return 0;  // device_copies is freed in stream order after the gather
@@ -2135,7 +2194,189 @@ class CudaBackend final : public Backend {
     return hits;
   }
 
+  /// The rows of the `fused` jobs (rows set, caches from cache_of) in one gather pass; sets each job's
+  /// served_by_sources to the rows its cache served.
+  void gather_fused(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
+                    int n_threads, kvret_stream stream) {
 #if KVRET_ON_GPU
+    if (tuned_gather_batch(jobs, fused, caches, stream)) return;
+#endif
+    const HostKvStore& first = *jobs[fused[0]].store;
+    const int heads = first.n_kv_heads();
+    const int32_t d = first.head_dim();
+    std::vector<dm::RowCopy> copies;
+    std::vector<int32_t> job_of_row;
+    std::vector<int64_t> ends(fused.size());
+    std::vector<dm::BatchGatherJob> views(fused.size());
+    bool cached = false;
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      std::vector<int32_t> order(static_cast<size_t>(j.rows));
+      for (int h = 0; h < heads; ++h) {
+        working_set_positions(j.mid_begin, j.mid_end, store.size(), j.count > 0 ? j.selected[h] : nullptr, j.count,
+                              order.data());
+        for (int64_t r = 0; r < j.rows; ++r) {
+          const int32_t p = order[static_cast<size_t>(r)];
+          copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r, p});
+          job_of_row.push_back(static_cast<int32_t>(f));
+        }
+      }
+      ends[f] = static_cast<int64_t>(copies.size());
+      views[f] = {device_tensor(j.out->k), device_tensor(j.out->v), device_tensor(j.out->positions), {}};
+      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+        views[f].cache = caches[f]->view();
+        cached = true;
+      }
+    }
+    if (copies.empty()) return;
+    const auto entries = static_cast<int64_t>(copies.size());
+    const DeviceArray<dm::RowCopy> device_copies(copies.size(), stream);
+    const DeviceArray<int32_t> device_jobs_of_rows(job_of_row.size(), stream);
+    const DeviceArray<dm::BatchGatherJob> device_views(views.size(), stream);
+    const DeviceArray<uint8_t> hit(copies.size(), stream);
+    copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    copy_bytes(device_jobs_of_rows.get(), job_of_row.data(), job_of_row.size() * sizeof(int32_t), stream, false);
+    copy_bytes(device_views.get(), views.data(), views.size() * sizeof(dm::BatchGatherJob), stream, false);
+    note_gather_pass();
+    for_each_index(stream, n_threads, entries * d,
+                   dm::GatherBatchRows{device_copies.get(), device_jobs_of_rows.get(), device_views.get(),
+                                       static_cast<int32_t>(first.dtype()), d, hit.get()});
+    if (!cached) return;  // the temporaries are freed in stream order after the gather
+    // the rows each job's cache served: a scan of the hits, each job's share of it, read back in one copy
+    const DeviceArray<int64_t> scanned(copies.size(), stream);
+    const DeviceArray<int64_t> device_ends(ends.size(), stream);
+    const DeviceArray<int64_t> device_hits(ends.size(), stream);
+    copy_bytes(device_ends.get(), ends.data(), ends.size() * sizeof(int64_t), stream, false);
+    with_policy(stream, n_threads, entries, [&](const auto& policy) {
+      const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
+      thrust::inclusive_scan(policy, as_i64, as_i64 + entries, scanned.get());
+    });
+    for_each_index(stream, n_threads, static_cast<int64_t>(ends.size()),
+                   dm::JobHits{scanned.get(), device_ends.get(), device_hits.get()});
+    std::vector<int64_t> hits(ends.size());
+    copy_bytes(hits.data(), device_hits.get(), hits.size() * sizeof(int64_t), stream, true);
+    for (size_t f = 0; f < fused.size(); ++f) jobs[fused[f]].served_by_sources = hits[f];
+  }
+
+#if KVRET_ON_GPU
+  /// Whether the tuned gather (tuned_gather) takes the `rows` rows per head of `store` into `out`.
+  static bool tuned_fits(const HostKvStore& store, int64_t rows, const WorkingSetViews& out) {
+    const int d = store.head_dim();
+    const int64_t capacity = out.k.dim(1);
+    const bool contiguous = out.k.stride(2) == 1 && out.k.stride(1) == d && out.k.stride(0) == capacity * d &&
+                            out.v.stride(2) == 1 && out.v.stride(1) == d && out.v.stride(0) == capacity * d &&
+                            out.v.dim(1) == capacity && out.positions.dim(1) == capacity &&
+                            out.positions.stride(1) == 1 && out.positions.stride(0) == capacity;
+    return out.k.dtype() == store.dtype() && out.v.dtype() == store.dtype() && contiguous &&
+           (d == 64 || d == 128 || d == 256) && rows > 0 && rows <= INT32_MAX && store.size() > 0;
+  }
+  cuda::KvGeometry tuned_geometry(const HostKvStore& store) const {
+    cuda::KvGeometry geo;
+    geo.n_kv_heads = store.n_kv_heads();
+    geo.head_dim = store.head_dim();
+    geo.block_tokens = block_tokens_;
+    geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
+                    : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
+                                                   : cuda::ElemType::kF32;
+    return geo;
+  }
+
+  /// The fused jobs of gather_batch in one launch of the tuned gather (one WorkingSetGatherSeq per job), where it
+  /// takes every one of them (tuned_fits); false (nothing enqueued) otherwise. Sets each job's served_by_sources.
+  bool tuned_gather_batch(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
+                          kvret_stream stream) {
+    int64_t max_rows = 0;
+    for (const size_t i : fused) {
+      if (!tuned_fits(*jobs[i].store, jobs[i].rows, *jobs[i].out)) return false;
+      max_rows = std::max(max_rows, jobs[i].rows);
+    }
+    if (fused.size() > INT32_MAX) return false;
+    const HostKvStore& first = *jobs[fused[0]].store;
+    const int heads = first.n_kv_heads();
+    const int64_t page_tokens = HostKvStore::kPageTokens;
+    const int64_t row_bytes = static_cast<int64_t>(first.row_bytes());
+    // every job's pages (keys, then values, as the device addresses them) and positions, one array each
+    std::vector<const void*> pages;
+    std::vector<int32_t> positions;
+    std::vector<size_t> pages_at(fused.size()), positions_at(fused.size());
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      pages_at[f] = pages.size();
+      pages.resize(pages.size() + static_cast<size_t>(2 * n_pages));
+      for (int64_t i = 0; i < n_pages; ++i) {
+        void* device = nullptr;
+        check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(store.key_row(0, i * page_tokens)), 0),
+                   "cudaHostGetDevicePointer");
+        pages[pages_at[f] + static_cast<size_t>(i)] = device;
+        pages[pages_at[f] + static_cast<size_t>(n_pages + i)] =
+            static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
+      }
+      positions_at[f] = positions.size();
+      positions.resize(positions.size() + static_cast<size_t>(heads * j.rows));
+      for (int h = 0; h < heads; ++h)
+        working_set_positions(j.mid_begin, j.mid_end, store.size(), j.count > 0 ? j.selected[h] : nullptr, j.count,
+                              positions.data() + positions_at[f] + static_cast<size_t>(h * j.rows));
+    }
+    const DeviceArray<const void*> device_pages(pages.size(), stream);
+    const DeviceArray<int32_t> device_positions(positions.size(), stream);
+    const DeviceArray<cuda::WorkingSetGatherSeq> device_seqs(fused.size(), stream);
+    const DeviceArray<unsigned long long> counters(3 * fused.size(), stream);
+    std::vector<cuda::WorkingSetGatherSeq> seqs(fused.size());
+    bool cached = false;
+    for (size_t f = 0; f < fused.size(); ++f) {
+      const GatherJob& j = jobs[fused[f]];
+      const HostKvStore& store = *j.store;
+      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      cuda::WorkingSetGatherSeq& seq = seqs[f];
+      seq.host.k_pages = device_pages.get() + pages_at[f];
+      seq.host.v_pages = device_pages.get() + pages_at[f] + n_pages;
+      seq.host.page_tokens = page_tokens;
+      seq.host.token_stride = row_bytes;
+      seq.host.head_stride = page_tokens * row_bytes;
+      seq.host.n_tokens = store.size();
+      seq.positions = device_positions.get() + positions_at[f];
+      seq.positions_stride = j.rows;
+      seq.n_rows = static_cast<int32_t>(j.rows);
+      seq.out_k = j.out->k.data();
+      seq.out_v = j.out->v.data();
+      seq.out_positions = reinterpret_cast<int32_t*>(j.out->positions.data());
+      seq.out_capacity = j.out->k.dim(1);
+      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+        const dm::CacheView c = caches[f]->view();
+        seq.cache.block_table = c.table;
+        seq.cache.slot_block = c.slot_block;
+        seq.cache.slot_stamp = c.stamp;
+        seq.cache.slot_prefetched = c.prefetched;
+        seq.cache.k = c.k;
+        seq.cache.v = c.v;
+        seq.cache.max_blocks = c.max_blocks;
+        seq.cache.n_slots = c.n_slots;
+        seq.counters = counters.get() + 3 * f;
+        cached = true;
+      }
+    }
+    if (cached)
+      check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * fused.size() * sizeof(unsigned long long), cuda_stream(stream)),
+                 "cudaMemsetAsync");
+    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
+    copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
+    copy_bytes(device_seqs.get(), seqs.data(), seqs.size() * sizeof(cuda::WorkingSetGatherSeq), stream, false);
+    note_gather_pass();
+    check_cuda(
+        cuda::launch_working_set_gather(device_seqs.get(), static_cast<int32_t>(fused.size()),
+                                        static_cast<int32_t>(max_rows), tuned_geometry(first), cuda_stream(stream)),
+        "launch_working_set_gather");
+    std::vector<unsigned long long> counts(3 * fused.size(), 0);
+    if (cached)  // rows from the caches (each job's first counter), after the gather
+      copy_bytes(counts.data(), counters.get(), counts.size() * sizeof(unsigned long long), stream, true);
+    for (size_t f = 0; f < fused.size(); ++f)
+      jobs[fused[f]].served_by_sources = seqs[f].counters != nullptr ? static_cast<int64_t>(counts[3 * f]) : 0;
+    return true;  // the device arrays are freed in stream order after the gather
+  }
+
   /// The working-set gather of kernels/working_set_gather (16-byte pieces of rows straight from the mapped pinned
   /// pages) where the outputs allow it: the store's element type, a head_dim of 64, 128 or 256, contiguous
   /// [H, capacity, D] and [H, capacity] outputs. Returns false (nothing enqueued) otherwise: the Thrust gather
@@ -2146,21 +2387,8 @@ class CudaBackend final : public Backend {
     const int heads = store.n_kv_heads();
     const int d = store.head_dim();
     const int64_t capacity = out.k.dim(1);
-    const bool contiguous = out.k.stride(2) == 1 && out.k.stride(1) == d && out.k.stride(0) == capacity * d &&
-                            out.v.stride(2) == 1 && out.v.stride(1) == d && out.v.stride(0) == capacity * d &&
-                            out.v.dim(1) == capacity && out.positions.dim(1) == capacity &&
-                            out.positions.stride(1) == 1 && out.positions.stride(0) == capacity;
-    if (out.k.dtype() != store.dtype() || out.v.dtype() != store.dtype() || !contiguous ||
-        (d != 64 && d != 128 && d != 256) || rows <= 0 || rows > INT32_MAX || store.size() == 0) {
-      return false;
-    }
-    cuda::KvGeometry geo;
-    geo.n_kv_heads = heads;
-    geo.head_dim = d;
-    geo.block_tokens = block_tokens_;
-    geo.elem_type = store.dtype() == DType::F16    ? cuda::ElemType::kF16
-                    : store.dtype() == DType::BF16 ? cuda::ElemType::kBF16
-                                                   : cuda::ElemType::kF32;
+    if (!tuned_fits(store, rows, out)) return false;
+    const cuda::KvGeometry geo = tuned_geometry(store);
     // the pages of the store, as the device addresses them (each page is one mapped pinned allocation: keys of
     // every head, then values)
     const int64_t page_tokens = HostKvStore::kPageTokens;
@@ -2214,6 +2442,7 @@ class CudaBackend final : public Backend {
     copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
     copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);
     // (a copy from pageable memory returns once its bytes are staged, so the host arrays may go)
+    note_gather_pass();
     check_cuda(
         cuda::launch_working_set_gather(device_seq.get(), 1, static_cast<int32_t>(rows), geo, cuda_stream(stream)),
         "launch_working_set_gather");
