@@ -42,26 +42,17 @@ using test::twin::kDim;
 using test::twin::kHeads;
 using test::twin::label;
 using test::twin::length_of;
+using test::twin::open_both;
 using test::twin::same_bits;
 using test::twin::select;
 using test::twin::Selected;
 using test::twin::stats_of;
 
-/// Random floats with the special values mixed in.
+/// Random floats with the special values mixed in (zeros, the exponential's cut-off at -87, NaN, a subnormal, -Inf).
 std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            -87.0f,
-                            std::numeric_limits<float>::quiet_NaN(),
-                            -1e-40f,
-                            1e-30f,
-                            -std::numeric_limits<float>::infinity(),
-                            0.5f};
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % std::size(specials)] : u(rng);
-  return out;
+  return test::twin::awkward_floats(n, seed, lo, hi,
+                                    {0.0f, -0.0f, -87.0f, std::numeric_limits<float>::quiet_NaN(), -1e-40f, 1e-30f,
+                                     -std::numeric_limits<float>::infinity(), 0.5f});
 }
 
 /// The header's fold of token logits [group, n] (what the device's QuantSoftmaxes and PageFold compute).
@@ -174,13 +165,7 @@ kvret_config quant_config(int32_t device_type, int kv, int fold, const QuantCase
   return c;
 }
 
-class DeviceQuant : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
-    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
-  }
-};
+class DeviceQuant : public test::twin::OnDevice {};
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
 /// (prefill chunks and one-token decodes: new key blocks and a moving residual), truncates, drop_fronts, forks and
@@ -198,8 +183,7 @@ TEST_F(DeviceQuant, EqualsTheCpuBackendUnderEveryChange) {
         const kvret_config cc = quant_config(KVRET_DEVICE_CPU, kv, fold, qc);
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
         append_both(a, b, dc.n_layers, 130 + 7 * round, 21 + static_cast<uint64_t>(round));
         std::mt19937_64 rng(7 + static_cast<uint64_t>(round++));
         const int selects =
@@ -233,8 +217,7 @@ TEST_F(DeviceQuant, DeviceBytesCountTheCopyAndTheLimitHolds) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 33);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
     expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 90, 90, true), select(b, KVRET_DEVICE_CPU, 0, q, 90, 90, true),
@@ -304,49 +287,11 @@ TEST_F(DeviceQuant, OneDecodeStepSendsTheChange) {
 TEST_F(DeviceQuant, BatchEqualsSingleSelects) {
   for (const QuantCase& qc : {QuantCase{2, 64, 1}, QuantCase{1, 32, 4}}) {
     SCOPED_TRACE(qc.name());
-    constexpr int kSeqs = 3;
-    const kvret_config dc = quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
-    const kvret_config cc = quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
-    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-    std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
-      append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 37 * i,
-                  40 + static_cast<uint64_t>(i));
-    }
-    const int32_t budget = 30;
-    const int64_t width = 32;
-    F32 q({kSeqs, 8, kDim});
-    q.data = test::random_vector(static_cast<size_t>(kSeqs * 8 * kDim), 88, 2.0f);
-    q.refresh();
-    std::vector<int32_t> results[2];
-    for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-      const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
-      label(q, device_type);
-      I32 out({kSeqs, kHeads, width}, -7);
-      label(out, device_type);
-      std::vector<int32_t> counts(kSeqs, -1);
-      test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
-                                         seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
-      results[device_type == KVRET_DEVICE_CUDA ? 0 : 1] = out.data;
-      for (int i = 0; i < kSeqs; ++i) {
-        if (device_type == KVRET_DEVICE_CUDA) {
-          EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0);
-        }
-        const std::vector<float> qi(q.data.begin() + i * 8 * kDim, q.data.begin() + (i + 1) * 8 * kDim);
-        const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
-        ASSERT_EQ(counts[static_cast<size_t>(i)], single.count);
-        const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                           out.data.begin() + (i + 1) * kHeads * width);
-        EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
-      }
-    }
-    EXPECT_EQ(results[0], results[1]);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-    }
+    test::twin::Batch w;
+    w.compare_backends = true;
+    ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
+        quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc),
+        quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc), w));
   }
 }
 
@@ -385,8 +330,7 @@ TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
         dc.quant_attention = cc.quant_attention = 1;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
         append_both(a, b, dc.n_layers, 150 + 11 * round, 61 + static_cast<uint64_t>(round));
         std::mt19937_64 rng(17 + static_cast<uint64_t>(round++));
         int attends = 0;
@@ -394,13 +338,10 @@ TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
           const int64_t length = length_of(a);
           const uint64_t op = rng() % 10;
           if (op == 0 && length > 120) {
-            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 50);
-            test::expect_ok(kvret_seq_truncate(a, to));
-            test::expect_ok(kvret_seq_truncate(b, to));
+            test::twin::truncate_both(a, b, length, 50, rng);
           } else if (op == 1) {
             kvret_seq *fa = nullptr, *fb = nullptr;
-            test::expect_ok(kvret_seq_fork(a, &fa));
-            test::expect_ok(kvret_seq_fork(b, &fb));
+            test::twin::fork_both(a, b, fa, fb);
             std::swap(a, fa), std::swap(b, fb);
             test::expect_ok(kvret_seq_close(fa));
             test::expect_ok(kvret_seq_close(fb));
@@ -446,8 +387,7 @@ TEST_F(DeviceQuant, AttentionPastTheLimitRunsOnTheHost) {
   dc.device_bytes_limit = 1024;  // far below the copy of 400 tokens
   auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
   kvret_seq *a = nullptr, *b = nullptr;
-  test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+  open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
   append_both(a, b, dc.n_layers, 400, 71);
   ASSERT_GT(copy_bytes_of(a, 0), dc.device_bytes_limit);
   const std::vector<float> q = test::random_vector(8 * kDim, 72, 2.0f);

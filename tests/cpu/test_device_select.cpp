@@ -51,22 +51,19 @@ using test::twin::kDim;
 using test::twin::kHeads;
 using test::twin::label;
 using test::twin::length_of;
+using test::twin::open_both;
 using test::twin::same_bits;
 using test::twin::select;
 using test::twin::Selected;
 using test::twin::stats_of;
 
-/// Random floats with the special values mixed in.
+/// Random floats with the special values mixed in (zeros, the exponential's cut-off at -87 and its neighbours, NaN,
+/// a subnormal, -Inf).
 std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  const float specials[] = {0.0f,       -0.0f,      -87.0f,
-                            -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(),
-                            -1e-40f,    1e-30f,     -std::numeric_limits<float>::infinity(),
-                            0.5f};
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % std::size(specials)] : u(rng);
-  return out;
+  return test::twin::awkward_floats(
+      n, seed, lo, hi,
+      {0.0f, -0.0f, -87.0f, -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(), -1e-40f, 1e-30f,
+       -std::numeric_limits<float>::infinity(), 0.5f});
 }
 
 TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
@@ -449,13 +446,7 @@ const IndexCase kIndexCases[] = {
     {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 2, 0.0f},     {KVRET_INDEX_PQ, 2, 0.1f},
     {KVRET_INDEX_PQ, 4, 0.05f},     {KVRET_INDEX_PQ, 4, 0.05f, 6}, {KVRET_INDEX_PQ, 8, 0.1f, 4}};
 
-class DeviceSelect : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
-    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
-  }
-};
+class DeviceSelect : public test::twin::OnDevice {};
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
 /// (prefill and one-token decodes: partial last pages; CLUSTER: pending tails and new decode clusters), truncates,
@@ -472,8 +463,7 @@ TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
         const int32_t page_size = index.index == KVRET_INDEX_PAGE ? index.page_size : 0;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
         append_both(a, b, dc.n_layers, 150 + page_size, 21);
         std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
                             static_cast<uint64_t>(index.exact_fraction * 100.0f));
@@ -565,8 +555,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 32);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
     index_bytes = cluster_mirror_bytes(a, 0);
@@ -623,8 +612,7 @@ void pq_index_bytes_and_limit(int32_t m, int32_t bits) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 33);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
     index_bytes = pq_index_bytes(a, 0);
@@ -699,49 +687,14 @@ void non_finite_query_changes_nothing(int32_t kind) {
   test::expect_ok(kvret_seq_close(unused));
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
+/// kvret_select_batch over several sequences equals one select per sequence.
 void batch_equals_single_selects(const IndexCase& index) {
   SCOPED_TRACE(index.name());
-  constexpr int kSeqs = 3;
-  const kvret_config dc = index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
-  const kvret_config cc = index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
-  auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-  std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
-  for (int i = 0; i < kSeqs; ++i) {
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
-    append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 37 * i,
-                40 + static_cast<uint64_t>(i));
-  }
-  const int32_t budget = 50;
-  const int64_t width = 52;
-  F32 q({kSeqs, 8, kDim});
-  q.data = test::random_vector(static_cast<size_t>(kSeqs * 8 * kDim), 88, 2.0f);
-  q.refresh();
-  for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-    const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
-    label(q, device_type);
-    I32 out({kSeqs, kHeads, width}, -7);
-    label(out, device_type);
-    std::vector<int32_t> counts(kSeqs, -1);
-    test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
-                                       seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
-    for (int i = 0; i < kSeqs; ++i) {
-      if (device_type == KVRET_DEVICE_CUDA) {  // the batch selected on the device: its copy of the bounds is there
-        EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0);
-      }
-      const std::vector<float> qi(q.data.begin() + i * 8 * kDim, q.data.begin() + (i + 1) * 8 * kDim);
-      const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
-      ASSERT_EQ(counts[static_cast<size_t>(i)], single.count);
-      const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                         out.data.begin() + (i + 1) * kHeads * width);
-      EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
-    }
-  }
-  for (int i = 0; i < kSeqs; ++i) {
-    test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-    test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-  }
+  test::twin::Batch w;
+  w.budget = 50;
+  w.width = 52;
+  test::twin::batch_equals_single_selects(index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB),
+                                          index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB), w);
 }
 
 TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
