@@ -32,16 +32,7 @@ using test::I32;
 
 namespace {
 
-using test::twin::append_both;
-using test::twin::expect_same;
-using test::twin::kDim;
-using test::twin::kHeads;
-using test::twin::label;
-using test::twin::open_both;
-using test::twin::same_bits;
-using test::twin::select;
-using test::twin::Selected;
-using test::twin::stats_of;
+using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
 /// Random floats of many magnitudes (2^-14 to 2^10, within f16's range) and both signs, some of them zeros and
 /// subnormals, so that the order of the sums shows.

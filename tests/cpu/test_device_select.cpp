@@ -44,18 +44,7 @@ namespace pm = kvret::cuda::math;
 
 namespace {
 
-using test::twin::append_both;
-using test::twin::bits;
-using test::twin::expect_same;
-using test::twin::kDim;
-using test::twin::kHeads;
-using test::twin::label;
-using test::twin::length_of;
-using test::twin::open_both;
-using test::twin::same_bits;
-using test::twin::select;
-using test::twin::Selected;
-using test::twin::stats_of;
+using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
 /// Random floats with the special values mixed in (zeros, the exponential's cut-off at -87 and its neighbours, NaN,
 /// a subnormal, -Inf).
