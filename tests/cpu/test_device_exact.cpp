@@ -19,6 +19,7 @@
 #include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "index/exact_retriever.hpp"
 #include "kvret.h"
@@ -81,21 +82,12 @@ TEST(ExactMath, CpuSelectScoresAreTheHeaderLogits) {
       index.extend(store, begin, end, true, 2);
       const int q_heads = kH * group;
       const std::vector<float> q = wide_floats(static_cast<size_t>(q_heads * kD), 5 + static_cast<uint64_t>(group));
-      SelectRequest req;
-      req.q = q.data();
-      req.n_q_heads = q_heads;
-      req.group = group;
-      req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-      req.mid_begin = begin;
-      req.mid_end = end;
-      req.budget = end - begin;
-      req.fold = KVRET_FOLD_MAX_LOGIT;
-      req.n_threads = 2;
-      std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(req.budget)));
-      std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(req.budget)));
-      int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-      float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-      ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), req.budget);
+      const test::HeadsSelected s =
+          test::select_heads(index, store, q, kH, kD, group, begin, end, end - begin, KVRET_FOLD_MAX_LOGIT);
+      ASSERT_EQ(s.count, s.req.budget);
+      const SelectRequest& req = s.req;
+      const auto& rows = s.rows;
+      const auto& scores = s.scores;
       std::vector<float> key(kD);
       for (int h = 0; h < kH; ++h)
         for (int64_t i = 0; i < req.budget; ++i) {

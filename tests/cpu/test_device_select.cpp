@@ -24,6 +24,7 @@
 #include "c_api/handles.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
@@ -312,21 +313,12 @@ TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
     const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
     const int64_t budget = trial % 6 == 1 ? middle : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
     const std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
-    SelectRequest req;
-    req.q = q.data();
-    req.n_q_heads = kQ;
-    req.group = kGroup;
-    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-    req.mid_begin = index.indexed_begin();
-    req.mid_end = index.indexed_end();
-    req.budget = budget;
-    req.fold = fold;
-    req.n_threads = 2;
-    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
-    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
-    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-    ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), budget);
+    const test::HeadsSelected s =
+        test::select_heads(index, store, q, kH, kD, kGroup, index.indexed_begin(), index.indexed_end(), budget, fold);
+    ASSERT_EQ(s.count, budget);
+    const SelectRequest& req = s.req;
+    const auto& rows = s.rows;
+    const auto& scores = s.scores;
     const int64_t clusters = index.clusters(), exacts = index.exacts(), pending = index.pending();
     const int64_t groups = clusters + exacts + pending;
     for (int h = 0; h < kH; ++h) {

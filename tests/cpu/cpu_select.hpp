@@ -1,0 +1,47 @@
+#pragma once
+// One select of a CPU retriever (Retriever::select, or a retriever's own) as the suites that hold it against a model
+// built from the kernels' math headers make it: every KV head's positions and scores, a `budget` of each.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "index/retriever.hpp"
+#include "store/host_kv_store.hpp"
+
+namespace kvret::test {
+
+struct HeadsSelected {
+  SelectRequest req;  ///< the request made (req.q points into the caller's q)
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<float>> scores;
+  int64_t count = 0;  ///< what select returned
+};
+
+/// `index`'s select over the middle [begin, end) of `store` (kv_heads heads of head_dim d) for q [kv_heads * group,
+/// d]: scale 1 / sqrt(d), n_threads 2.
+template <class Index>
+HeadsSelected select_heads(Index& index, const HostKvStore& store, const std::vector<float>& q, int kv_heads, int d,
+                           int group, int64_t begin, int64_t end, int64_t budget, kvret_gqa_fold fold) {
+  HeadsSelected s;
+  s.req.q = q.data();
+  s.req.n_q_heads = kv_heads * group;
+  s.req.group = group;
+  s.req.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  s.req.mid_begin = begin;
+  s.req.mid_end = end;
+  s.req.budget = budget;
+  s.req.fold = fold;
+  s.req.n_threads = 2;
+  s.rows.assign(static_cast<size_t>(kv_heads), std::vector<int32_t>(static_cast<size_t>(budget)));
+  s.scores.assign(static_cast<size_t>(kv_heads), std::vector<float>(static_cast<size_t>(budget)));
+  std::vector<int32_t*> row_ptrs;
+  std::vector<float*> score_ptrs;
+  for (size_t h = 0; h < s.rows.size(); ++h) {
+    row_ptrs.push_back(s.rows[h].data());
+    score_ptrs.push_back(s.scores[h].data());
+  }
+  s.count = index.select(store, s.req, row_ptrs.data(), score_ptrs.data());
+  return s;
+}
+
+}  // namespace kvret::test
