@@ -53,6 +53,17 @@ class OnDevice : public ::testing::Test {
   }
 };
 
+/// test::small_config(index_kind) for a context of `device_type`, kv_dtype kv and gqa_fold fold, its index built in
+/// the foreground.
+inline kvret_config twin_config(int index_kind, int32_t device_type, int kv, int fold) {
+  kvret_config c = small_config(index_kind);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.background_build = 0;
+  return c;
+}
+
 /// A tensor for a context of `device_type`.
 template <class T>
 T& label(T& t, int32_t device_type) {
@@ -229,6 +240,23 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
       ++selects;
     }
   }
+  return selects;
+}
+
+/// walk on twins of new contexts of dc (CUDA) and cc (CPU) that start with `tokens` random tokens (`seed`) in every
+/// layer, its steps drawn by a generator seeded `rng_seed`; closes them unless a check failed fatally. Returns the
+/// selects made.
+inline int walk_twins(const kvret_config& dc, const kvret_config& cc, int64_t tokens, uint64_t seed, uint64_t rng_seed,
+                      const Walk& w, const std::string& where) {
+  auto dev_ctx = make_context(dc), cpu_ctx = make_context(cc);
+  kvret_seq *a = nullptr, *b = nullptr;
+  open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
+  append_both(a, b, dc.n_layers, tokens, seed);
+  std::mt19937_64 rng(rng_seed);
+  const int selects = walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, w, where);
+  if (::testing::Test::HasFatalFailure()) return selects;
+  expect_ok(kvret_seq_close(a));
+  expect_ok(kvret_seq_close(b));
   return selects;
 }
 

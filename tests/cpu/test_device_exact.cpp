@@ -106,12 +106,8 @@ TEST(ExactMath, CpuSelectScoresAreTheHeaderLogits) {
 // --- the device select -------------------------------------------------------------------------------------------
 
 kvret_config exact_config(int32_t device_type, int kv, int fold, int q_heads) {
-  kvret_config c = test::small_config(KVRET_INDEX_EXACT);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_EXACT, device_type, kv, fold);
   c.n_q_heads = q_heads;
-  c.background_build = 0;
   return c;
 }
 
@@ -131,18 +127,12 @@ TEST_F(DeviceExact, EqualsTheCpuBackendUnderEveryChange) {
         SCOPED_TRACE(where);
         const kvret_config dc = exact_config(KVRET_DEVICE_CUDA, kv, fold, q_heads);
         const kvret_config cc = exact_config(KVRET_DEVICE_CPU, kv, fold, q_heads);
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
-        append_both(a, b, dc.n_layers, 240 + 13 * round, 51 + static_cast<uint64_t>(round));
-        std::mt19937_64 rng(17 + static_cast<uint64_t>(round++));
-        test::twin::Walk w{50, 70, 40, "devexact"};
+        Walk w{50, 70, 40, "devexact"};
         w.reads_keys = true;
-        const int selects = test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, w, where);
+        const auto r = static_cast<uint64_t>(round++);
+        const int selects = walk_twins(dc, cc, 240 + 13 * static_cast<int64_t>(r), 51 + r, 17 + r, w, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 8);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
 }
 

@@ -142,15 +142,11 @@ struct QuantCase {
 };
 
 kvret_config quant_config(int32_t device_type, int kv, int fold, const QuantCase& q) {
-  kvret_config c = test::small_config(KVRET_INDEX_QUANT);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_QUANT, device_type, kv, fold);
   c.quant_bits = q.bits;
   c.quant_group_size = q.group;
   c.quant_residual = 20;
   c.quant_rerank = q.rerank;
-  c.background_build = 0;
   return c;
 }
 
@@ -170,17 +166,11 @@ TEST_F(DeviceQuant, EqualsTheCpuBackendUnderEveryChange) {
         SCOPED_TRACE(where);
         const kvret_config dc = quant_config(KVRET_DEVICE_CUDA, kv, fold, qc);
         const kvret_config cc = quant_config(KVRET_DEVICE_CPU, kv, fold, qc);
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
-        append_both(a, b, dc.n_layers, 130 + 7 * round, 21 + static_cast<uint64_t>(round));
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(round++));
+        const auto r = static_cast<uint64_t>(round++);
         const int selects =
-            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {60, 70, 40, "devquant"}, where);
+            walk_twins(dc, cc, 130 + 7 * static_cast<int64_t>(r), 21 + r, 7 + r, {60, 70, 40, "devquant"}, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 10);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
     }
   }

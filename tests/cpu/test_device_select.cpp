@@ -362,42 +362,30 @@ TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
 // --- through the C ABI ------------------------------------------------------------------------------------------
 
 kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_size) {
-  kvret_config c = test::small_config(KVRET_INDEX_PAGE);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_PAGE, device_type, kv, fold);
   c.page_size = page_size;
-  c.background_build = 0;
   return c;
 }
 
 /// A CLUSTER config of small clusters, decode intervals of 24 tokens (decodes add clusters often) and exact
 /// singletons when exact_fraction > 0.
 kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_fraction) {
-  kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_CLUSTER, device_type, kv, fold);
   c.cluster_tokens = 12;
   c.cluster_decode_interval = 24;
   c.cluster_decode_k = 3;
   c.cluster_segment_tokens = 96;
   c.cluster_exact_fraction = exact_fraction;
-  c.background_build = 0;
   return c;
 }
 
 /// A PQ config of pq_m = m and pq_bits = bits (0: 12 / m, a select that scores 4096 code cells; m * bits > 16: per
 /// token), with exact tokens when exact_fraction > 0.
 kvret_config pq_config(int32_t device_type, int kv, int fold, int32_t m, float exact_fraction, int32_t bits = 0) {
-  kvret_config c = test::small_config(KVRET_INDEX_PQ);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_PQ, device_type, kv, fold);
   c.pq_m = m;
   c.pq_bits = bits > 0 ? bits : 12 / m;
   c.pq_exact_fraction = exact_fraction;
-  c.background_build = 0;
   return c;
 }
 
@@ -442,18 +430,11 @@ TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
         const kvret_config dc = index.config(KVRET_DEVICE_CUDA, kv, fold);
         const kvret_config cc = index.config(KVRET_DEVICE_CPU, kv, fold);
         const int32_t page_size = index.index == KVRET_INDEX_PAGE ? index.page_size : 0;
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
-        append_both(a, b, dc.n_layers, 150 + page_size, 21);
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
-                            static_cast<uint64_t>(index.exact_fraction * 100.0f));
-        const int selects =
-            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {90, 40, 30, "devsel"}, where);
+        const uint64_t rng_seed = 7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
+                                  static_cast<uint64_t>(index.exact_fraction * 100.0f);
+        const int selects = walk_twins(dc, cc, 150 + page_size, 21, rng_seed, {90, 40, 30, "devsel"}, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 20);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
     }
   }
