@@ -18,6 +18,9 @@
 
 namespace kvret::test::twin {
 
+using test::F32;  // the tensors the twins take
+using test::I32;
+
 constexpr int kQHeads = 8;
 constexpr int kHeads = 2;
 constexpr int kDim = 64;

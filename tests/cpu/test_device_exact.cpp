@@ -28,8 +28,6 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 
 namespace {
 

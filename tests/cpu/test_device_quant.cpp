@@ -29,20 +29,21 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 namespace qm = kvret::cuda::math;
 
 namespace {
 
 using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
-/// Random floats with the special values mixed in (zeros, the exponential's cut-off at -87, NaN, a subnormal, -Inf).
-std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  return test::twin::awkward_floats(n, seed, lo, hi,
-                                    {0.0f, -0.0f, -87.0f, std::numeric_limits<float>::quiet_NaN(), -1e-40f, 1e-30f,
-                                     -std::numeric_limits<float>::infinity(), 0.5f});
-}
+/// The special values awkward_floats mixes in (zeros, the exponential's cut-off at -87, NaN, a subnormal, -Inf).
+const std::vector<float> kAwkward = {0.0f,
+                                     -0.0f,
+                                     -87.0f,
+                                     std::numeric_limits<float>::quiet_NaN(),
+                                     -1e-40f,
+                                     1e-30f,
+                                     -std::numeric_limits<float>::infinity(),
+                                     0.5f};
 
 /// The header's fold of token logits [group, n] (what the device's QuantSoftmaxes and PageFold compute).
 std::vector<float> header_token_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold) {
@@ -67,7 +68,7 @@ TEST(QuantMath, TokenFoldIsTheCpuFold) {
     const int group = 1 + static_cast<int>(rng() % 8);
     const int64_t n = 1 + static_cast<int64_t>(rng() % 700);
     const bool awkward = trial % 3 == 0;
-    std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
+    std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
                                         : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     if (trial % 50 == 1)  // a head without a finite maximum
       std::fill(logits.begin(), logits.begin() + n, -std::numeric_limits<float>::infinity());

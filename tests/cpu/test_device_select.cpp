@@ -39,28 +39,24 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 namespace pm = kvret::cuda::math;
 
 namespace {
 
 using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
-/// Random floats with the special values mixed in (zeros, the exponential's cut-off at -87 and its neighbours, NaN,
-/// a subnormal, -Inf).
-std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  return test::twin::awkward_floats(
-      n, seed, lo, hi,
-      {0.0f, -0.0f, -87.0f, -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(), -1e-40f, 1e-30f,
-       -std::numeric_limits<float>::infinity(), 0.5f});
-}
+/// The special values awkward_floats mixes in (zeros, the exponential's cut-off at -87 and its neighbours, NaN, a
+/// subnormal, -Inf).
+const std::vector<float> kAwkward = {0.0f,       -0.0f,      -87.0f,
+                                     -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(),
+                                     -1e-40f,    1e-30f,     -std::numeric_limits<float>::infinity(),
+                                     0.5f};
 
 TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
   std::mt19937_64 rng(2);
   for (const int d : {1, 3, 4, 7, 8, 9, 64, 100, 128, 256}) {
     for (int trial = 0; trial < 50; ++trial) {
-      const std::vector<float> q = awkward_floats(static_cast<size_t>(d), rng(), -3.0f, 3.0f);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(d), rng(), -3.0f, 3.0f, kAwkward);
       std::vector<float> row = test::random_vector(2 * static_cast<size_t>(d), rng(), 2.0f);
       std::vector<float> split(2 * static_cast<size_t>(d));
       for (int i = 0; i < d; ++i) {
@@ -105,8 +101,9 @@ TEST(PageMath, FoldIsTheCpuWeightedFold) {
     const int32_t page_size = 1 + static_cast<int32_t>(rng() % 32);
     const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
     const bool awkward = trial % 4 == 0;
-    const std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
-                                              : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    const std::vector<float> logits =
+        awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
+                : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     std::vector<int32_t> weight(static_cast<size_t>(n));
     for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size);
     EXPECT_EQ(weight.back(), tokens - (n - 1) * page_size);
@@ -129,7 +126,7 @@ TEST(PageMath, OrderAndTakeAreTheCpuGroupedTake) {
     const int32_t page_size = 1 + static_cast<int32_t>(rng() % 20);
     const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
     const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
-    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f, kAwkward);
     for (auto& s : scores)
       if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
     std::vector<int32_t> weight(static_cast<size_t>(n));
@@ -171,9 +168,10 @@ TEST(ClusterMath, LogitIsTheCpuScaledDots) {
     for (int trial = 0; trial < 20; ++trial) {
       const int group = 1 + static_cast<int>(rng() % 8);
       const int64_t n = 1 + static_cast<int64_t>(rng() % 40);
-      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f);
-      const std::vector<float> rows = trial % 3 == 0 ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f)
-                                                     : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f, kAwkward);
+      const std::vector<float> rows = trial % 3 == 0
+                                          ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f, kAwkward)
+                                          : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
       const float scale = 1.0f / std::sqrt(static_cast<float>(d));
       std::vector<float> cpu(static_cast<size_t>(group * n));
       scaled_dots(q.data(), d, group, rows.data(), d, n, d, scale, cpu.data(), n);
@@ -223,9 +221,9 @@ TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
     const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
     for (int64_t u = 0; u < n; ++u)
       ASSERT_EQ(pm::cluster_weight(weight.data(), clusters, u), weight[static_cast<size_t>(u)]);
-    const std::vector<float> logits = trial % 4 == 0
-                                          ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
-                                          : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    const std::vector<float> logits =
+        trial % 4 == 0 ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
+                       : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
       std::vector<float> cpu(static_cast<size_t>(n));
       fold_weighted_logits(logits.data(), weight.data(), group, n, fold, cpu.data());
@@ -268,7 +266,7 @@ TEST(ClusterMath, OrderAndTakeAreTheCpuGroupedTake) {
     for (const int32_t w : weight) tokens += w;
     if (tokens == 0) continue;
     const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
-    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f, kAwkward);
     for (auto& s : scores)
       if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
     for (int64_t u = 0; u < n; ++u)
