@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "index/retriever.hpp"
+#include "math/page_math.h"
 #include "store/host_kv_store.hpp"
 
 namespace kvret::test {
@@ -42,6 +43,27 @@ HeadsSelected select_heads(Index& index, const HostKvStore& store, const std::ve
   }
   s.count = index.select(store, s.req, row_ptrs.data(), score_ptrs.data());
   return s;
+}
+
+/// The header's fold (kernels/math/page_math.h) of logits [group, n] over the group: page_max_step under MAX_LOGIT,
+/// else page_sum_prob_step with each head's softmax terms, terms(a copy of that head's n logits).
+template <class Terms>
+std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold,
+                               Terms terms) {
+  namespace m = kvret::cuda::math;
+  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? m::neg_inf() : 0.0f);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
+    if (fold == KVRET_FOLD_MAX_LOGIT) {
+      for (int64_t u = 0; u < n; ++u)
+        out[static_cast<size_t>(u)] = m::page_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
+      continue;
+    }
+    const m::PageSoftmax s = terms(l.data());
+    for (int64_t u = 0; u < n; ++u)
+      out[static_cast<size_t>(u)] = m::page_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
+  }
+  return out;
 }
 
 }  // namespace kvret::test

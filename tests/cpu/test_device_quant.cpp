@@ -20,6 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/quant_retriever.hpp"
@@ -47,19 +48,7 @@ const std::vector<float> kAwkward = {0.0f,
 
 /// The header's fold of token logits [group, n] (what the device's QuantSoftmaxes and PageFold compute).
 std::vector<float> header_token_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? qm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t u = 0; u < n; ++u)
-        out[static_cast<size_t>(u)] = qm::page_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
-      continue;
-    }
-    const qm::PageSoftmax s = qm::token_softmax_terms(l.data(), n);
-    for (int64_t u = 0; u < n; ++u)
-      out[static_cast<size_t>(u)] = qm::page_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
-  }
-  return out;
+  return test::header_fold(logits, group, n, fold, [&](float* l) { return qm::token_softmax_terms(l, n); });
 }
 
 TEST(QuantMath, TokenFoldIsTheCpuFold) {

@@ -78,19 +78,8 @@ TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
 /// The header's fold of logits [group, n] of n pages holding `tokens` tokens (page_size each, the last fewer).
 std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, int64_t tokens,
                                int32_t page_size, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t p = 0; p < n; ++p)
-        out[static_cast<size_t>(p)] = pm::page_max_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)]);
-      continue;
-    }
-    const pm::PageSoftmax s = pm::page_softmax_terms(l.data(), n, tokens, page_size);
-    for (int64_t p = 0; p < n; ++p)
-      out[static_cast<size_t>(p)] = pm::page_sum_prob_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)], s);
-  }
-  return out;
+  return test::header_fold(logits, group, n, fold,
+                           [&](float* l) { return pm::page_softmax_terms(l, n, tokens, page_size); });
 }
 
 TEST(PageMath, FoldIsTheCpuWeightedFold) {
