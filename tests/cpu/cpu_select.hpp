@@ -45,25 +45,34 @@ HeadsSelected select_heads(Index& index, const HostKvStore& store, const std::ve
   return s;
 }
 
-/// The header's fold (kernels/math/page_math.h) of logits [group, n] over the group: page_max_step under MAX_LOGIT,
-/// else page_sum_prob_step with each head's softmax terms, terms(a copy of that head's n logits).
-template <class Terms>
-std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold,
-                               Terms terms) {
-  namespace m = kvret::cuda::math;
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? m::neg_inf() : 0.0f);
+/// A header's fold of logits [group, n] over the group: max_step(acc, logit) under MAX_LOGIT, else
+/// sum_step(acc, logit, terms) with each head's softmax terms, terms(a copy of that head's n logits).
+template <class Terms, class MaxStep, class SumStep>
+std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold, Terms terms,
+                               MaxStep max_step, SumStep sum_step) {
+  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? kvret::cuda::math::neg_inf() : 0.0f);
   for (int g = 0; g < group; ++g) {
     std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
     if (fold == KVRET_FOLD_MAX_LOGIT) {
       for (int64_t u = 0; u < n; ++u)
-        out[static_cast<size_t>(u)] = m::page_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
+        out[static_cast<size_t>(u)] = max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
       continue;
     }
-    const m::PageSoftmax s = terms(l.data());
+    const auto s = terms(l.data());
     for (int64_t u = 0; u < n; ++u)
-      out[static_cast<size_t>(u)] = m::page_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
+      out[static_cast<size_t>(u)] = sum_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
   }
   return out;
+}
+
+/// The fold of kernels/math/page_math.h (page_max_step, page_sum_prob_step) with softmax terms from `terms`.
+template <class Terms>
+std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold,
+                               Terms terms) {
+  namespace m = kvret::cuda::math;
+  return header_fold(
+      logits, group, n, fold, terms, [](float acc, float l) { return m::page_max_step(acc, l); },
+      [](float acc, float l, const m::PageSoftmax& s) { return m::page_sum_prob_step(acc, l, s); });
 }
 
 }  // namespace kvret::test

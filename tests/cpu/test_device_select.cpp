@@ -184,20 +184,10 @@ std::vector<int32_t> cluster_weights(int64_t clusters, int64_t singles, std::mt1
 /// The header's fold of logits [group, n] over groups of the given weights (clusters first, then singletons).
 std::vector<float> cluster_header_fold(const std::vector<float>& logits, int group, int64_t n,
                                        const std::vector<int32_t>& weight, int64_t clusters, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t u = 0; u < n; ++u)
-        out[static_cast<size_t>(u)] = pm::cluster_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
-      continue;
-    }
-    const pm::PageSoftmax s = pm::cluster_softmax_terms(l.data(), n, weight.data(), clusters);
-    for (int64_t u = 0; u < n; ++u)
-      out[static_cast<size_t>(u)] =
-          pm::cluster_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
-  }
-  return out;
+  return test::header_fold(
+      logits, group, n, fold, [&](float* l) { return pm::cluster_softmax_terms(l, n, weight.data(), clusters); },
+      [](float acc, float l) { return pm::cluster_max_step(acc, l); },
+      [](float acc, float l, const pm::PageSoftmax& s) { return pm::cluster_sum_prob_step(acc, l, s); });
 }
 
 TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
