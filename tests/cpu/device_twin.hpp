@@ -175,6 +175,14 @@ inline void expect_same(const Selected& a, const Selected& b, const std::string&
     ASSERT_TRUE(same_bits(a.scores[i], b.scores[i])) << where << " score " << i;
 }
 
+/// The same select (scored or not) of a (a sequence of a CUDA context) and b (of a CPU context), tensors labelled so:
+/// the same positions and scores, bit for bit.
+inline void expect_same_select(kvret_seq* a, kvret_seq* b, int32_t layer, const std::vector<float>& q, int32_t budget,
+                               int64_t width, bool scored, const std::string& where) {
+  expect_same(select(a, KVRET_DEVICE_CUDA, layer, q, budget, width, scored),
+              select(b, KVRET_DEVICE_CPU, layer, q, budget, width, scored), where);
+}
+
 /// How a walk draws its steps.
 struct Walk {
   int steps = 60;

@@ -189,8 +189,7 @@ TEST_F(DeviceQuant, DeviceBytesCountTheCopyAndTheLimitHolds) {
     open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 33);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
-    expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 90, 90, true), select(b, KVRET_DEVICE_CPU, 0, q, 90, 90, true),
-                "layer 0");
+    expect_same_select(a, b, 0, q, 90, 90, true, "layer 0");
     const int64_t host = copy_bytes_of(a, 0);
     ASSERT_GT(host, 0);
     const int64_t held = stats_of(a).device_bytes;
@@ -202,8 +201,7 @@ TEST_F(DeviceQuant, DeviceBytesCountTheCopyAndTheLimitHolds) {
     } else {
       EXPECT_EQ(held, one_copy);
     }
-    expect_same(select(a, KVRET_DEVICE_CUDA, 1, q, 90, 90, true), select(b, KVRET_DEVICE_CPU, 1, q, 90, 90, true),
-                "layer 1");
+    expect_same_select(a, b, 1, q, 90, 90, true, "layer 1");
     const int64_t two = stats_of(a).device_bytes;
     if (pass == 0) {
       EXPECT_EQ(two, 2 * one_copy) << "one copy per layer";

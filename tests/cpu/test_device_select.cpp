@@ -442,8 +442,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
     test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
     append_both(a, b, dc.n_layers, tokens, 31);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
-    expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
-                "layer 0");
+    expect_same_select(a, b, 0, q, 100, 100, true, "layer 0");
     const int64_t one = stats_of(a).device_bytes;
     if (limit != 0 && limit < pages * page_bytes) {
       EXPECT_EQ(one, 0) << "no copy past the limit";
@@ -454,8 +453,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
         EXPECT_LE(one, limit);
       }
     }
-    expect_same(select(a, KVRET_DEVICE_CUDA, 1, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 1, q, 100, 100, true),
-                "layer 1");
+    expect_same_select(a, b, 1, q, 100, 100, true, "layer 1");
     const int64_t two = stats_of(a).device_bytes;
     if (limit == 0) {
       EXPECT_EQ(two, 2 * one) << "one copy per layer";
@@ -500,8 +498,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
     index_bytes = cluster_mirror_bytes(a, 0);
     ASSERT_GT(index_bytes, 0);
     for (int round = 0; round < 3; ++round) {
-      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
-                  "round " + std::to_string(round));
+      expect_same_select(a, b, 0, q, 100, 100, true, "round " + std::to_string(round));
       const int64_t held = stats_of(a).device_bytes;
       if (pass == 0) {
         EXPECT_GE(held, cluster_mirror_bytes(a, 0)) << "round " << round;
@@ -558,8 +555,7 @@ void pq_index_bytes_and_limit(int32_t m, int32_t bits) {
     ASSERT_GT(index_bytes, 0);
     for (int round = 0; round < 4; ++round) {
       const int32_t budget = round == 3 ? 1 : 100;
-      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, budget, budget, true),
-                  select(b, KVRET_DEVICE_CPU, 0, q, budget, budget, true), "round " + std::to_string(round));
+      expect_same_select(a, b, 0, q, budget, budget, true, "round " + std::to_string(round));
       const int64_t held = stats_of(a).device_bytes;
       if (pass == 0) {
         EXPECT_GE(held, pq_index_bytes(a, 0)) << "round " << round;
