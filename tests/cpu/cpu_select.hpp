@@ -1,6 +1,7 @@
 #pragma once
-// One select of a CPU retriever (Retriever::select, or a retriever's own) as the suites that hold it against a model
-// built from the kernels' math headers make it: every KV head's positions and scores, a `budget` of each.
+// For the suites that hold the CPU retrievers against models built from the kernels' math headers (ExactMath,
+// PageMath, ClusterMath, QuantMath, PqMath): one select of a CPU retriever (every KV head's positions and scores, a
+// `budget` of each) and the header's GQA fold of a group's logits.
 #include <cmath>
 #include <cstdint>
 #include <vector>
