@@ -6,15 +6,20 @@
 // test::small_config's: 8 query heads (or as many as q holds: select, walk), 2 KV heads, head_dim 64.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "kvret.h"
 #include "test_util.hpp"
 
 namespace kvret::test::twin {
+
+using test::F32;  // the tensors the twins take
+using test::I32;
 
 constexpr int kQHeads = 8;
 constexpr int kHeads = 2;
@@ -28,6 +33,39 @@ inline uint32_t bits(float f) {
 
 /// Equal bits, or both NaN.
 inline bool same_bits(float a, float b) { return (a != a && b != b) || bits(a) == bits(b); }
+
+/// Random floats in [lo, hi), about one in 16 of them one of `specials` instead (each suite its own awkward values).
+inline std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi,
+                                         const std::vector<float>& specials) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % specials.size()] : u(rng);
+  return out;
+}
+
+/// The bytes of one stored key element of a `kv_dtype` store.
+inline int64_t key_bytes(int kv_dtype) { return kv_dtype == KVRET_KV_F32 ? 4 : 2; }
+
+/// A suite that runs only where the tests run on the CUDA backend (KVRET_TEST_DEVICE=cuda), and skips otherwise.
+class OnDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
+    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
+  }
+};
+
+/// test::small_config(index_kind) for a context of `device_type`, kv_dtype kv and gqa_fold fold, its index built in
+/// the foreground.
+inline kvret_config twin_config(int index_kind, int32_t device_type, int kv, int fold) {
+  kvret_config c = small_config(index_kind);
+  c.device_type = device_type;
+  c.kv_dtype = kv;
+  c.gqa_fold = fold;
+  c.background_build = 0;
+  return c;
+}
 
 /// A tensor for a context of `device_type`.
 template <class T>
@@ -137,6 +175,14 @@ inline void expect_same(const Selected& a, const Selected& b, const std::string&
     ASSERT_TRUE(same_bits(a.scores[i], b.scores[i])) << where << " score " << i;
 }
 
+/// The same select (scored or not) of a (a sequence of a CUDA context) and b (of a CPU context), tensors labelled so:
+/// the same positions and scores, bit for bit.
+inline void expect_same_select(kvret_seq* a, kvret_seq* b, int32_t layer, const std::vector<float>& q, int32_t budget,
+                               int64_t width, bool scored, const std::string& where) {
+  expect_same(select(a, KVRET_DEVICE_CUDA, layer, q, budget, width, scored),
+              select(b, KVRET_DEVICE_CPU, layer, q, budget, width, scored), where);
+}
+
 /// How a walk draws its steps.
 struct Walk {
   int steps = 60;
@@ -196,8 +242,7 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
       expect_same(x, y, at);
       if (::testing::Test::HasFatalFailure()) return selects;
       if (w.reads_keys) {
-        const int64_t key_bytes = c.kv_dtype == KVRET_KV_F32 ? 4 : 2;
-        EXPECT_EQ(stats_of(a).bytes_h2d - h2d, kHeads * middle * kDim * key_bytes)
+        EXPECT_EQ(stats_of(a).bytes_h2d - h2d, kHeads * middle * kDim * key_bytes(c.kv_dtype))
             << at << ": the device read the keys";
         EXPECT_EQ(stats_of(a).device_bytes, 0) << at << ": no device copy";
       } else {
@@ -207,6 +252,92 @@ inline int walk(kvret_context* dev_ctx, kvret_context* cpu_ctx, kvret_seq*& a, k
     }
   }
   return selects;
+}
+
+/// walk on twins of new contexts of dc (CUDA) and cc (CPU) that start with `tokens` random tokens (`seed`) in every
+/// layer, its steps drawn by a generator seeded `rng_seed`; closes them unless a check failed fatally. Returns the
+/// selects made.
+inline int walk_twins(const kvret_config& dc, const kvret_config& cc, int64_t tokens, uint64_t seed, uint64_t rng_seed,
+                      const Walk& w, const std::string& where) {
+  auto dev_ctx = make_context(dc), cpu_ctx = make_context(cc);
+  kvret_seq *a = nullptr, *b = nullptr;
+  open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
+  append_both(a, b, dc.n_layers, tokens, seed);
+  std::mt19937_64 rng(rng_seed);
+  const int selects = walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, w, where);
+  if (::testing::Test::HasFatalFailure()) return selects;
+  expect_ok(kvret_seq_close(a));
+  expect_ok(kvret_seq_close(b));
+  return selects;
+}
+
+/// How batch_equals_single_selects draws its sequences and what it checks besides the batch against single selects.
+struct Batch {
+  int q_heads = 8;
+  int32_t budget = 30;
+  int64_t width = 32;
+  int64_t length_step = 37;  ///< sequence i holds 200 + length_step * i tokens ...
+  uint64_t seed = 40;        ///< ... drawn from seed + i
+  /// The kind keeps no device copy (EXACT): the device batch read every middle key over the bus (stats.bytes_h2d),
+  /// the CPU one nothing; otherwise the device batch's sequences hold a copy (device_bytes > 0).
+  bool reads_keys = false;
+  bool single_on_each = false;    ///< the single selects on each backend's sequences (else all on the device's)
+  bool compare_backends = false;  ///< the device batch's positions equal the CPU batch's
+};
+
+/// kvret_select_batch (layer 1) over 3 sequences of a context of `dc` (CUDA) and of `cc` (CPU) equals one select per
+/// sequence.
+inline void batch_equals_single_selects(const kvret_config& dc, const kvret_config& cc, const Batch& w) {
+  constexpr int kSeqs = 3;
+  auto dev_ctx = make_context(dc), cpu_ctx = make_context(cc);
+  std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    open_both(dev_ctx.get(), cpu_ctx.get(), a[i], b[i]);
+    append_both(a[i], b[i], dc.n_layers, 200 + w.length_step * static_cast<int64_t>(i), w.seed + i);
+  }
+  const auto per_seq = static_cast<std::ptrdiff_t>(w.q_heads * kDim);
+  F32 q({kSeqs, w.q_heads, kDim});
+  q.data = random_vector(static_cast<size_t>(kSeqs * per_seq), 88, 2.0f);
+  q.refresh();
+  std::vector<int32_t> results[2];
+  for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
+    const bool dev = device_type == KVRET_DEVICE_CUDA;
+    const std::vector<kvret_seq*>& seqs = dev ? a : b;
+    std::vector<int64_t> h2d(kSeqs);
+    if (w.reads_keys)
+      for (size_t i = 0; i < kSeqs; ++i) h2d[i] = stats_of(seqs[i]).bytes_h2d;
+    label(q, device_type);
+    I32 out({kSeqs, kHeads, w.width}, -7);
+    label(out, device_type);
+    std::vector<int32_t> counts(kSeqs, -1);
+    expect_ok(kvret_select_batch(dev ? dev_ctx.get() : cpu_ctx.get(), kSeqs, seqs.data(), 1, &q.t, w.budget, &out.t,
+                                 counts.data()));
+    results[dev ? 0 : 1] = out.data;
+    for (size_t i = 0; i < kSeqs; ++i) {
+      if (w.reads_keys) {
+        const int64_t middle = length_of(seqs[i]) - dc.n_sink - dc.n_local;
+        EXPECT_EQ(stats_of(seqs[i]).bytes_h2d - h2d[i], dev ? kHeads * middle * kDim * key_bytes(dc.kv_dtype) : 0)
+            << "sequence " << i << ": " << (dev ? "selected on the device" : "no bus on the CPU backend");
+      } else if (dev) {  // the batch selected on the device: its copy of the index is there
+        EXPECT_GT(stats_of(seqs[i]).device_bytes, 0) << "sequence " << i;
+      }
+      const auto at = static_cast<std::ptrdiff_t>(i);
+      const std::vector<float> qi(q.data.begin() + at * per_seq, q.data.begin() + (at + 1) * per_seq);
+      const Selected single = w.single_on_each ? select(seqs[i], device_type, 1, qi, w.budget, w.width, false)
+                                               : select(a[i], KVRET_DEVICE_CUDA, 1, qi, w.budget, w.width, false);
+      ASSERT_EQ(counts[i], single.count);
+      const auto n = static_cast<std::ptrdiff_t>(kHeads * w.width);
+      const std::vector<int32_t> batched(out.data.begin() + at * n, out.data.begin() + (at + 1) * n);
+      EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
+    }
+  }
+  if (w.compare_backends) {
+    EXPECT_EQ(results[0], results[1]);
+  }
+  for (size_t i = 0; i < kSeqs; ++i) {
+    expect_ok(kvret_seq_close(a[i]));
+    expect_ok(kvret_seq_close(b[i]));
+  }
 }
 
 }  // namespace kvret::test::twin

@@ -19,6 +19,7 @@
 #include "backend/backend.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "index/exact_retriever.hpp"
 #include "kvret.h"
@@ -27,20 +28,10 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 
 namespace {
 
-using test::twin::append_both;
-using test::twin::expect_same;
-using test::twin::kDim;
-using test::twin::kHeads;
-using test::twin::label;
-using test::twin::same_bits;
-using test::twin::select;
-using test::twin::Selected;
-using test::twin::stats_of;
+using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
 /// Random floats of many magnitudes (2^-14 to 2^10, within f16's range) and both signs, some of them zeros and
 /// subnormals, so that the order of the sums shows.
@@ -89,21 +80,12 @@ TEST(ExactMath, CpuSelectScoresAreTheHeaderLogits) {
       index.extend(store, begin, end, true, 2);
       const int q_heads = kH * group;
       const std::vector<float> q = wide_floats(static_cast<size_t>(q_heads * kD), 5 + static_cast<uint64_t>(group));
-      SelectRequest req;
-      req.q = q.data();
-      req.n_q_heads = q_heads;
-      req.group = group;
-      req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-      req.mid_begin = begin;
-      req.mid_end = end;
-      req.budget = end - begin;
-      req.fold = KVRET_FOLD_MAX_LOGIT;
-      req.n_threads = 2;
-      std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(req.budget)));
-      std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(req.budget)));
-      int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-      float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-      ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), req.budget);
+      const test::HeadsSelected s =
+          test::select_heads(index, store, q, kH, kD, group, begin, end, end - begin, KVRET_FOLD_MAX_LOGIT);
+      ASSERT_EQ(s.count, s.req.budget);
+      const SelectRequest& req = s.req;
+      const auto& rows = s.rows;
+      const auto& scores = s.scores;
       std::vector<float> key(kD);
       for (int h = 0; h < kH; ++h)
         for (int64_t i = 0; i < req.budget; ++i) {
@@ -122,24 +104,12 @@ TEST(ExactMath, CpuSelectScoresAreTheHeaderLogits) {
 // --- the device select -------------------------------------------------------------------------------------------
 
 kvret_config exact_config(int32_t device_type, int kv, int fold, int q_heads) {
-  kvret_config c = test::small_config(KVRET_INDEX_EXACT);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_EXACT, device_type, kv, fold);
   c.n_q_heads = q_heads;
-  c.background_build = 0;
   return c;
 }
 
-int64_t key_bytes(int kv) { return kv == KVRET_KV_F32 ? 4 : 2; }
-
-class DeviceExact : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
-    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
-  }
-};
+class DeviceExact : public test::twin::OnDevice {};
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
 /// (prefill chunks and one-token decodes), truncates, drop_fronts, forks and sessions saved and opened; budgets from
@@ -155,19 +125,12 @@ TEST_F(DeviceExact, EqualsTheCpuBackendUnderEveryChange) {
         SCOPED_TRACE(where);
         const kvret_config dc = exact_config(KVRET_DEVICE_CUDA, kv, fold, q_heads);
         const kvret_config cc = exact_config(KVRET_DEVICE_CPU, kv, fold, q_heads);
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
-        append_both(a, b, dc.n_layers, 240 + 13 * round, 51 + static_cast<uint64_t>(round));
-        std::mt19937_64 rng(17 + static_cast<uint64_t>(round++));
-        test::twin::Walk w{50, 70, 40, "devexact"};
+        Walk w{50, 70, 40, "devexact"};
         w.reads_keys = true;
-        const int selects = test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, w, where);
+        const auto r = static_cast<uint64_t>(round++);
+        const int selects = walk_twins(dc, cc, 240 + 13 * static_cast<int64_t>(r), 51 + r, 17 + r, w, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 8);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
 }
 
@@ -179,8 +142,7 @@ TEST_F(DeviceExact, EveryBudgetEqualsTheCpuBackend) {
     auto dev_ctx = test::make_context(dc);
     auto cpu_ctx = test::make_context(exact_config(KVRET_DEVICE_CPU, kv, KVRET_FOLD_SUM_PROB, 4));
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, 1, 560, 61);
     const int64_t middle = 560 - dc.n_sink - dc.n_local;
     const std::vector<float> q = test::random_vector(4 * kDim, 62, 2.0f);
@@ -211,7 +173,7 @@ TEST_F(DeviceExact, ReadsTheKeysInPlaceAndCountsThem) {
       const int64_t middle = test::twin::length_of(a) - dc.n_sink - dc.n_local;
       const int64_t before = stats_of(a).bytes_h2d;
       const Selected on_device = select(a, KVRET_DEVICE_CUDA, 1, q, 40, 40, true);
-      EXPECT_EQ(stats_of(a).bytes_h2d - before, kHeads * middle * kDim * key_bytes(kv)) << "step " << step;
+      EXPECT_EQ(stats_of(a).bytes_h2d - before, kHeads * middle * kDim * test::twin::key_bytes(kv)) << "step " << step;
       EXPECT_EQ(stats_of(a).device_bytes, 0);
       const int64_t after = stats_of(a).bytes_h2d;
       const Selected on_host = select(a, KVRET_DEVICE_CUDA_HOST, 1, q, 40, 40, true);
@@ -223,57 +185,19 @@ TEST_F(DeviceExact, ReadsTheKeysInPlaceAndCountsThem) {
   }
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's batch.
+/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's batch; the
+/// device batch read every middle key (and the CPU one nothing).
 TEST_F(DeviceExact, BatchEqualsSingleSelects) {
-  constexpr int kSeqs = 3;
   for (const int q_heads : {2, 8}) {
     SCOPED_TRACE(q_heads);
-    const kvret_config dc = exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads);
-    const kvret_config cc = exact_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads);
-    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-    std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
-      append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 97 * i,
-                  80 + static_cast<uint64_t>(i));
-    }
-    const int32_t budget = 30;
-    const int64_t width = 32;
-    F32 q({kSeqs, q_heads, kDim});
-    q.data = test::random_vector(static_cast<size_t>(kSeqs * q_heads * kDim), 88, 2.0f);
-    q.refresh();
-    std::vector<int32_t> results[2];
-    for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-      const bool dev = device_type == KVRET_DEVICE_CUDA;
-      const std::vector<kvret_seq*>& seqs = dev ? a : b;
-      std::vector<int64_t> h2d(kSeqs);
-      for (int i = 0; i < kSeqs; ++i) h2d[static_cast<size_t>(i)] = stats_of(seqs[static_cast<size_t>(i)]).bytes_h2d;
-      label(q, device_type);
-      I32 out({kSeqs, kHeads, width}, -7);
-      label(out, device_type);
-      std::vector<int32_t> counts(kSeqs, -1);
-      test::expect_ok(kvret_select_batch(dev ? dev_ctx.get() : cpu_ctx.get(), kSeqs, seqs.data(), 1, &q.t, budget,
-                                         &out.t, counts.data()));
-      results[dev ? 0 : 1] = out.data;
-      for (int i = 0; i < kSeqs; ++i) {
-        const auto u = static_cast<size_t>(i);
-        const int64_t middle = test::twin::length_of(seqs[u]) - dc.n_sink - dc.n_local;
-        EXPECT_EQ(stats_of(seqs[u]).bytes_h2d - h2d[u], dev ? kHeads * middle * kDim * 2 : 0)
-            << "sequence " << i << ": " << (dev ? "selected on the device" : "no bus on the CPU backend");
-        const std::vector<float> qi(q.data.begin() + i * q_heads * kDim, q.data.begin() + (i + 1) * q_heads * kDim);
-        const Selected single = select(seqs[u], device_type, 1, qi, budget, width, false);
-        ASSERT_EQ(counts[u], single.count);
-        const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                           out.data.begin() + (i + 1) * kHeads * width);
-        EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
-      }
-    }
-    EXPECT_EQ(results[0], results[1]);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-    }
+    test::twin::Batch w;
+    w.q_heads = q_heads;
+    w.length_step = 97;
+    w.seed = 80;
+    w.reads_keys = w.single_on_each = w.compare_backends = true;
+    ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
+        exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads),
+        exact_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads), w));
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "c_api/handles.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/quant_retriever.hpp"
@@ -29,56 +30,25 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 namespace qm = kvret::cuda::math;
 
 namespace {
 
-using test::twin::append_both;
-using test::twin::bits;
-using test::twin::expect_same;
-using test::twin::kDim;
-using test::twin::kHeads;
-using test::twin::label;
-using test::twin::length_of;
-using test::twin::same_bits;
-using test::twin::select;
-using test::twin::Selected;
-using test::twin::stats_of;
+using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
-/// Random floats with the special values mixed in.
-std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            -87.0f,
-                            std::numeric_limits<float>::quiet_NaN(),
-                            -1e-40f,
-                            1e-30f,
-                            -std::numeric_limits<float>::infinity(),
-                            0.5f};
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % std::size(specials)] : u(rng);
-  return out;
-}
+/// The special values awkward_floats mixes in (zeros, the exponential's cut-off at -87, NaN, a subnormal, -Inf).
+const std::vector<float> kAwkward = {0.0f,
+                                     -0.0f,
+                                     -87.0f,
+                                     std::numeric_limits<float>::quiet_NaN(),
+                                     -1e-40f,
+                                     1e-30f,
+                                     -std::numeric_limits<float>::infinity(),
+                                     0.5f};
 
 /// The header's fold of token logits [group, n] (what the device's QuantSoftmaxes and PageFold compute).
 std::vector<float> header_token_fold(const std::vector<float>& logits, int group, int64_t n, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? qm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t u = 0; u < n; ++u)
-        out[static_cast<size_t>(u)] = qm::page_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
-      continue;
-    }
-    const qm::PageSoftmax s = qm::token_softmax_terms(l.data(), n);
-    for (int64_t u = 0; u < n; ++u)
-      out[static_cast<size_t>(u)] = qm::page_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
-  }
-  return out;
+  return test::header_fold(logits, group, n, fold, [&](float* l) { return qm::token_softmax_terms(l, n); });
 }
 
 TEST(QuantMath, TokenFoldIsTheCpuFold) {
@@ -87,7 +57,7 @@ TEST(QuantMath, TokenFoldIsTheCpuFold) {
     const int group = 1 + static_cast<int>(rng() % 8);
     const int64_t n = 1 + static_cast<int64_t>(rng() % 700);
     const bool awkward = trial % 3 == 0;
-    std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
+    std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
                                         : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     if (trial % 50 == 1)  // a head without a finite maximum
       std::fill(logits.begin(), logits.begin() + n, -std::numeric_limits<float>::infinity());
@@ -162,25 +132,15 @@ struct QuantCase {
 };
 
 kvret_config quant_config(int32_t device_type, int kv, int fold, const QuantCase& q) {
-  kvret_config c = test::small_config(KVRET_INDEX_QUANT);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_QUANT, device_type, kv, fold);
   c.quant_bits = q.bits;
   c.quant_group_size = q.group;
   c.quant_residual = 20;
   c.quant_rerank = q.rerank;
-  c.background_build = 0;
   return c;
 }
 
-class DeviceQuant : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
-    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
-  }
-};
+class DeviceQuant : public test::twin::OnDevice {};
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
 /// (prefill chunks and one-token decodes: new key blocks and a moving residual), truncates, drop_fronts, forks and
@@ -196,18 +156,11 @@ TEST_F(DeviceQuant, EqualsTheCpuBackendUnderEveryChange) {
         SCOPED_TRACE(where);
         const kvret_config dc = quant_config(KVRET_DEVICE_CUDA, kv, fold, qc);
         const kvret_config cc = quant_config(KVRET_DEVICE_CPU, kv, fold, qc);
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
-        append_both(a, b, dc.n_layers, 130 + 7 * round, 21 + static_cast<uint64_t>(round));
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(round++));
+        const auto r = static_cast<uint64_t>(round++);
         const int selects =
-            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {60, 70, 40, "devquant"}, where);
+            walk_twins(dc, cc, 130 + 7 * static_cast<int64_t>(r), 21 + r, 7 + r, {60, 70, 40, "devquant"}, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 10);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
     }
   }
@@ -233,12 +186,10 @@ TEST_F(DeviceQuant, DeviceBytesCountTheCopyAndTheLimitHolds) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 33);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
-    expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 90, 90, true), select(b, KVRET_DEVICE_CPU, 0, q, 90, 90, true),
-                "layer 0");
+    expect_same_select(a, b, 0, q, 90, 90, true, "layer 0");
     const int64_t host = copy_bytes_of(a, 0);
     ASSERT_GT(host, 0);
     const int64_t held = stats_of(a).device_bytes;
@@ -250,8 +201,7 @@ TEST_F(DeviceQuant, DeviceBytesCountTheCopyAndTheLimitHolds) {
     } else {
       EXPECT_EQ(held, one_copy);
     }
-    expect_same(select(a, KVRET_DEVICE_CUDA, 1, q, 90, 90, true), select(b, KVRET_DEVICE_CPU, 1, q, 90, 90, true),
-                "layer 1");
+    expect_same_select(a, b, 1, q, 90, 90, true, "layer 1");
     const int64_t two = stats_of(a).device_bytes;
     if (pass == 0) {
       EXPECT_EQ(two, 2 * one_copy) << "one copy per layer";
@@ -304,49 +254,11 @@ TEST_F(DeviceQuant, OneDecodeStepSendsTheChange) {
 TEST_F(DeviceQuant, BatchEqualsSingleSelects) {
   for (const QuantCase& qc : {QuantCase{2, 64, 1}, QuantCase{1, 32, 4}}) {
     SCOPED_TRACE(qc.name());
-    constexpr int kSeqs = 3;
-    const kvret_config dc = quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
-    const kvret_config cc = quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc);
-    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-    std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
-      append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 37 * i,
-                  40 + static_cast<uint64_t>(i));
-    }
-    const int32_t budget = 30;
-    const int64_t width = 32;
-    F32 q({kSeqs, 8, kDim});
-    q.data = test::random_vector(static_cast<size_t>(kSeqs * 8 * kDim), 88, 2.0f);
-    q.refresh();
-    std::vector<int32_t> results[2];
-    for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-      const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
-      label(q, device_type);
-      I32 out({kSeqs, kHeads, width}, -7);
-      label(out, device_type);
-      std::vector<int32_t> counts(kSeqs, -1);
-      test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
-                                         seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
-      results[device_type == KVRET_DEVICE_CUDA ? 0 : 1] = out.data;
-      for (int i = 0; i < kSeqs; ++i) {
-        if (device_type == KVRET_DEVICE_CUDA) {
-          EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0);
-        }
-        const std::vector<float> qi(q.data.begin() + i * 8 * kDim, q.data.begin() + (i + 1) * 8 * kDim);
-        const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
-        ASSERT_EQ(counts[static_cast<size_t>(i)], single.count);
-        const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                           out.data.begin() + (i + 1) * kHeads * width);
-        EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
-      }
-    }
-    EXPECT_EQ(results[0], results[1]);
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-    }
+    test::twin::Batch w;
+    w.compare_backends = true;
+    ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
+        quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc),
+        quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc), w));
   }
 }
 
@@ -385,8 +297,7 @@ TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
         dc.quant_attention = cc.quant_attention = 1;
         auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
         kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+        open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
         append_both(a, b, dc.n_layers, 150 + 11 * round, 61 + static_cast<uint64_t>(round));
         std::mt19937_64 rng(17 + static_cast<uint64_t>(round++));
         int attends = 0;
@@ -394,13 +305,10 @@ TEST_F(DeviceQuant, AttentionEqualsTheCpuBackend) {
           const int64_t length = length_of(a);
           const uint64_t op = rng() % 10;
           if (op == 0 && length > 120) {
-            const int64_t to = length - 1 - static_cast<int64_t>(rng() % 50);
-            test::expect_ok(kvret_seq_truncate(a, to));
-            test::expect_ok(kvret_seq_truncate(b, to));
+            test::twin::truncate_both(a, b, length, 50, rng);
           } else if (op == 1) {
             kvret_seq *fa = nullptr, *fb = nullptr;
-            test::expect_ok(kvret_seq_fork(a, &fa));
-            test::expect_ok(kvret_seq_fork(b, &fb));
+            test::twin::fork_both(a, b, fa, fb);
             std::swap(a, fa), std::swap(b, fb);
             test::expect_ok(kvret_seq_close(fa));
             test::expect_ok(kvret_seq_close(fb));
@@ -446,8 +354,7 @@ TEST_F(DeviceQuant, AttentionPastTheLimitRunsOnTheHost) {
   dc.device_bytes_limit = 1024;  // far below the copy of 400 tokens
   auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
   kvret_seq *a = nullptr, *b = nullptr;
-  test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-  test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+  open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
   append_both(a, b, dc.n_layers, 400, 71);
   ASSERT_GT(copy_bytes_of(a, 0), dc.device_bytes_limit);
   const std::vector<float> q = test::random_vector(8 * kDim, 72, 2.0f);

@@ -24,6 +24,7 @@
 #include "c_api/handles.hpp"
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "cpu_select.hpp"
 #include "device_twin.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
@@ -38,42 +39,24 @@
 #include "test_util.hpp"
 
 using namespace kvret;
-using test::F32;
-using test::I32;
 namespace pm = kvret::cuda::math;
 
 namespace {
 
-using test::twin::append_both;
-using test::twin::bits;
-using test::twin::expect_same;
-using test::twin::kDim;
-using test::twin::kHeads;
-using test::twin::label;
-using test::twin::length_of;
-using test::twin::same_bits;
-using test::twin::select;
-using test::twin::Selected;
-using test::twin::stats_of;
+using namespace test::twin;  // the twin sequences, their selects and the shared checks
 
-/// Random floats with the special values mixed in.
-std::vector<float> awkward_floats(size_t n, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  const float specials[] = {0.0f,       -0.0f,      -87.0f,
-                            -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(),
-                            -1e-40f,    1e-30f,     -std::numeric_limits<float>::infinity(),
-                            0.5f};
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = rng() % 16 == 0 ? specials[rng() % std::size(specials)] : u(rng);
-  return out;
-}
+/// The special values awkward_floats mixes in (zeros, the exponential's cut-off at -87 and its neighbours, NaN, a
+/// subnormal, -Inf).
+const std::vector<float> kAwkward = {0.0f,       -0.0f,      -87.0f,
+                                     -86.99999f, -87.00001f, std::numeric_limits<float>::quiet_NaN(),
+                                     -1e-40f,    1e-30f,     -std::numeric_limits<float>::infinity(),
+                                     0.5f};
 
 TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
   std::mt19937_64 rng(2);
   for (const int d : {1, 3, 4, 7, 8, 9, 64, 100, 128, 256}) {
     for (int trial = 0; trial < 50; ++trial) {
-      const std::vector<float> q = awkward_floats(static_cast<size_t>(d), rng(), -3.0f, 3.0f);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(d), rng(), -3.0f, 3.0f, kAwkward);
       std::vector<float> row = test::random_vector(2 * static_cast<size_t>(d), rng(), 2.0f);
       std::vector<float> split(2 * static_cast<size_t>(d));
       for (int i = 0; i < d; ++i) {
@@ -95,19 +78,8 @@ TEST(PageMath, BoundIsTheCpuDotOfTheSplitQuery) {
 /// The header's fold of logits [group, n] of n pages holding `tokens` tokens (page_size each, the last fewer).
 std::vector<float> header_fold(const std::vector<float>& logits, int group, int64_t n, int64_t tokens,
                                int32_t page_size, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t p = 0; p < n; ++p)
-        out[static_cast<size_t>(p)] = pm::page_max_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)]);
-      continue;
-    }
-    const pm::PageSoftmax s = pm::page_softmax_terms(l.data(), n, tokens, page_size);
-    for (int64_t p = 0; p < n; ++p)
-      out[static_cast<size_t>(p)] = pm::page_sum_prob_step(out[static_cast<size_t>(p)], l[static_cast<size_t>(p)], s);
-  }
-  return out;
+  return test::header_fold(logits, group, n, fold,
+                           [&](float* l) { return pm::page_softmax_terms(l, n, tokens, page_size); });
 }
 
 TEST(PageMath, FoldIsTheCpuWeightedFold) {
@@ -118,8 +90,9 @@ TEST(PageMath, FoldIsTheCpuWeightedFold) {
     const int32_t page_size = 1 + static_cast<int32_t>(rng() % 32);
     const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
     const bool awkward = trial % 4 == 0;
-    const std::vector<float> logits = awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
-                                              : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    const std::vector<float> logits =
+        awkward ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
+                : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     std::vector<int32_t> weight(static_cast<size_t>(n));
     for (int64_t p = 0; p < n; ++p) weight[static_cast<size_t>(p)] = pm::page_weight(p, n, tokens, page_size);
     EXPECT_EQ(weight.back(), tokens - (n - 1) * page_size);
@@ -142,7 +115,7 @@ TEST(PageMath, OrderAndTakeAreTheCpuGroupedTake) {
     const int32_t page_size = 1 + static_cast<int32_t>(rng() % 20);
     const int64_t tokens = (n - 1) * page_size + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(page_size));
     const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
-    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f, kAwkward);
     for (auto& s : scores)
       if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
     std::vector<int32_t> weight(static_cast<size_t>(n));
@@ -184,9 +157,10 @@ TEST(ClusterMath, LogitIsTheCpuScaledDots) {
     for (int trial = 0; trial < 20; ++trial) {
       const int group = 1 + static_cast<int>(rng() % 8);
       const int64_t n = 1 + static_cast<int64_t>(rng() % 40);
-      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f);
-      const std::vector<float> rows = trial % 3 == 0 ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f)
-                                                     : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
+      const std::vector<float> q = awkward_floats(static_cast<size_t>(group * d), rng(), -3.0f, 3.0f, kAwkward);
+      const std::vector<float> rows = trial % 3 == 0
+                                          ? awkward_floats(static_cast<size_t>(n * d), rng(), -2.0f, 2.0f, kAwkward)
+                                          : test::random_vector(static_cast<size_t>(n * d), rng(), 2.0f);
       const float scale = 1.0f / std::sqrt(static_cast<float>(d));
       std::vector<float> cpu(static_cast<size_t>(group * n));
       scaled_dots(q.data(), d, group, rows.data(), d, n, d, scale, cpu.data(), n);
@@ -210,20 +184,10 @@ std::vector<int32_t> cluster_weights(int64_t clusters, int64_t singles, std::mt1
 /// The header's fold of logits [group, n] over groups of the given weights (clusters first, then singletons).
 std::vector<float> cluster_header_fold(const std::vector<float>& logits, int group, int64_t n,
                                        const std::vector<int32_t>& weight, int64_t clusters, kvret_gqa_fold fold) {
-  std::vector<float> out(static_cast<size_t>(n), fold == KVRET_FOLD_MAX_LOGIT ? pm::neg_inf() : 0.0f);
-  for (int g = 0; g < group; ++g) {
-    std::vector<float> l(logits.begin() + g * n, logits.begin() + (g + 1) * n);
-    if (fold == KVRET_FOLD_MAX_LOGIT) {
-      for (int64_t u = 0; u < n; ++u)
-        out[static_cast<size_t>(u)] = pm::cluster_max_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)]);
-      continue;
-    }
-    const pm::PageSoftmax s = pm::cluster_softmax_terms(l.data(), n, weight.data(), clusters);
-    for (int64_t u = 0; u < n; ++u)
-      out[static_cast<size_t>(u)] =
-          pm::cluster_sum_prob_step(out[static_cast<size_t>(u)], l[static_cast<size_t>(u)], s);
-  }
-  return out;
+  return test::header_fold(
+      logits, group, n, fold, [&](float* l) { return pm::cluster_softmax_terms(l, n, weight.data(), clusters); },
+      [](float acc, float l) { return pm::cluster_max_step(acc, l); },
+      [](float acc, float l, const pm::PageSoftmax& s) { return pm::cluster_sum_prob_step(acc, l, s); });
 }
 
 TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
@@ -236,9 +200,9 @@ TEST(ClusterMath, FoldIsTheCpuWeightedFold) {
     const std::vector<int32_t> weight = cluster_weights(clusters, singles, rng);
     for (int64_t u = 0; u < n; ++u)
       ASSERT_EQ(pm::cluster_weight(weight.data(), clusters, u), weight[static_cast<size_t>(u)]);
-    const std::vector<float> logits = trial % 4 == 0
-                                          ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f)
-                                          : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
+    const std::vector<float> logits =
+        trial % 4 == 0 ? awkward_floats(static_cast<size_t>(group * n), rng(), -30.0f, 30.0f, kAwkward)
+                       : test::random_vector(static_cast<size_t>(group * n), rng(), 8.0f);
     for (const kvret_gqa_fold fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
       std::vector<float> cpu(static_cast<size_t>(n));
       fold_weighted_logits(logits.data(), weight.data(), group, n, fold, cpu.data());
@@ -281,7 +245,7 @@ TEST(ClusterMath, OrderAndTakeAreTheCpuGroupedTake) {
     for (const int32_t w : weight) tokens += w;
     if (tokens == 0) continue;
     const int64_t budget = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens));
-    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f);
+    std::vector<float> scores = awkward_floats(static_cast<size_t>(n), rng(), -2.0f, 2.0f, kAwkward);
     for (auto& s : scores)
       if (rng() % 4 == 0) s = static_cast<float>(rng() % 3);  // ties
     for (int64_t u = 0; u < n; ++u)
@@ -326,21 +290,12 @@ TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
     const auto fold = trial % 2 == 0 ? KVRET_FOLD_SUM_PROB : KVRET_FOLD_MAX_LOGIT;
     const int64_t budget = trial % 6 == 1 ? middle : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(middle));
     const std::vector<float> q = test::random_vector(static_cast<size_t>(kQ * kD), rng(), 2.0f);
-    SelectRequest req;
-    req.q = q.data();
-    req.n_q_heads = kQ;
-    req.group = kGroup;
-    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-    req.mid_begin = index.indexed_begin();
-    req.mid_end = index.indexed_end();
-    req.budget = budget;
-    req.fold = fold;
-    req.n_threads = 2;
-    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
-    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
-    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-    ASSERT_EQ(index.select(store, req, row_ptrs, score_ptrs), budget);
+    const test::HeadsSelected s =
+        test::select_heads(index, store, q, kH, kD, kGroup, index.indexed_begin(), index.indexed_end(), budget, fold);
+    ASSERT_EQ(s.count, budget);
+    const SelectRequest& req = s.req;
+    const auto& rows = s.rows;
+    const auto& scores = s.scores;
     const int64_t clusters = index.clusters(), exacts = index.exacts(), pending = index.pending();
     const int64_t groups = clusters + exacts + pending;
     for (int h = 0; h < kH; ++h) {
@@ -384,42 +339,30 @@ TEST(ClusterMath, CpuSelectIsTheHeaderModel) {
 // --- through the C ABI ------------------------------------------------------------------------------------------
 
 kvret_config page_config(int32_t device_type, int kv, int fold, int32_t page_size) {
-  kvret_config c = test::small_config(KVRET_INDEX_PAGE);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_PAGE, device_type, kv, fold);
   c.page_size = page_size;
-  c.background_build = 0;
   return c;
 }
 
 /// A CLUSTER config of small clusters, decode intervals of 24 tokens (decodes add clusters often) and exact
 /// singletons when exact_fraction > 0.
 kvret_config cluster_config(int32_t device_type, int kv, int fold, float exact_fraction) {
-  kvret_config c = test::small_config(KVRET_INDEX_CLUSTER);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_CLUSTER, device_type, kv, fold);
   c.cluster_tokens = 12;
   c.cluster_decode_interval = 24;
   c.cluster_decode_k = 3;
   c.cluster_segment_tokens = 96;
   c.cluster_exact_fraction = exact_fraction;
-  c.background_build = 0;
   return c;
 }
 
 /// A PQ config of pq_m = m and pq_bits = bits (0: 12 / m, a select that scores 4096 code cells; m * bits > 16: per
 /// token), with exact tokens when exact_fraction > 0.
 kvret_config pq_config(int32_t device_type, int kv, int fold, int32_t m, float exact_fraction, int32_t bits = 0) {
-  kvret_config c = test::small_config(KVRET_INDEX_PQ);
-  c.device_type = device_type;
-  c.kv_dtype = kv;
-  c.gqa_fold = fold;
+  kvret_config c = twin_config(KVRET_INDEX_PQ, device_type, kv, fold);
   c.pq_m = m;
   c.pq_bits = bits > 0 ? bits : 12 / m;
   c.pq_exact_fraction = exact_fraction;
-  c.background_build = 0;
   return c;
 }
 
@@ -449,13 +392,7 @@ const IndexCase kIndexCases[] = {
     {KVRET_INDEX_CLUSTER, 0, 0.1f}, {KVRET_INDEX_PQ, 2, 0.0f},     {KVRET_INDEX_PQ, 2, 0.1f},
     {KVRET_INDEX_PQ, 4, 0.05f},     {KVRET_INDEX_PQ, 4, 0.05f, 6}, {KVRET_INDEX_PQ, 8, 0.1f, 4}};
 
-class DeviceSelect : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (test::device_type() != KVRET_DEVICE_CUDA) GTEST_SKIP() << "run with KVRET_TEST_DEVICE=cuda";
-    ASSERT_NE(kvret::cuda_backend_system(), nullptr) << "KVRET_TEST_DEVICE=cuda in a build without the CUDA backend";
-  }
-};
+class DeviceSelect : public test::twin::OnDevice {};
 
 /// Positions and scores of the device select equal, bit for bit, the CPU backend's over random steps with appends
 /// (prefill and one-token decodes: partial last pages; CLUSTER: pending tails and new decode clusters), truncates,
@@ -470,19 +407,11 @@ TEST_F(DeviceSelect, EqualsTheCpuBackendUnderEveryChange) {
         const kvret_config dc = index.config(KVRET_DEVICE_CUDA, kv, fold);
         const kvret_config cc = index.config(KVRET_DEVICE_CPU, kv, fold);
         const int32_t page_size = index.index == KVRET_INDEX_PAGE ? index.page_size : 0;
-        auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-        kvret_seq *a = nullptr, *b = nullptr;
-        test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-        test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
-        append_both(a, b, dc.n_layers, 150 + page_size, 21);
-        std::mt19937_64 rng(7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
-                            static_cast<uint64_t>(index.exact_fraction * 100.0f));
-        const int selects =
-            test::twin::walk(dev_ctx.get(), cpu_ctx.get(), a, b, dc, rng, {90, 40, 30, "devsel"}, where);
+        const uint64_t rng_seed = 7 + static_cast<uint64_t>(kv * 4 + fold * 2 + page_size) +
+                                  static_cast<uint64_t>(index.exact_fraction * 100.0f);
+        const int selects = walk_twins(dc, cc, 150 + page_size, 21, rng_seed, {90, 40, 30, "devsel"}, where);
         ASSERT_FALSE(HasFatalFailure());
         EXPECT_GT(selects, 20);
-        test::expect_ok(kvret_seq_close(a));
-        test::expect_ok(kvret_seq_close(b));
       }
     }
   }
@@ -513,8 +442,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
     test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
     append_both(a, b, dc.n_layers, tokens, 31);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
-    expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
-                "layer 0");
+    expect_same_select(a, b, 0, q, 100, 100, true, "layer 0");
     const int64_t one = stats_of(a).device_bytes;
     if (limit != 0 && limit < pages * page_bytes) {
       EXPECT_EQ(one, 0) << "no copy past the limit";
@@ -525,8 +453,7 @@ TEST_F(DeviceSelect, DeviceBytesCountTheBoundsAndTheLimitHolds) {
         EXPECT_LE(one, limit);
       }
     }
-    expect_same(select(a, KVRET_DEVICE_CUDA, 1, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 1, q, 100, 100, true),
-                "layer 1");
+    expect_same_select(a, b, 1, q, 100, 100, true, "layer 1");
     const int64_t two = stats_of(a).device_bytes;
     if (limit == 0) {
       EXPECT_EQ(two, 2 * one) << "one copy per layer";
@@ -565,15 +492,13 @@ TEST_F(DeviceSelect, DeviceBytesCountTheClustersAndTheLimitHolds) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 32);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
     index_bytes = cluster_mirror_bytes(a, 0);
     ASSERT_GT(index_bytes, 0);
     for (int round = 0; round < 3; ++round) {
-      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, 100, 100, true), select(b, KVRET_DEVICE_CPU, 0, q, 100, 100, true),
-                  "round " + std::to_string(round));
+      expect_same_select(a, b, 0, q, 100, 100, true, "round " + std::to_string(round));
       const int64_t held = stats_of(a).device_bytes;
       if (pass == 0) {
         EXPECT_GE(held, cluster_mirror_bytes(a, 0)) << "round " << round;
@@ -623,16 +548,14 @@ void pq_index_bytes_and_limit(int32_t m, int32_t bits) {
     SCOPED_TRACE(dc.device_bytes_limit);
     auto dev_ctx = test::make_context(dc);
     kvret_seq *a = nullptr, *b = nullptr;
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b));
+    open_both(dev_ctx.get(), cpu_ctx.get(), a, b);
     append_both(a, b, dc.n_layers, tokens, 33);
     EXPECT_EQ(stats_of(a).device_bytes, 0);
     index_bytes = pq_index_bytes(a, 0);
     ASSERT_GT(index_bytes, 0);
     for (int round = 0; round < 4; ++round) {
       const int32_t budget = round == 3 ? 1 : 100;
-      expect_same(select(a, KVRET_DEVICE_CUDA, 0, q, budget, budget, true),
-                  select(b, KVRET_DEVICE_CPU, 0, q, budget, budget, true), "round " + std::to_string(round));
+      expect_same_select(a, b, 0, q, budget, budget, true, "round " + std::to_string(round));
       const int64_t held = stats_of(a).device_bytes;
       if (pass == 0) {
         EXPECT_GE(held, pq_index_bytes(a, 0)) << "round " << round;
@@ -699,49 +622,14 @@ void non_finite_query_changes_nothing(int32_t kind) {
   test::expect_ok(kvret_seq_close(unused));
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
+/// kvret_select_batch over several sequences equals one select per sequence.
 void batch_equals_single_selects(const IndexCase& index) {
   SCOPED_TRACE(index.name());
-  constexpr int kSeqs = 3;
-  const kvret_config dc = index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
-  const kvret_config cc = index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB);
-  auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-  std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
-  for (int i = 0; i < kSeqs; ++i) {
-    test::expect_ok(kvret_seq_open(dev_ctx.get(), &a[static_cast<size_t>(i)]));
-    test::expect_ok(kvret_seq_open(cpu_ctx.get(), &b[static_cast<size_t>(i)]));
-    append_both(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], dc.n_layers, 200 + 37 * i,
-                40 + static_cast<uint64_t>(i));
-  }
-  const int32_t budget = 50;
-  const int64_t width = 52;
-  F32 q({kSeqs, 8, kDim});
-  q.data = test::random_vector(static_cast<size_t>(kSeqs * 8 * kDim), 88, 2.0f);
-  q.refresh();
-  for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-    const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
-    label(q, device_type);
-    I32 out({kSeqs, kHeads, width}, -7);
-    label(out, device_type);
-    std::vector<int32_t> counts(kSeqs, -1);
-    test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
-                                       seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
-    for (int i = 0; i < kSeqs; ++i) {
-      if (device_type == KVRET_DEVICE_CUDA) {  // the batch selected on the device: its copy of the bounds is there
-        EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0);
-      }
-      const std::vector<float> qi(q.data.begin() + i * 8 * kDim, q.data.begin() + (i + 1) * 8 * kDim);
-      const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
-      ASSERT_EQ(counts[static_cast<size_t>(i)], single.count);
-      const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                         out.data.begin() + (i + 1) * kHeads * width);
-      EXPECT_EQ(batched, single.positions) << "sequence " << i << " device " << device_type;
-    }
-  }
-  for (int i = 0; i < kSeqs; ++i) {
-    test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-    test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-  }
+  test::twin::Batch w;
+  w.budget = 50;
+  w.width = 52;
+  test::twin::batch_equals_single_selects(index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB),
+                                          index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB), w);
 }
 
 TEST_F(DeviceSelect, BatchEqualsSingleSelects) {

@@ -18,6 +18,7 @@
 
 #include "core/tensor_view.hpp"
 #include "core/vec_math.hpp"
+#include "cpu_select.hpp"
 #include "index/pq_retriever.hpp"
 #include "math/page_math.h"
 #include "math/pq_math.h"
@@ -219,21 +220,12 @@ void expect_selects_are_the_model(const Built& b, HeaderModel model, bool awkwar
     if (trial % 8 == 2) std::fill(q.begin(), q.end(), 0.0f);  // every logit 0: ties everywhere
     if (trial % 8 == 4 || (awkward_six && trial % 8 == 6)) q = awkward_floats(q.size(), rng(), 2.0f);
     if (trial % 8 == 5) std::fill(q.begin(), q.end(), -0.0f);
-    SelectRequest req;
-    req.q = q.data();
-    req.n_q_heads = kQ;
-    req.group = kGroup;
-    req.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-    req.mid_begin = index.indexed_begin();
-    req.mid_end = index.indexed_end();
-    req.budget = budget;
-    req.fold = fold;
-    req.n_threads = 2;
-    std::vector<std::vector<int32_t>> rows(kH, std::vector<int32_t>(static_cast<size_t>(budget)));
-    std::vector<std::vector<float>> scores(kH, std::vector<float>(static_cast<size_t>(budget)));
-    int32_t* row_ptrs[kH] = {rows[0].data(), rows[1].data()};
-    float* score_ptrs[kH] = {scores[0].data(), scores[1].data()};
-    ASSERT_EQ(index.select(b.store, req, row_ptrs, score_ptrs), budget);
+    const test::HeadsSelected s =
+        test::select_heads(index, b.store, q, kH, kD, kGroup, index.indexed_begin(), index.indexed_end(), budget, fold);
+    ASSERT_EQ(s.count, budget);
+    const SelectRequest& req = s.req;
+    const auto& rows = s.rows;
+    const auto& scores = s.scores;
     for (int h = 0; h < kH; ++h) {
       std::vector<int32_t> want_rows;
       std::vector<float> want_scores;
