@@ -2380,79 +2380,21 @@ class CudaBackend final : public Backend {
   /// The working-set gather of kernels/working_set_gather (16-byte pieces of rows straight from the mapped pinned
   /// pages) where the outputs allow it: the store's element type, a head_dim of 64, 128 or 256, contiguous
   /// [H, capacity, D] and [H, capacity] outputs. Returns false (nothing enqueued) otherwise: the Thrust gather
-  /// does the rest (f32 outputs of an f16 or bf16 store, strided outputs).
+  /// does the rest (f32 outputs of an f16 or bf16 store, strided outputs). tuned_gather_batch for one job.
   bool tuned_gather(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
                     int64_t count, int64_t rows, const WorkingSetViews& out, LayerCache* cache, int64_t* hits,
                     kvret_stream stream) {
-    const int heads = store.n_kv_heads();
-    const int d = store.head_dim();
-    const int64_t capacity = out.k.dim(1);
-    if (!tuned_fits(store, rows, out)) return false;
-    const cuda::KvGeometry geo = tuned_geometry(store);
-    // the pages of the store, as the device addresses them (each page is one mapped pinned allocation: keys of
-    // every head, then values)
-    const int64_t page_tokens = HostKvStore::kPageTokens;
-    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
-    const int64_t row_bytes = static_cast<int64_t>(store.row_bytes());
-    std::vector<const void*> pages(static_cast<size_t>(2 * n_pages));
-    for (int64_t i = 0; i < n_pages; ++i) {
-      void* device = nullptr;
-      check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(store.key_row(0, i * page_tokens)), 0),
-                 "cudaHostGetDevicePointer");
-      pages[static_cast<size_t>(i)] = device;
-      pages[static_cast<size_t>(n_pages + i)] = static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
-    }
-    std::vector<int32_t> positions(static_cast<size_t>(heads * rows));
-    for (int h = 0; h < heads; ++h)
-      working_set_positions(mid_begin, mid_end, store.size(), count > 0 ? selected[h] : nullptr, count,
-                            positions.data() + static_cast<size_t>(h * rows));
-    const DeviceArray<const void*> device_pages(pages.size(), stream);
-    const DeviceArray<int32_t> device_positions(positions.size(), stream);
-    const DeviceArray<cuda::WorkingSetGatherSeq> device_seq(1, stream);
-    cuda::WorkingSetGatherSeq seq;
-    seq.host.k_pages = device_pages.get();
-    seq.host.v_pages = device_pages.get() + n_pages;
-    seq.host.page_tokens = page_tokens;
-    seq.host.token_stride = row_bytes;
-    seq.host.head_stride = page_tokens * row_bytes;
-    seq.host.n_tokens = store.size();
-    seq.positions = device_positions.get();
-    seq.positions_stride = rows;
-    seq.n_rows = static_cast<int32_t>(rows);
-    seq.out_k = out.k.data();
-    seq.out_v = out.v.data();
-    seq.out_positions = reinterpret_cast<int32_t*>(out.positions.data());
-    seq.out_capacity = capacity;
-    const DeviceArray<unsigned long long> counters(3, stream);
-    if (cache != nullptr && cache->view().max_blocks > 0) {
-      const dm::CacheView c = cache->view();
-      seq.cache.block_table = c.table;
-      seq.cache.slot_block = c.slot_block;
-      seq.cache.slot_stamp = c.stamp;
-      seq.cache.slot_prefetched = c.prefetched;
-      seq.cache.k = c.k;
-      seq.cache.v = c.v;
-      seq.cache.max_blocks = c.max_blocks;
-      seq.cache.n_slots = c.n_slots;
-      seq.counters = counters.get();
-      check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * sizeof(unsigned long long), cuda_stream(stream)),
-                 "cudaMemsetAsync");
-    }
-    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
-    copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
-    copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);
-    // (a copy from pageable memory returns once its bytes are staged, so the host arrays may go)
-    note_gather_pass();
-    check_cuda(
-        cuda::launch_working_set_gather(device_seq.get(), 1, static_cast<int32_t>(rows), geo, cuda_stream(stream)),
-        "launch_working_set_gather");
-    *hits = 0;
-    if (seq.counters != nullptr) {  // rows from the cache (the first counter), after the gather
-      unsigned long long from_cache = 0;
-      copy_bytes(&from_cache, counters.get(), sizeof from_cache, stream, true);
-      *hits = static_cast<int64_t>(from_cache);
-    }
-    return true;  // the device arrays are freed in stream order after the gather
+    GatherJob job;
+    job.store = &store;
+    job.mid_begin = mid_begin;
+    job.mid_end = mid_end;
+    job.selected = selected;
+    job.count = count;
+    job.out = &out;
+    job.rows = rows;
+    if (!tuned_gather_batch(&job, {0}, {cache}, stream)) return false;
+    *hits = job.served_by_sources;
+    return true;
   }
 #endif
 
