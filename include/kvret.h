@@ -105,8 +105,10 @@ typedef enum kvret_device_type {
  *   another GPU's memory, and pageable host memory where a kernel touches the tensor in place (the working set of
  *   kvret_fetch_async, the tensors of kvret_attend, q and out of kvret_seq_attend; unless the GPU has pageable
  *   memory access) are KVRET_ERR_DEVICE before anything runs. Calls with a stream
- *   argument order their device work on that stream; the others (append, select, read) copy what they read from
- *   device memory after the work on the legacy default stream and return when their outputs are written. */
+ *   argument order their device work on that stream and may return before it is done (kvret_synchronize); the
+ *   calls of one sequence whose work is in flight together must use one stream. The others (append, select, read)
+ *   copy what they read from device memory after the work on the legacy default stream and return when their
+ *   outputs are written. */
 
 typedef struct kvret_device {
   int32_t device_type; /**< a kvret_device_type value */
@@ -547,8 +549,8 @@ KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kv
  *    KVRET_ERR_OUT_OF_MEMORY, KVRET_ERR_CUDA) may leave some working sets written; the sequences' stats stay as
  *    they were (a cluster index's resident copies are dropped, as a failed kvret_fetch_async drops its own).
  *  - Devices and streams as kvret_fetch_async: on the CUDA backend positions is copied to the host once for the
- *    batch and the gathers are ordered on `stream` (one gather per sequence today); on the CPU backend every
- *    working set is written when the call returns.
+ *    batch and the batch is gathered in one pass ordered on `stream` (one launch for the sequences without row
+ *    sources; never run on a GPU); on the CPU backend every working set is written when the call returns.
  *  - Threads: as for kvret_select_batch, the call uses every sequence of the batch: none of them may be in
  *    another call at the same time; other sequences of the context may be used from other threads meanwhile. */
 KVRET_API kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
