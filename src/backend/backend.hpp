@@ -235,6 +235,16 @@ class Backend {
     (void)stream;
     return false;
   }
+  /// select_on_device for each of the `n` jobs (of distinct sequences), ordered on `stream`: done[i] set to what
+  /// select_on_device(*jobs[i]) would return, with the same outputs. The default runs one select per job; a backend
+  /// may fuse them (one set of passes for the jobs of a kind and budget). Throws as select_on_device; jobs may then
+  /// have been written.
+  virtual void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) {
+    for (size_t i = 0; i < n; ++i) done[i] = select_on_device(*jobs[i], stream);
+  }
+  /// For tests: the passes (kernel launches, Thrust algorithms) this process's CUDA backends have run so far; 0 on
+  /// a backend without a device.
+  virtual int64_t device_passes() const noexcept { return 0; }
   /// Quantized attention on the device, ordered on `stream`: out written as attend_dense writes it, and
   /// *key_rows set to its return. Returns false, having written nothing, where it cannot (the default: never; q or
   /// out not in device memory, no room for the index's device copy): the caller then attends on the host.

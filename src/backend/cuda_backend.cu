@@ -25,6 +25,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,9 @@ void note_wait() noexcept { g_host_waits.fetch_add(1, std::memory_order_relaxed)
 /// The working-set gather passes of every CUDA backend of the process (Backend::gather_passes).
 std::atomic<int64_t> g_gather_passes{0};
 void note_gather_pass() noexcept { g_gather_passes.fetch_add(1, std::memory_order_relaxed); }
+/// The passes (for_each_index, with_policy) of every CUDA backend of the process (Backend::device_passes).
+std::atomic<int64_t> g_device_passes{0};
+void note_pass() noexcept { g_device_passes.fetch_add(1, std::memory_order_relaxed); }
 
 #if KVRET_ON_GPU
 void check_cuda(cudaError_t e, const std::string& what) {
@@ -106,6 +110,7 @@ class DeviceScope {
 /// f(i) for i in [0, n), in stream order on `stream`; a failed launch is KVRET_ERR_CUDA.
 template <class F>
 void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
+  note_pass();
   try {
     thrust::for_each_n(thrust::cuda::par_nosync.on(cuda_stream(stream)), thrust::counting_iterator<int64_t>(0), n, f);
   } catch (const thrust::system_error& e) {
@@ -155,6 +160,7 @@ struct StreamOrderedTemporaries {
 /// launch is KVRET_ERR_CUDA.
 template <class F>
 void with_policy(kvret_stream stream, int, int64_t, const F& f) {
+  note_pass();
   try {
     f(thrust::cuda::par_nosync(StreamOrderedTemporaries{cuda_stream(stream)}).on(cuda_stream(stream)));
   } catch (const thrust::system_error& e) {
@@ -198,6 +204,7 @@ constexpr int64_t kSerialBelow = int64_t{1} << 14;
 /// f(i) for i in [0, n): on OpenMP's threads, or on the calling thread alone for a one-thread context.
 template <class F>
 void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
+  note_pass();
   if (n_threads == 1 || n < kSerialBelow) {
     thrust::for_each_n(thrust::cpp::par, thrust::counting_iterator<int64_t>(0), n, f);
   } else {
@@ -209,6 +216,7 @@ void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
 /// context.
 template <class F>
 void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
+  note_pass();
   if (n_threads == 1 || n < kSerialBelow) {
     f(thrust::cpp::par);
   } else {
@@ -316,6 +324,42 @@ class PinnedPages final : public PageAllocator {
     host_page_allocator().deallocate(p, bytes);
 #endif
   }
+};
+
+/// The first `n_pages` pages of `store` as the device addresses them (PinnedPages: read in place over the bus). A
+/// page holds the keys of every head, head after head, then the values (HostKvStore's layout).
+std::vector<const std::byte*> device_page_addresses(const HostKvStore& store, int64_t n_pages) {
+  std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
+  for (int64_t i = 0; i < n_pages; ++i) {
+    const std::byte* page = store.key_row(0, i * HostKvStore::kPageTokens);
+#if KVRET_ON_GPU
+    void* device = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(page), 0), "cudaHostGetDevicePointer");
+    page = static_cast<const std::byte*>(device);
+#endif
+    pages[static_cast<size_t>(i)] = page;
+  }
+  return pages;
+}
+
+/// The pages holding a store's first `tokens` tokens.
+int64_t pages_for(int64_t tokens) noexcept {
+  return (tokens + HostKvStore::kPageTokens - 1) / HostKvStore::kPageTokens;
+}
+
+/// device_page_addresses in device memory, a temporary of one call on `stream`.
+class PageTable {
+ public:
+  PageTable(const HostKvStore& store, int64_t n_pages, kvret_stream stream)
+      : pages_(static_cast<size_t>(n_pages), stream) {
+    const std::vector<const std::byte*> host = device_page_addresses(store, n_pages);
+    // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+    copy_bytes(pages_.get(), host.data(), host.size() * sizeof(const std::byte*), stream, false);
+  }
+  const std::byte* const* get() const noexcept { return pages_.get(); }
+
+ private:
+  DeviceArray<const std::byte*> pages_;
 };
 
 /// The device memory a context keeps between calls, against config.device_bytes_limit (0: unlimited).
@@ -968,11 +1012,7 @@ class CudaBackend final : public Backend {
     LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
     // the rows' sources, made on the device from the positions and the store's pages
     const int64_t page_tokens = HostKvStore::kPageTokens;
-    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
-    std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
-    for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
-    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
-    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const PageTable device_pages(store, pages_for(store.size()), stream);
     const DeviceArray<dm::RowCopy> copies(static_cast<size_t>(entries), stream);
     for_each_index(stream, n_threads, entries,
                    dm::WorkingSetRowCopies{selected, stride, count, mid_begin, mid_end, rows, heads, page_tokens,
@@ -1030,6 +1070,7 @@ class CudaBackend final : public Backend {
 
   int64_t host_waits() const noexcept override { return g_host_waits.load(); }
   int64_t gather_passes() const noexcept override { return g_gather_passes.load(); }
+  int64_t device_passes() const noexcept override { return g_device_passes.load(); }
 
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1111,6 +1152,41 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
+  /// The EXACT selects without KVCrush's representatives fused, one set of passes for each budget (a batch's
+  /// sequences whose middle holds the budget share one); every other job selected alone.
+  void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) override {
+    std::map<std::tuple<int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> fused;  // by budget and shape
+    for (size_t i = 0; i < n; ++i) {
+      const DeviceSelectJob& job = *jobs[i];
+      if (fusable_exact(job))
+        fused[{job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
+      else
+        done[i] = select_on_device(job, stream);
+    }
+    for (const auto& [shape, members] : fused) {
+      if (members.size() == 1) {
+        done[members[0]] = select_on_device(*jobs[members[0]], stream);
+        continue;
+      }
+      std::vector<const DeviceSelectJob*> group;
+      for (const size_t i : members) group.push_back(jobs[i]);
+      DeviceScope scope(device_id_);
+      const FusedJobs fj(std::move(group), stream);
+      const SelectRequest& r = fj.job(0).request;
+      const auto d = static_cast<int32_t>(fj.job(0).q->dim(1));
+      const int64_t per_job = r.n_q_heads * d, all = per_job * static_cast<int64_t>(fj.size());
+      const DeviceArray<float> q(static_cast<size_t>(all), stream);
+      for_each_index(stream, r.n_threads, all, dm::LoadQueries{fj.q(), q.get(), per_job, d});
+      for (size_t j = 0; j < fj.size(); ++j)
+        if (fj.job(j).check_finite) {
+          check_finite_queries(q.get(), all, r.n_threads, stream);
+          break;
+        }
+      exact_select(fj, q.get(), stream);
+      for (const size_t i : members) done[i] = true;
+    }
+  }
+
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
     const Retriever* target = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     // QUANT adds no KVCrush representatives on the device: with them the host selects
@@ -1148,7 +1224,7 @@ class CudaBackend final : public Backend {
       if (crush == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
     }
     if (exact != nullptr) {
-      exact_select(*job.store, job, q.get(), stream);
+      exact_select(FusedJobs({&job}, stream), q.get(), stream);
     } else if (cluster != nullptr) {
       if (!cluster_select(*cluster, job, q.get(), stream)) return false;
     } else if (pq != nullptr) {
@@ -1172,50 +1248,118 @@ class CudaBackend final : public Backend {
                   kvret_stream stream) {
     const int64_t n = q_heads * d;
     for_each_index(stream, threads, n, dm::PageLoadQuery{device_tensor(q), out, d});
-    if (!check_finite) return;
-    int64_t bad = 0;
-    with_policy(stream, threads, n, [&](const auto& policy) {
-      bad = static_cast<int64_t>(thrust::count_if(policy, out, out + n, dm::PageNonFinite{}));
-      note_wait();  // the count comes back to the host
-    });
-    require(bad == 0, KVRET_ERR_NONFINITE, q.name() + ": contains NaN or Inf");
+    if (check_finite) check_finite_queries(out, n, threads, stream, q.name());
   }
 
-  /// EXACT's select on the device (exact_select_ops.hpp), q already loaded: every middle token's key read in place
-  /// from the store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of top_tokens, the
-  /// positions and scores written. The key bytes read over the bus count as the sequence's loaded bytes
-  /// (stats.bytes_h2d).
-  void exact_select(const HostKvStore& store, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
+  /// KVRET_ERR_NONFINITE when the n loaded query values hold a NaN or an Inf (the host waits for the count).
+  void check_finite_queries(const float* q, int64_t n, int threads, kvret_stream stream,
+                            const std::string& name = "q") {
+    int64_t bad = 0;
+    with_policy(stream, threads, n, [&](const auto& policy) {
+      bad = static_cast<int64_t>(thrust::count_if(policy, q, q + n, dm::PageNonFinite{}));
+      note_wait();  // the count comes back to the host
+    });
+    require(bad == 0, KVRET_ERR_NONFINITE, name + ": contains NaN or Inf");
+  }
+
+  /// The per-job values of a select on the device over `jobs` (one select, or a fused batch of one kind, budget and
+  /// shape) in device memory, sent with one copy: each job's middle tokens (n_of) and first middle position
+  /// (base_of), and its q, out and scores tensors (a scores tensor's base null without one). width() is the most
+  /// middle tokens of a job: a fused pass gives every job a row of that width, the shorter ones padded.
+  class FusedJobs {
+   public:
+    FusedJobs(std::vector<const DeviceSelectJob*> jobs, kvret_stream stream)
+        : jobs_(std::move(jobs)), data_(bytes_for(jobs_.size()), stream) {
+      const size_t n = jobs_.size();
+      std::vector<int64_t> counts(2 * n);
+      std::vector<dm::DeviceTensor> tensors(3 * n);
+      for (size_t i = 0; i < n; ++i) {
+        const SelectRequest& r = jobs_[i]->request;
+        counts[i] = r.mid_end - r.mid_begin;
+        counts[n + i] = r.mid_begin;
+        width_ = std::max(width_, counts[i]);
+        tensors[i] = device_tensor(*jobs_[i]->q);
+        tensors[n + i] = device_tensor(*jobs_[i]->out);
+        if (jobs_[i]->scores != nullptr) tensors[2 * n + i] = device_tensor(*jobs_[i]->scores);
+      }
+      std::vector<std::byte> host(bytes_for(n));
+      std::memcpy(host.data(), counts.data(), counts.size() * sizeof(int64_t));
+      std::memcpy(host.data() + counts.size() * sizeof(int64_t), tensors.data(),
+                  tensors.size() * sizeof(dm::DeviceTensor));
+      // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+      copy_bytes(data_.get(), host.data(), host.size(), stream, false);
+    }
+    size_t size() const noexcept { return jobs_.size(); }
+    const DeviceSelectJob& job(size_t i) const noexcept { return *jobs_[i]; }
+    int64_t width() const noexcept { return width_; }
+    const int64_t* n_of() const noexcept { return reinterpret_cast<const int64_t*>(data_.get()); }
+    const int64_t* base_of() const noexcept { return n_of() + size(); }
+    const dm::DeviceTensor* q() const noexcept {
+      return reinterpret_cast<const dm::DeviceTensor*>(data_.get() + 2 * size() * sizeof(int64_t));
+    }
+    const dm::DeviceTensor* outs() const noexcept { return q() + size(); }
+    const dm::DeviceTensor* scores() const noexcept { return q() + 2 * size(); }
+
+   private:
+    static size_t bytes_for(size_t n) noexcept { return n * (2 * sizeof(int64_t) + 3 * sizeof(dm::DeviceTensor)); }
+    std::vector<const DeviceSelectJob*> jobs_;
+    DeviceArray<std::byte> data_;
+    int64_t width_ = 0;
+  };
+
+  /// Whether `job` is an EXACT select the device runs (exact_select) without KVCrush's representatives.
+  static bool fusable_exact(const DeviceSelectJob& job) {
+    const auto* exact =
+        dynamic_cast<const ExactRetriever*>(job.retriever != nullptr ? job.retriever->selects_as() : nullptr);
     const SelectRequest& r = job.request;
-    const int64_t n = r.mid_end - r.mid_begin, heads = store.n_kv_heads();
-    const int64_t page_tokens = HostKvStore::kPageTokens;
-    const int64_t row_bytes = static_cast<int64_t>(store.row_bytes());
+    return exact != nullptr && job.crush == nullptr && job.sequence != nullptr && job.q != nullptr &&
+           job.out != nullptr && job.store != nullptr && exact->indexed_begin() == r.mid_begin &&
+           exact->indexed_end() == r.mid_end && r.budget > 0 && r.budget <= r.mid_end - r.mid_begin &&
+           job.store->size() >= r.mid_end;
+  }
+
+  /// EXACT's select on the device (exact_select_ops.hpp) for every job of `jobs` (EXACT selects of one budget and
+  /// shape) in one set of passes, q already loaded ([jobs, n_q_heads, d]): every middle token's key read in place
+  /// from its store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of top_tokens, the
+  /// positions and scores written. The key bytes read over the bus count as each sequence's loaded bytes
+  /// (stats.bytes_h2d).
+  void exact_select(const FusedJobs& jobs, const float* q, kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    const HostKvStore& first = *jobs.job(0).store;
+    const int64_t heads = first.n_kv_heads(), width = jobs.width(),
+                  segments = heads * static_cast<int64_t>(jobs.size());
     const int threads = r.n_threads;
-    // the pages up to the one holding the last middle token, as the device addresses them (a page holds the keys
-    // of every head first, HostKvStore's layout)
-    std::vector<const std::byte*> pages(static_cast<size_t>((r.mid_end - 1) / page_tokens + 1));
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const std::byte* page = store.key_row(0, static_cast<int64_t>(i) * page_tokens);
-#if KVRET_ON_GPU
-      void* device = nullptr;
-      check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(page), 0), "cudaHostGetDevicePointer");
-      page = static_cast<const std::byte*>(device);
-#endif
-      pages[i] = page;
+    // every job's pages up to the one holding its last middle token, as the device addresses them, in one table
+    std::vector<const std::byte*> pages;
+    std::vector<dm::ExactKeyPages> keys(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const HostKvStore& store = *jobs.job(i).store;
+      const std::vector<const std::byte*> own = device_page_addresses(store, pages_for(jobs.job(i).request.mid_end));
+      keys[i] = {reinterpret_cast<const std::byte* const*>(pages.size()), HostKvStore::kPageTokens,
+                 static_cast<int64_t>(store.row_bytes()), static_cast<int32_t>(store.dtype())};
+      pages.insert(pages.end(), own.begin(), own.end());
     }
     const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
-    // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+    for (dm::ExactKeyPages& k : keys)  // the offsets into the table made its addresses
+      k.pages = device_pages.get() + reinterpret_cast<size_t>(k.pages);
+    const DeviceArray<dm::ExactKeyPages> device_keys(keys.size(), stream);
     copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
-    const dm::ExactKeyPages keys{device_pages.get(), page_tokens, row_bytes, static_cast<int32_t>(store.dtype())};
-    const DeviceArray<float> logits(static_cast<size_t>(heads * r.group * n), stream);
-    for_each_index(stream, threads, heads * n,
-                   dm::ExactLogits{keys, q, logits.get(), n, r.mid_begin, store.head_dim(), r.group, r.scale});
-    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget), stream);
+    copy_bytes(device_keys.get(), keys.data(), keys.size() * sizeof(dm::ExactKeyPages), stream, false);
+    const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
+    for_each_index(stream, threads, segments * width,
+                   dm::ExactLogits{device_keys.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
+                                   first.head_dim(), r.group, r.scale});
+    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
     const DeviceArray<float> top_score(top.size(), stream);
-    top_tokens(heads, n, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream);
-    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
+    top_tokens(segments, width, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream, &jobs);
+    for_each_index(stream, threads, segments * r.budget,
+                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget, heads});
     std::lock_guard<std::mutex> lock(caches_mutex_);
-    loaded_[job.sequence] += heads * n * row_bytes;  // the keys read from host memory
+    for (size_t i = 0; i < jobs.size(); ++i) {  // the keys read from host memory
+      const DeviceSelectJob& job = jobs.job(i);
+      loaded_[job.sequence] +=
+          heads * (job.request.mid_end - job.request.mid_begin) * static_cast<int64_t>(job.store->row_bytes());
+    }
   }
 
   /// Makes `m`, the mirror of (sequence, layer), anew with `bytes` of device memory (caches_mutex_ held; the old
@@ -1656,26 +1800,32 @@ class CudaBackend final : public Backend {
   /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
   /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
   /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them. QUANT's and
-  /// EXACT's selects (gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens, bit for bit).
+  /// EXACT's selects (gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens, bit for bit). With `jobs` (a fused
+  /// batch), `heads` counts every job's KV heads, job after job, and each job's row holds its n_of tokens (from its
+  /// base_of) and then padding, which is never taken.
   void top_tokens(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
-                  uint64_t* keys, float* score, kvret_stream stream) {
+                  uint64_t* keys, float* score, kvret_stream stream, const FusedJobs* jobs = nullptr) {
     const int threads = r.n_threads;
     const int64_t q_heads = heads * r.group, entries = heads * n;
+    // a fused batch: `heads` counts the KV heads of every job, each job's row n_of tokens and then padding
+    const int64_t per_job = jobs != nullptr ? heads / static_cast<int64_t>(jobs->size()) : heads;
+    const int64_t* n_of = jobs != nullptr ? jobs->n_of() : nullptr;
     const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, threads, q_heads, dm::QuantSoftmaxes{logits, softmax.get(), n});
+      for_each_index(stream, threads, q_heads, dm::QuantSoftmaxes{logits, softmax.get(), n, n_of, per_job * r.group});
     SelectRequest top = r;
     top.budget = k;
     take_passes(
         heads, n, top, logits, softmax.get(), folded.get(), taken.get(), offset.get(),
-        [&](const int64_t*, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight});
+        [&](const int64_t* index, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight, index, n, n_of, per_job});
         },
         stream);
     for_each_index(stream, threads, entries,
-                   dm::QuantPick{taken.get(), offset.get(), folded.get(), positions, keys, score, n, k, r.mid_begin});
+                   dm::QuantPick{taken.get(), offset.get(), folded.get(), positions, keys, score, n, k, r.mid_begin,
+                                 jobs != nullptr ? jobs->base_of() : nullptr, per_job});
     with_policy(stream, threads, heads * k,
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
   }
@@ -2135,11 +2285,7 @@ class CudaBackend final : public Backend {
     if (most == 0) return 0;
     // the admitted blocks' rows, from the store's pages into their slots
     const int64_t page_tokens = HostKvStore::kPageTokens;
-    const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
-    std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
-    for (int64_t i = 0; i < n_pages; ++i) pages[static_cast<size_t>(i)] = store.key_row(0, i * page_tokens);
-    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
-    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
+    const PageTable device_pages(store, pages_for(store.size()), stream);
     const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
     const auto units = static_cast<int32_t>(c.row_bytes / unit_bytes);
     for_each_index(
@@ -2303,16 +2449,14 @@ class CudaBackend final : public Backend {
     for (size_t f = 0; f < fused.size(); ++f) {
       const GatherJob& j = jobs[fused[f]];
       const HostKvStore& store = *j.store;
-      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      const int64_t n_pages = pages_for(store.size());
       pages_at[f] = pages.size();
       pages.resize(pages.size() + static_cast<size_t>(2 * n_pages));
+      const std::vector<const std::byte*> keys = device_page_addresses(store, n_pages);
       for (int64_t i = 0; i < n_pages; ++i) {
-        void* device = nullptr;
-        check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(store.key_row(0, i * page_tokens)), 0),
-                   "cudaHostGetDevicePointer");
-        pages[pages_at[f] + static_cast<size_t>(i)] = device;
+        pages[pages_at[f] + static_cast<size_t>(i)] = keys[static_cast<size_t>(i)];
         pages[pages_at[f] + static_cast<size_t>(n_pages + i)] =
-            static_cast<const std::byte*>(device) + heads * page_tokens * row_bytes;
+            keys[static_cast<size_t>(i)] + heads * page_tokens * row_bytes;
       }
       positions_at[f] = positions.size();
       positions.resize(positions.size() + static_cast<size_t>(heads * j.rows));
@@ -2329,7 +2473,7 @@ class CudaBackend final : public Backend {
     for (size_t f = 0; f < fused.size(); ++f) {
       const GatherJob& j = jobs[fused[f]];
       const HostKvStore& store = *j.store;
-      const int64_t n_pages = (store.size() + page_tokens - 1) / page_tokens;
+      const int64_t n_pages = pages_for(store.size());
       cuda::WorkingSetGatherSeq& seq = seqs[f];
       seq.host.k_pages = device_pages.get() + pages_at[f];
       seq.host.v_pages = device_pages.get() + pages_at[f] + n_pages;

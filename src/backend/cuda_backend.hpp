@@ -2,9 +2,9 @@
 // The CUDA backend: KV pages in pinned, device-mapped host memory; a block cache in device memory per (sequence,
 // layer, KV head) that the gather reads and a fetch or prefetch fills (docs/cuda_backend.md); the working-set gather,
 // the cache's bookkeeping and the reference attention as Thrust algorithms on the caller's stream; the parts of a
-// call that run on the CPU (argument checks, the index and its selection) read device tensors through copies. The same source builds with nvcc (Thrust's CUDA
-// system) and with a host compiler on Thrust's OpenMP system (KVRET_THRUST_OMP), where "device" memory is host
-// memory: that build runs every call of this backend without a GPU.
+// call that run on the CPU (argument checks, the index and its selection) read device tensors through copies. The same
+// source builds with nvcc (Thrust's CUDA system) and with a host compiler on Thrust's OpenMP system (KVRET_THRUST_OMP),
+// where "device" memory is host memory: that build runs every call of this backend without a GPU.
 #include <memory>
 
 #include "backend/backend.hpp"

@@ -58,7 +58,8 @@ KVRET_BACKEND_HD inline float load_f32(const std::byte* row, int32_t type, int64
 }
 
 /// Element i of a `src_type` row into a `dst_type` row (dst_type is src_type or f32: the gather's outputs).
-KVRET_BACKEND_HD inline void copy_element(const std::byte* src, int32_t src_type, std::byte* dst, int32_t dst_type, int64_t i) {
+KVRET_BACKEND_HD inline void copy_element(const std::byte* src, int32_t src_type, std::byte* dst, int32_t dst_type,
+                                          int64_t i) {
   if (dst_type == src_type) {
     if (elem_bytes(src_type) == 4)
       reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];

@@ -33,28 +33,35 @@ struct ExactKeyPages {
   }
 };
 
-/// Per (KV head, middle token t): logits [h * group + g][t] = scale * q[h * group + g] . k for each of the group's
-/// query heads, k the key at mid_begin + t as f32 (read once for the group).
+/// Per (job, KV head, entry t < width): for a middle token of the job (t < n_of[job]), logits [job][h * group +
+/// g][t] = scale * q[job][h * group + g] . k for each of the group's query heads, k the key at base_of[job] + t as
+/// f32 (read once for the group); -inf for the padding past the job's middle (a fused batch's shorter rows).
 struct ExactLogits {
-  ExactKeyPages keys;
-  const float* q;  ///< [n_q_heads, d]
-  float* logits;   ///< [n_q_heads, n]
-  int64_t n, mid_begin;
+  const ExactKeyPages* keys;  ///< per job
+  const float* q;             ///< [jobs, n_q_heads, d]
+  float* logits;              ///< [jobs, n_q_heads, width]
+  const int64_t* n_of;        ///< per job its middle tokens
+  const int64_t* base_of;     ///< per job its first middle position
+  int64_t width, heads;
   int32_t d, group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t h = i / n, t = i % n;
-    const std::byte* row = keys.key_row(h, mid_begin + t);
+    const int64_t t = i % width, segment = i / width, job = segment / heads, h = segment % heads;
+    float* out = logits + segment * group * width + t;
+    if (t >= n_of[job]) {
+      for (int32_t g = 0; g < group; ++g) out[g * width] = kvret::cuda::math::neg_inf();
+      return;
+    }
+    const ExactKeyPages& k = keys[job];
+    const std::byte* row = k.key_row(h, base_of[job] + t);
     float converted[256];  // head_dim <= 256
     const float* key = reinterpret_cast<const float*>(row);
-    if (keys.type != kF32) {
-      for (int32_t c = 0; c < d; ++c) converted[c] = load_f32(row, keys.type, c);
+    if (k.type != kF32) {
+      for (int32_t c = 0; c < d; ++c) converted[c] = load_f32(row, k.type, c);
       key = converted;
     }
-    for (int32_t g = 0; g < group; ++g) {
-      const int64_t hq = h * group + g;
-      logits[hq * n + t] = kvret::cuda::math::exact_logit(scale, q + hq * d, key, d);
-    }
+    const float* qs = q + segment * group * d;
+    for (int32_t g = 0; g < group; ++g) out[g * width] = kvret::cuda::math::exact_logit(scale, qs + g * d, key, d);
   }
 };
 

@@ -33,6 +33,19 @@ struct PageLoadQuery {
   KVRET_BACKEND_HD void operator()(int64_t i) const { out[i] = load_f32(q.at(i / d, i % d), q.type, 0); }
 };
 
+/// q of each job of a select on the device from its tensor into f32 [jobs, n_q_heads, d].
+struct LoadQueries {
+  const DeviceTensor* q;  ///< per job [n_q_heads, d]
+  float* out;
+  int64_t per_job;  ///< n_q_heads * d
+  int32_t d;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const DeviceTensor& t = q[i / per_job];
+    const int64_t j = i % per_job;
+    out[i] = load_f32(t.at(j / d, j % d), t.type, 0);
+  }
+};
+
 /// The split query of every head: [n_q_heads, 2d].
 struct PageSplitQuery {
   const float* q;  ///< [n_q_heads, d]

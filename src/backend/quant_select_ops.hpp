@@ -149,37 +149,67 @@ struct QuantExactLogits {
   }
 };
 
-/// KVRET_FOLD_SUM_PROB: per query head the softmax over its n tokens (gqa_fold.cpp's unweighted fold).
+// The token top-k below runs over `segments` rows (the KV heads of one select, or of every select of a fused
+// batch, job after job: segment = job * heads + head) of `width` entries each. In a fused batch a job's row holds
+// its n_of[job] tokens and then padding up to the batch's widest row; without n_of every entry is a token.
+
+/// KVRET_FOLD_SUM_PROB: per query head the softmax over its tokens (gqa_fold.cpp's unweighted fold).
 struct QuantSoftmaxes {
-  float* logits;         ///< [n_q_heads, n]: replaced by the softmax's terms
+  float* logits;         ///< [n_q_heads, width]: replaced by the softmax's terms
   qm::PageSoftmax* out;  ///< [n_q_heads]
-  int64_t n;
-  KVRET_BACKEND_HD void operator()(int64_t hq) const { out[hq] = qm::token_softmax_terms(logits + hq * n, n); }
+  int64_t width;
+  const int64_t* n_of = nullptr;  ///< per job its tokens (null: width)
+  int64_t rows_per_job = 1;       ///< query heads per job
+  KVRET_BACKEND_HD void operator()(int64_t hq) const {
+    out[hq] = qm::token_softmax_terms(logits + hq * width, n_of != nullptr ? n_of[hq / rows_per_job] : width);
+  }
 };
 
-/// Every token is a group of weight 1 (so the grouped take is the top-k).
+/// Every token is a group of weight 1 (so the grouped take is the top-k), the padding of weight 0 (never taken).
 struct QuantUnitWeights {
-  int64_t* weight;
-  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
+  int64_t* weight;                 ///< in sorted order
+  const int64_t* index = nullptr;  ///< the sorted entries (with n_of)
+  int64_t width = 0;
+  const int64_t* n_of = nullptr;  ///< per job its tokens (null: no padding)
+  int64_t heads = 1;              ///< segments per job
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    weight[i] = n_of == nullptr || index[i] % width < n_of[index[i] / width / heads] ? 1 : 0;
+  }
 };
 
-/// Per (KV head, token u): when taken, its key head << 32 | position (positions[h * n + u], or base + u without
-/// them) and its score, at its offset in the head's row of `budget` entries.
+/// Per (segment, entry u): when taken, its key segment << 32 | position (positions[segment * width + u], or its
+/// job's middle start + u without them) and its score, at its offset in the segment's row of `budget` entries.
 struct QuantPick {
-  const int64_t* taken;   ///< [n_kv_heads, n]
-  const int64_t* offset;  ///< exclusive scan of taken per head
+  const int64_t* taken;   ///< [segments, width]
+  const int64_t* offset;  ///< exclusive scan of taken per segment
   const float* folded;
-  const int32_t* positions;  ///< [n_kv_heads, n] or null
-  uint64_t* keys;            ///< [n_kv_heads, budget]
-  float* score;              ///< [n_kv_heads, budget]
-  int64_t n, budget, base;
+  const int32_t* positions;  ///< [segments, width] or null
+  uint64_t* keys;            ///< [segments, budget]
+  float* score;              ///< [segments, budget]
+  int64_t width, budget, base;
+  const int64_t* base_of = nullptr;  ///< per job its middle's first position (null: base)
+  int64_t heads = 1;                 ///< segments per job
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     if (taken[i] == 0) return;
-    const int64_t h = i / n, u = i % n;
+    const int64_t h = i / width, u = i % width;
     const int64_t at = h * budget + offset[i];
-    const int64_t pos = positions != nullptr ? positions[i] : base + u;
+    const int64_t pos = positions != nullptr ? positions[i] : (base_of != nullptr ? base_of[h / heads] : base) + u;
     keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(pos);
     score[at] = folded[i];
+  }
+};
+
+/// The sorted keys' positions and scores into each job's tensors: per (segment, j < budget) out[job](head, j).
+struct TopWrite {
+  const uint64_t* keys;  ///< sorted: per segment the positions ascending
+  const float* score;
+  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
+  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
+  int64_t budget, heads;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t segment = i / budget, j = i % budget, job = segment / heads, h = segment % heads;
+    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) = static_cast<int32_t>(keys[i] & 0xffffffffu);
+    if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, j)) = score[i];
   }
 };
 

@@ -440,27 +440,28 @@ void Sequence::prepare_select(int32_t layer, const TensorView& q, int32_t budget
   r.n_threads = ctx_.threads();
 }
 
-bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
-                                const TensorView* scores, int64_t* count, kvret_stream stream, bool in_stream_order) {
+bool Sequence::prepare_device_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                                     const TensorView* scores, DeviceSelectPlan& plan) {
   const kvret_config& c = ctx_.config();
   check_layer(layer);
   LayerState& l = *layers_[static_cast<size_t>(layer)];
-  Backend& backend = ctx_.backend();
   // asked first (the kinds of the tensors only), so that a select the host runs is checked once, by prepare_select
-  if (!backend.selects_on_device(l.index(), q, out, scores)) return false;
+  if (!ctx_.backend().selects_on_device(l.index(), q, out, scores)) return false;
   const int64_t n = check_select(layer, q, budget, out, scores);
   if (n == 0) return false;
   l.wait();
   const TokenGroups g = groups(layer);
   l.index_to(g.mid_begin, g.mid_end, true, ctx_.threads(), stats_);  // no-op unless a failed build left a gap
-  DeviceSelectJob job;
-  DeviceCrush crush;  // KVCrush: the device adds the representatives to the important part
+  DeviceSelectJob& job = plan.job;
+  job = DeviceSelectJob{};
+  plan.crush = DeviceCrush{};  // KVCrush: the device adds the representatives to the important part
   int64_t important = n, selected = n;
   if (!crush_.empty()) {
     const BudgetSplit split = split_budget(n, c.hamming_fraction, c.hamming_buckets);
     if (split.representatives > 0 && c.hamming_granularity > 1) return false;  // the device adds single tokens only
     important = split.important;
     if (split.representatives > 0) {
+      DeviceCrush& crush = plan.crush;
       crush.representatives = split.representatives;
       crush.prepare = [this, layer, mid_end = g.mid_end](DeviceCrush& d) {  // after the backend's checks of q
         KvCrushLayer& k = crush_[static_cast<size_t>(layer)];
@@ -477,6 +478,9 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
       selected = cuda::math::kvcrush_selected_count(important, split.representatives, g.mid_end - g.mid_begin);
     }
   }
+  plan.q = q;
+  plan.out = out;
+  if (scores != nullptr) plan.scores = *scores;
   job.retriever = &l.index();
   job.request.n_q_heads = c.n_q_heads;
   job.request.group = c.n_q_heads / c.n_kv_heads;
@@ -486,18 +490,31 @@ bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budg
   job.request.budget = important;
   job.request.fold = static_cast<kvret_gqa_fold>(c.gqa_fold);
   job.request.n_threads = ctx_.threads();
-  job.q = &q;
-  job.out = &out;
-  job.scores = scores;
+  job.q = &plan.q;
+  job.out = &plan.out;
+  job.scores = scores != nullptr ? &plan.scores : nullptr;
   job.check_finite = c.check_finite != 0;
   job.sequence = this;
   job.layer = layer;
   job.store = &l.store();
-  if (!backend.select_on_device(job, stream)) return false;
-  if (!in_stream_order) backend.synchronize(stream);  // the outputs are written when the call returns
+  plan.selected = selected;
+  return true;
+}
+
+void Sequence::finish_device_select(const DeviceSelectPlan&) {
   stats_.selections += 1;
   note_cache_use();  // the device's copy of the index counts in device_bytes
-  *count = selected;
+}
+
+bool Sequence::select_on_device(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                                const TensorView* scores, int64_t* count, kvret_stream stream, bool in_stream_order) {
+  DeviceSelectPlan plan;
+  if (!prepare_device_select(layer, q, budget, out, scores, plan)) return false;
+  Backend& backend = ctx_.backend();
+  if (!backend.select_on_device(plan.job, stream)) return false;
+  if (!in_stream_order) backend.synchronize(stream);  // the outputs are written when the call returns
+  finish_device_select(plan);
+  *count = plan.selected;
   return true;
 }
 

@@ -99,6 +99,24 @@ class Sequence {
   /// After the kind ran p.job: KVCrush's representatives added (p.representatives), then the selection into the
   /// caller's tensors (Backend::write_back).
   void finish_select(PreparedSelect& p);
+  /// A select to run on the backend's device (Backend::select_on_device or select_batch_on_device), made by
+  /// prepare_device_select: the job, the tensors and KVCrush part it points to, and the count it writes per head.
+  /// It points into itself: make it where it stays until finish_device_select.
+  struct DeviceSelectPlan {
+    DeviceSelectPlan() = default;
+    DeviceSelectPlan(const DeviceSelectPlan&) = delete;
+    DeviceSelectPlan& operator=(const DeviceSelectPlan&) = delete;
+    TensorView q, out, scores;
+    DeviceSelectJob job;
+    DeviceCrush crush;
+    int64_t selected = 0;
+  };
+  /// After check_select: fills `plan` for a select on the device and returns true, or returns false when the host
+  /// must select (the backend does not select this index or these tensors there, nothing to select, KVCrush groups).
+  bool prepare_device_select(int32_t layer, const TensorView& q, int32_t budget, const TensorView& out,
+                             const TensorView* scores, DeviceSelectPlan& plan);
+  /// After the backend ran plan.job: the select counted in the stats.
+  void finish_device_select(const DeviceSelectPlan& plan);
   /// The select of select_checked on the backend's device (Backend::select_on_device), after check_select: true,
   /// with *count, when it ran there; false, with nothing written, when the host must select. It runs on `stream`;
   /// unless `in_stream_order`, the call waits for it (kvret_select returns with its outputs written), else the

@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "c_api/handles.hpp"
+#include "engine/context.hpp"
 #include "kvret.h"
 #include "test_util.hpp"
 
@@ -283,7 +287,14 @@ struct Batch {
   bool reads_keys = false;
   bool single_on_each = false;    ///< the single selects on each backend's sequences (else all on the device's)
   bool compare_backends = false;  ///< the device batch's positions equal the CPU batch's
+  /// The device batch ran as one select: as many device passes (Backend::device_passes) as the single select of its
+  /// first sequence, though the sequences' middles differ in length.
+  bool fused = false;
+  bool nan_first = false;  ///< the first (shortest) sequence's q is all NaN (check_finite off: it selects still)
 };
+
+/// The device passes the CUDA backends of the process have run (Backend::device_passes).
+inline int64_t device_passes(kvret_context* ctx) { return context_from_handle(ctx)->backend().device_passes(); }
 
 /// kvret_select_batch (layer 1) over 3 sequences of a context of `dc` (CUDA) and of `cc` (CPU) equals one select per
 /// sequence.
@@ -298,6 +309,7 @@ inline void batch_equals_single_selects(const kvret_config& dc, const kvret_conf
   const auto per_seq = static_cast<std::ptrdiff_t>(w.q_heads * kDim);
   F32 q({kSeqs, w.q_heads, kDim});
   q.data = random_vector(static_cast<size_t>(kSeqs * per_seq), 88, 2.0f);
+  if (w.nan_first) std::fill(q.data.begin(), q.data.begin() + per_seq, std::numeric_limits<float>::quiet_NaN());
   q.refresh();
   std::vector<int32_t> results[2];
   for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
@@ -310,8 +322,10 @@ inline void batch_equals_single_selects(const kvret_config& dc, const kvret_conf
     I32 out({kSeqs, kHeads, w.width}, -7);
     label(out, device_type);
     std::vector<int32_t> counts(kSeqs, -1);
+    const int64_t passes_before = device_passes(dev_ctx.get());
     expect_ok(kvret_select_batch(dev ? dev_ctx.get() : cpu_ctx.get(), kSeqs, seqs.data(), 1, &q.t, w.budget, &out.t,
                                  counts.data()));
+    const int64_t batch_passes = device_passes(dev_ctx.get()) - passes_before;
     results[dev ? 0 : 1] = out.data;
     for (size_t i = 0; i < kSeqs; ++i) {
       if (w.reads_keys) {
@@ -323,8 +337,14 @@ inline void batch_equals_single_selects(const kvret_config& dc, const kvret_conf
       }
       const auto at = static_cast<std::ptrdiff_t>(i);
       const std::vector<float> qi(q.data.begin() + at * per_seq, q.data.begin() + (at + 1) * per_seq);
+      const int64_t single_before = device_passes(dev_ctx.get());
       const Selected single = w.single_on_each ? select(seqs[i], device_type, 1, qi, w.budget, w.width, false)
                                                : select(a[i], KVRET_DEVICE_CUDA, 1, qi, w.budget, w.width, false);
+      if (w.fused && dev && i == 0) {
+        EXPECT_GT(batch_passes, 0) << "the batch ran on the device";
+        EXPECT_EQ(batch_passes, device_passes(dev_ctx.get()) - single_before)
+            << "the batch of " << kSeqs << " sequences ran the passes of one select";
+      }
       ASSERT_EQ(counts[i], single.count);
       const auto n = static_cast<std::ptrdiff_t>(kHeads * w.width);
       const std::vector<int32_t> batched(out.data.begin() + at * n, out.data.begin() + (at + 1) * n);

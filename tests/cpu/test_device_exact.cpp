@@ -194,10 +194,26 @@ TEST_F(DeviceExact, BatchEqualsSingleSelects) {
     w.q_heads = q_heads;
     w.length_step = 97;
     w.seed = 80;
-    w.reads_keys = w.single_on_each = w.compare_backends = true;
+    w.reads_keys = w.single_on_each = w.compare_backends = w.fused = true;
     ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
         exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads),
         exact_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, q_heads), w));
+  }
+}
+
+/// A fused batch pads the shorter sequences' rows: a sequence whose q is all NaN (every logit NaN, the lowest order
+/// key) still selects its own lowest positions, never the padding, as its single select and the CPU batch do.
+TEST_F(DeviceExact, FusedBatchNeverSelectsThePadding) {
+  for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+    SCOPED_TRACE(fold);
+    test::twin::Batch w;
+    w.q_heads = 4;
+    w.length_step = 61;
+    w.seed = 90;
+    w.reads_keys = w.single_on_each = w.compare_backends = w.fused = w.nan_first = true;
+    ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
+        exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, fold, 4), exact_config(KVRET_DEVICE_CPU, KVRET_KV_F32, fold, 4),
+        w));
   }
 }
 
