@@ -1152,14 +1152,18 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
-  /// The EXACT selects without KVCrush's representatives fused, one set of passes for each budget (a batch's
-  /// sequences whose middle holds the budget share one); every other job selected alone.
+  /// The EXACT, PAGE and QUANT (without re-ranking) selects without KVCrush's representatives fused: one set of
+  /// passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share one), the
+  /// rows padded to the longest middle. Every other job is selected alone, as is a job whose index copy cannot be
+  /// made (it is then not done: the host selects).
   void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) override {
-    std::map<std::tuple<int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> fused;  // by budget and shape
+    // by kind, budget and shape
+    std::map<std::tuple<int, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> fused;
     for (size_t i = 0; i < n; ++i) {
       const DeviceSelectJob& job = *jobs[i];
-      if (fusable_exact(job))
-        fused[{job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
+      const int kind = fusable_kind(job);
+      if (kind != 0)
+        fused[{kind, job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
       else
         done[i] = select_on_device(job, stream);
     }
@@ -1168,22 +1172,39 @@ class CudaBackend final : public Backend {
         done[members[0]] = select_on_device(*jobs[members[0]], stream);
         continue;
       }
-      std::vector<const DeviceSelectJob*> group;
-      for (const size_t i : members) group.push_back(jobs[i]);
       DeviceScope scope(device_id_);
-      const FusedJobs fj(std::move(group), stream);
+      const int kind = std::get<0>(shape);
+      std::vector<const DeviceSelectJob*> group;
+      std::vector<const IndexMirror*> mirrors;  // PAGE's and QUANT's copies
+      for (const size_t i : members) {
+        const DeviceSelectJob& job = *jobs[i];
+        const Retriever* index = job.retriever->selects_as();
+        if (kind != kFusedExact) {
+          const IndexMirror* m =
+              kind == kFusedPage
+                  ? page_mirror(*dynamic_cast<const PageRetriever*>(index), job.sequence, job.layer, stream)
+                  : quant_mirror(*dynamic_cast<const QuantRetriever*>(index), job.sequence, job.layer, stream);
+          if (m == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
+          mirrors.push_back(m);
+        }
+        group.push_back(&job);
+        done[i] = true;
+      }
+      if (group.empty()) continue;
+      const auto* first = dynamic_cast<const PageRetriever*>(group[0]->retriever->selects_as());
+      const FusedJobs fj(std::move(group), stream, kind == kFusedPage ? first->page_size() : 1);
       const SelectRequest& r = fj.job(0).request;
       const auto d = static_cast<int32_t>(fj.job(0).q->dim(1));
       const int64_t per_job = r.n_q_heads * d, all = per_job * static_cast<int64_t>(fj.size());
       const DeviceArray<float> q(static_cast<size_t>(all), stream);
       for_each_index(stream, r.n_threads, all, dm::LoadQueries{fj.q(), q.get(), per_job, d});
-      for (size_t j = 0; j < fj.size(); ++j)
-        if (fj.job(j).check_finite) {
-          check_finite_queries(q.get(), all, r.n_threads, stream);
-          break;
-        }
-      exact_select(fj, q.get(), stream);
-      for (const size_t i : members) done[i] = true;
+      if (fj.job(0).check_finite) check_finite_queries(q.get(), all, r.n_threads, stream);
+      if (kind == kFusedPage)
+        page_select(fj, mirrors, q.get(), stream);
+      else if (kind == kFusedQuant)
+        quant_select(fj, mirrors, q.get(), stream);
+      else
+        exact_select(fj, q.get(), stream);
     }
   }
 
@@ -1232,9 +1253,7 @@ class CudaBackend final : public Backend {
     } else {
       const IndexMirror* mirror = page_mirror(*page, job.sequence, job.layer, stream);
       if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-      const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d), stream);
-      for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q.get(), split.get(), d});
-      page_select_passes(*page, *mirror, r, split.get(), *job.out, job.scores, stream);
+      page_select(FusedJobs({&job}, stream, page->page_size()), {mirror}, q.get(), stream);
     }
     if (crush != nullptr) crush_passes(*crush, *job.crush, r, job.out->dim(0), *job.out, job.scores, stream);
     return true;  // the temporaries are freed in stream order after the passes
@@ -1263,20 +1282,22 @@ class CudaBackend final : public Backend {
   }
 
   /// The per-job values of a select on the device over `jobs` (one select, or a fused batch of one kind, budget and
-  /// shape) in device memory, sent with one copy: each job's middle tokens (n_of) and first middle position
-  /// (base_of), and its q, out and scores tensors (a scores tensor's base null without one). width() is the most
-  /// middle tokens of a job: a fused pass gives every job a row of that width, the shorter ones padded.
+  /// shape) in device memory, sent with one copy: each job's middle in units of `unit` tokens (n_of: tokens, or
+  /// PAGE's pages, the last one partial), its middle tokens (tokens_of) and first middle position (base_of), and its
+  /// q, out and scores tensors (a scores tensor's base null without one). width() is the most units of a job: a
+  /// fused pass gives every job a row of that width, the shorter ones padded.
   class FusedJobs {
    public:
-    FusedJobs(std::vector<const DeviceSelectJob*> jobs, kvret_stream stream)
+    FusedJobs(std::vector<const DeviceSelectJob*> jobs, kvret_stream stream, int64_t unit = 1)
         : jobs_(std::move(jobs)), data_(bytes_for(jobs_.size()), stream) {
       const size_t n = jobs_.size();
-      std::vector<int64_t> counts(2 * n);
+      std::vector<int64_t> counts(3 * n);
       std::vector<dm::DeviceTensor> tensors(3 * n);
       for (size_t i = 0; i < n; ++i) {
         const SelectRequest& r = jobs_[i]->request;
-        counts[i] = r.mid_end - r.mid_begin;
+        counts[i] = (r.mid_end - r.mid_begin + unit - 1) / unit;
         counts[n + i] = r.mid_begin;
+        counts[2 * n + i] = r.mid_end - r.mid_begin;
         width_ = std::max(width_, counts[i]);
         tensors[i] = device_tensor(*jobs_[i]->q);
         tensors[n + i] = device_tensor(*jobs_[i]->out);
@@ -1294,28 +1315,36 @@ class CudaBackend final : public Backend {
     int64_t width() const noexcept { return width_; }
     const int64_t* n_of() const noexcept { return reinterpret_cast<const int64_t*>(data_.get()); }
     const int64_t* base_of() const noexcept { return n_of() + size(); }
+    const int64_t* tokens_of() const noexcept { return n_of() + 2 * size(); }
     const dm::DeviceTensor* q() const noexcept {
-      return reinterpret_cast<const dm::DeviceTensor*>(data_.get() + 2 * size() * sizeof(int64_t));
+      return reinterpret_cast<const dm::DeviceTensor*>(data_.get() + 3 * size() * sizeof(int64_t));
     }
     const dm::DeviceTensor* outs() const noexcept { return q() + size(); }
     const dm::DeviceTensor* scores() const noexcept { return q() + 2 * size(); }
 
    private:
-    static size_t bytes_for(size_t n) noexcept { return n * (2 * sizeof(int64_t) + 3 * sizeof(dm::DeviceTensor)); }
+    static size_t bytes_for(size_t n) noexcept { return n * (3 * sizeof(int64_t) + 3 * sizeof(dm::DeviceTensor)); }
     std::vector<const DeviceSelectJob*> jobs_;
     DeviceArray<std::byte> data_;
     int64_t width_ = 0;
   };
 
-  /// Whether `job` is an EXACT select the device runs (exact_select) without KVCrush's representatives.
-  static bool fusable_exact(const DeviceSelectJob& job) {
-    const auto* exact =
-        dynamic_cast<const ExactRetriever*>(job.retriever != nullptr ? job.retriever->selects_as() : nullptr);
+  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3;
+  /// The kind of a select that select_batch_on_device fuses with others (kFusedExact, kFusedPage, kFusedQuant: a
+  /// select of that index the device runs, without KVCrush's representatives, for QUANT without re-ranking), or 0.
+  static int fusable_kind(const DeviceSelectJob& job) {
+    const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
-    return exact != nullptr && job.crush == nullptr && job.sequence != nullptr && job.q != nullptr &&
-           job.out != nullptr && job.store != nullptr && exact->indexed_begin() == r.mid_begin &&
-           exact->indexed_end() == r.mid_end && r.budget > 0 && r.budget <= r.mid_end - r.mid_begin &&
-           job.store->size() >= r.mid_end;
+    if (index == nullptr || job.crush != nullptr || job.sequence == nullptr || job.q == nullptr || job.out == nullptr ||
+        index->indexed_begin() != r.mid_begin || index->indexed_end() != r.mid_end || r.budget <= 0 ||
+        r.budget > r.mid_end - r.mid_begin)
+      return 0;
+    if (dynamic_cast<const ExactRetriever*>(index) != nullptr)
+      return job.store != nullptr && job.store->size() >= r.mid_end ? kFusedExact : 0;
+    if (const auto* page = dynamic_cast<const PageRetriever*>(index)) return page->pages() > 0 ? kFusedPage : 0;
+    if (const auto* quant = dynamic_cast<const QuantRetriever*>(index))
+      return quant->rerank() == 1 && quant->head(0).size() == r.mid_end - r.mid_begin ? kFusedQuant : 0;
+    return 0;
   }
 
   /// EXACT's select on the device (exact_select_ops.hpp) for every job of `jobs` (EXACT selects of one budget and
@@ -1349,11 +1378,7 @@ class CudaBackend final : public Backend {
     for_each_index(stream, threads, segments * width,
                    dm::ExactLogits{device_keys.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
                                    first.head_dim(), r.group, r.scale});
-    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
-    const DeviceArray<float> top_score(top.size(), stream);
-    top_tokens(segments, width, r.budget, r, logits.get(), nullptr, top.get(), top_score.get(), stream, &jobs);
-    for_each_index(stream, threads, segments * r.budget,
-                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget, heads});
+    top_and_write(jobs, segments, logits.get(), stream);
     std::lock_guard<std::mutex> lock(caches_mutex_);
     for (size_t i = 0; i < jobs.size(); ++i) {  // the keys read from host memory
       const DeviceSelectJob& job = jobs.job(i);
@@ -1617,29 +1642,20 @@ class CudaBackend final : public Backend {
     load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
     const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    const KiviParams& p = quant.params();
-    dm::QuantLayout l = dm::quant_layout(mirror->data->get(), heads, mirror->capacity,
-                                         int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
-    l.blocks = quant.blocks();
-    l.residual = quant.head(0).residual_tokens();
+    if (quant.rerank() == 1) {
+      quant_select(FusedJobs({&job}, stream), {mirror}, q.get(), stream);
+      return true;
+    }
     // the low-bit logits of every middle token
+    const QuantLayouts l({quant_in_use(quant, *mirror)}, stream);
     const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream);
-    if (l.blocks > 0)
-      for_each_index(stream, threads, q_heads * l.blocks,
-                     dm::QuantBlockLogits{l, q.get(), logits.get(), n, group, r.scale});
-    if (l.residual > 0)
-      for_each_index(stream, threads, q_heads * l.residual,
-                     dm::QuantResidualLogits{l, q.get(), logits.get(), n, group, r.scale});
+    quant_low_logits(l, q.get(), logits.get(), n, group, r.scale, threads, stream);
     const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates), stream);
     const DeviceArray<float> score(keys.size(), stream);
     // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
     SelectRequest low = r;
-    if (quant.rerank() > 1) low.fold = KVRET_FOLD_MAX_LOGIT;
+    low.fold = KVRET_FOLD_MAX_LOGIT;
     top_tokens(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
-    if (quant.rerank() == 1) {
-      write_top(keys.get(), score.get(), heads, r.budget, job, stream);
-      return true;
-    }
     // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
     const DeviceArray<int32_t> cand(keys.size(), stream);
     for_each_index(stream, threads, heads * candidates, dm::QuantPositions{keys.get(), cand.get()});
@@ -1667,15 +1683,60 @@ class CudaBackend final : public Backend {
     return true;  // the temporaries are freed in stream order after the passes
   }
 
-  /// The low-bit logits [heads * group, n] of the copy `l` (blocks and residual set) at `scale`, from q [heads *
-  /// group, d] (select's first passes).
-  void quant_low_logits(const dm::QuantLayout& l, const float* q, float* logits, int64_t n, int32_t group, float scale,
+  /// Low-bit copies as the device passes address them: one layout per job (blocks and residual set), on the host
+  /// and, sent with one copy, on the device.
+  struct QuantLayouts {
+    QuantLayouts(std::vector<dm::QuantLayout> layouts, kvret_stream stream)
+        : host(std::move(layouts)), device(host.size(), stream) {
+      copy_bytes(device.get(), host.data(), host.size() * sizeof(dm::QuantLayout), stream, false);
+    }
+    std::vector<dm::QuantLayout> host;
+    DeviceArray<dm::QuantLayout> device;
+  };
+
+  /// The layout of `quant`'s copy in `mirror`, with the blocks and residual rows it holds in use.
+  static dm::QuantLayout quant_in_use(const QuantRetriever& quant, const IndexMirror& mirror) {
+    const KiviParams& p = quant.params();
+    dm::QuantLayout l = dm::quant_layout(mirror.data->get(), quant.n_kv_heads(), mirror.capacity,
+                                         int64_t{p.residual} + p.group - 1, quant.head_dim(), p.group, p.bits);
+    l.blocks = quant.blocks();
+    l.residual = quant.head(0).residual_tokens();
+    return l;
+  }
+
+  /// The low-bit logits [jobs * heads * group, width] of the copies `l` (one per job) at `scale`, from q [jobs *
+  /// heads * group, d] (select's first passes); a job's row past its tokens is -inf.
+  void quant_low_logits(const QuantLayouts& l, const float* q, float* logits, int64_t width, int32_t group, float scale,
                         int threads, kvret_stream stream) {
-    const int64_t q_heads = l.heads * group;
-    if (l.blocks > 0)
-      for_each_index(stream, threads, q_heads * l.blocks, dm::QuantBlockLogits{l, q, logits, n, group, scale});
-    if (l.residual > 0)
-      for_each_index(stream, threads, q_heads * l.residual, dm::QuantResidualLogits{l, q, logits, n, group, scale});
+    const int64_t q_heads = l.host[0].heads * group, rows = q_heads * static_cast<int64_t>(l.host.size());
+    int64_t max_blocks = 0, first = width;
+    for (const dm::QuantLayout& x : l.host) {
+      max_blocks = std::max(max_blocks, x.blocks);
+      first = std::min(first, x.blocks * x.group);
+    }
+    if (max_blocks > 0)
+      for_each_index(stream, threads, rows * max_blocks,
+                     dm::QuantBlockLogits{l.device.get(), q, logits, width, max_blocks, q_heads, group, scale});
+    if (width > first)
+      for_each_index(stream, threads, rows * (width - first),
+                     dm::QuantResidualLogits{l.device.get(), q, logits, width, first, q_heads, group, scale});
+  }
+
+  /// QUANT's select without re-ranking on the device for every job of `jobs` (QUANT selects of one budget and
+  /// shape; `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the low-bit
+  /// logits, the fold and top-k of top_tokens, the positions and scores written.
+  void quant_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
+                    kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    std::vector<dm::QuantLayout> layouts;
+    for (size_t i = 0; i < jobs.size(); ++i)
+      layouts.push_back(
+          quant_in_use(*dynamic_cast<const QuantRetriever*>(jobs.job(i).retriever->selects_as()), *mirrors[i]));
+    const int64_t segments = layouts[0].heads * static_cast<int64_t>(jobs.size()), width = jobs.width();
+    const QuantLayouts l(std::move(layouts), stream);
+    const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
+    quant_low_logits(l, q, logits.get(), width, r.group, r.scale, r.n_threads, stream);
+    top_and_write(jobs, segments, logits.get(), stream);
   }
 
  public:
@@ -1699,17 +1760,13 @@ class CudaBackend final : public Backend {
     const int threads = job.n_threads;
     const IndexMirror* mirror = quant_mirror(*quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host attends
-    const KiviParams& p = quant->params();
-    dm::QuantLayout l = dm::quant_layout(mirror->data->get(), heads, mirror->capacity,
-                                         int64_t{p.residual} + p.group - 1, d, p.group, p.bits);
-    l.blocks = quant->blocks();
-    l.residual = quant->head(0).residual_tokens();
+    const dm::QuantLayout l = quant_in_use(*quant, *mirror);
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d), stream);
     load_query(*job.q, q.get(), q_heads, d, false, threads, stream);
     // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
     const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
     const DeviceArray<float> low(static_cast<size_t>(q_heads * middle), stream);
-    quant_low_logits(l, q.get(), low.get(), middle, group, select_scale, threads, stream);
+    quant_low_logits(QuantLayouts({l}, stream), q.get(), low.get(), middle, group, select_scale, threads, stream);
     const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
     std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
     if (candidates > 0) {
@@ -1819,8 +1876,8 @@ class CudaBackend final : public Backend {
     top.budget = k;
     take_passes(
         heads, n, top, logits, softmax.get(), folded.get(), taken.get(), offset.get(),
-        [&](const int64_t* index, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight, index, n, n_of, per_job});
+        [&](const int64_t*, int64_t* weight) {
+          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight});
         },
         stream);
     for_each_index(stream, threads, entries,
@@ -1828,6 +1885,18 @@ class CudaBackend final : public Backend {
                                  jobs != nullptr ? jobs->base_of() : nullptr, per_job});
     with_policy(stream, threads, heads * k,
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
+  }
+
+  /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_tokens), their
+  /// positions and scores written into each job's tensors.
+  void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
+    const DeviceArray<float> top_score(top.size(), stream);
+    top_tokens(segments, jobs.width(), r.budget, r, logits, nullptr, top.get(), top_score.get(), stream, &jobs);
+    for_each_index(stream, r.n_threads, segments * r.budget,
+                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget,
+                                segments / static_cast<int64_t>(jobs.size())});
   }
 
   /// The sorted keys' positions and their scores into the job's tensors.
@@ -2012,7 +2081,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
     for_each_index(stream, threads, q_heads * l.m * l.k, dm::PqLut{l, q, lut.get(), group, r.scale});
     if (l.cells == 0) {
-      pq_token_select(l, r, q, lut.get(), *job.out, job.scores, stream);
+      pq_token_select(l, job, q, lut.get(), stream);
       return true;
     }
     for_each_index(stream, threads, q_heads * n, dm::PqItemLogits{l, q, lut.get(), logits.get(), group, r.scale});
@@ -2047,8 +2116,9 @@ class CudaBackend final : public Backend {
 
   /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
   /// exponentials where it applies), a top-k over tokens, the positions and scores written.
-  void pq_token_select(const dm::PqLayout& l, const SelectRequest& r, const float* q, const float* lut,
-                       const TensorView& out, const TensorView* scores, kvret_stream stream) {
+  void pq_token_select(const dm::PqLayout& l, const DeviceSelectJob& job, const float* q, const float* lut,
+                       kvret_stream stream) {
+    const SelectRequest& r = job.request;
     const int64_t heads = r.n_q_heads / r.group;
     const int64_t n = l.tokens, q_heads = heads * r.group, entries = heads * n;
     const int threads = r.n_threads;
@@ -2069,11 +2139,10 @@ class CudaBackend final : public Backend {
         heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
         [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
         stream);
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
-    for_each_index(stream, threads, entries,
-                   dm::PageWrite{taken.get(), offset.get(), folded.get(), device_tensor(out),
-                                 scores != nullptr ? device_tensor(*scores) : no_scores, n, r.mid_begin, 1});
+    const FusedJobs one({&job}, stream);
+    for_each_index(
+        stream, threads, entries,
+        dm::PageWrite{taken.get(), offset.get(), folded.get(), one.outs(), one.scores(), one.base_of(), n, heads, 1});
   }
 
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and
@@ -2111,37 +2180,45 @@ class CudaBackend final : public Backend {
     });
   }
 
-  /// The select's passes (page_select_ops.hpp) over the mirror, ordered on `stream`.
-  void page_select_passes(const PageRetriever& page, const IndexMirror& mirror, const SelectRequest& r,
-                          const float* split, const TensorView& out, const TensorView* scores, kvret_stream stream) {
-    const int64_t n = page.pages();
-    const int64_t tokens = page.size();
-    const int32_t d = page.head_dim();
-    const int32_t group = r.group;
-    const int64_t heads = page.n_kv_heads();
-    const int64_t q_heads = heads * group;
-    const int64_t entries = heads * n;
-    const int32_t page_size = page.page_size();
+  /// PAGE's select on the device (page_select_ops.hpp) for every job of `jobs` (PAGE selects of one budget and
+  /// shape, made with FusedJobs' unit = page_size; `mirrors` theirs) in one set of passes, q already loaded
+  /// ([jobs, n_q_heads, d]), ordered on `stream`.
+  void page_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
+                   kvret_stream stream) {
+    const auto* page = dynamic_cast<const PageRetriever*>(jobs.job(0).retriever->selects_as());
+    const SelectRequest& r = jobs.job(0).request;
+    const int32_t d = page->head_dim(), group = r.group, page_size = page->page_size();
+    const int64_t heads = page->n_kv_heads(), width = jobs.width();
+    const int64_t segments = heads * static_cast<int64_t>(jobs.size()), q_heads = segments * group;
+    const int64_t entries = segments * width;
     const int threads = r.n_threads;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+    std::vector<dm::PageBounds> bounds;
+    for (const IndexMirror* m : mirrors) bounds.push_back({m->bounds(), m->capacity});
+    const DeviceArray<dm::PageBounds> device_bounds(bounds.size(), stream);
+    copy_bytes(device_bounds.get(), bounds.data(), bounds.size() * sizeof(dm::PageBounds), stream, false);
+    const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d), stream);
+    for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q, split.get(), d});
+    const DeviceArray<float> logits(static_cast<size_t>(q_heads * width), stream),
         folded(static_cast<size_t>(entries), stream);
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(stream, threads, q_heads * n,
-                   dm::PageLogits{split, mirror.bounds(), logits.get(), n, mirror.capacity, d, group, r.scale});
+    for_each_index(
+        stream, threads, q_heads * width,
+        dm::PageLogits{split.get(), device_bounds.get(), logits.get(), jobs.n_of(), width, heads, d, group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, threads, q_heads, dm::PageSoftmaxes{logits.get(), softmax.get(), n, tokens, page_size});
+      for_each_index(stream, threads, q_heads,
+                     dm::PageSoftmaxes{logits.get(), softmax.get(), jobs.n_of(), jobs.tokens_of(), width, heads * group,
+                                       page_size});
     take_passes(
-        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        segments, width, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
         [&](const int64_t* index, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::PageSortedWeights{index, weight, n, tokens, page_size});
+          for_each_index(stream, threads, entries,
+                         dm::PageSortedWeights{index, weight, jobs.n_of(), jobs.tokens_of(), width, heads, page_size});
         },
         stream);
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
     for_each_index(stream, threads, entries,
-                   dm::PageWrite{taken.get(), offset.get(), folded.get(), device_tensor(out),
-                                 scores != nullptr ? device_tensor(*scores) : no_scores, n, r.mid_begin, page_size});
+                   dm::PageWrite{taken.get(), offset.get(), folded.get(), jobs.outs(), jobs.scores(), jobs.base_of(),
+                                 width, heads, page_size});
   }
 
   void synchronize_device() {

@@ -59,26 +59,42 @@ struct PageNonFinite {
   KVRET_BACKEND_HD bool operator()(float x) const { return (pm::float_bits(x) & 0x7f800000u) == 0x7f800000u; }
 };
 
+/// One job's device mirror of the page bounds: [n_kv_heads, capacity, 2d].
+struct PageBounds {
+  const float* bounds;
+  int64_t capacity;
+};
+
+/// Per (job, query head, page p < width): the scaled bound, -inf for the padding past the job's pages.
 struct PageLogits {
-  const float* split;   ///< [n_kv_heads * group, 2d]
-  const float* bounds;  ///< the mirror: [n_kv_heads, capacity, 2d]
-  float* logits;        ///< [n_kv_heads * group, n]
-  int64_t n, capacity;
+  const float* split;         ///< [jobs * n_kv_heads * group, 2d]
+  const PageBounds* mirrors;  ///< per job
+  float* logits;              ///< [jobs * n_kv_heads * group, width]
+  const int64_t* n_of;        ///< per job its pages
+  int64_t width, heads;       ///< the most pages of a job; KV heads per job
   int32_t d, group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t hg = i / n, p = i % n, h = hg / group;
-    logits[i] = pm::page_logit(scale, pm::page_bound(split + hg * 2 * d, bounds + (h * capacity + p) * 2 * d, d));
+    const int64_t hg = i / width, p = i % width, job = hg / (heads * group), h = hg / group % heads;
+    if (p >= n_of[job]) {
+      logits[i] = pm::neg_inf();
+      return;
+    }
+    const PageBounds& m = mirrors[job];
+    logits[i] = pm::page_logit(scale, pm::page_bound(split + hg * 2 * d, m.bounds + (h * m.capacity + p) * 2 * d, d));
   }
 };
 
 struct PageSoftmaxes {
-  float* logits;         ///< [n_q_heads, n]: replaced by the softmax's terms
-  pm::PageSoftmax* out;  ///< [n_q_heads]
-  int64_t n, tokens;
+  float* logits;             ///< [jobs * n_q_heads, width]: replaced by the softmax's terms
+  pm::PageSoftmax* out;      ///< [jobs * n_q_heads]
+  const int64_t* n_of;       ///< per job its pages
+  const int64_t* tokens_of;  ///< per job its middle tokens
+  int64_t width, q_heads;    ///< q_heads: per job
   int32_t page_size;
   KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    out[hq] = pm::page_softmax_terms(logits + hq * n, n, tokens, page_size);
+    const int64_t job = hq / q_heads;
+    out[hq] = pm::page_softmax_terms(logits + hq * width, n_of[job], tokens_of[job], page_size);
   }
 };
 
@@ -113,12 +129,18 @@ struct PageHeadOfIndex {
   KVRET_BACKEND_HD void operator()(int64_t i) const { head[i] = index[i] / n; }
 };
 
+/// The tokens of each sorted page (0 for the padding).
 struct PageSortedWeights {
   const int64_t* index;
   int64_t* weight;
-  int64_t n, tokens;
+  const int64_t* n_of;       ///< per job its pages
+  const int64_t* tokens_of;  ///< per job its middle tokens
+  int64_t width, heads;      ///< heads: KV heads per job
   int32_t page_size;
-  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = pm::page_weight(index[i] % n, n, tokens, page_size); }
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t p = index[i] % width, job = index[i] / width / heads;
+    weight[i] = p < n_of[job] ? pm::page_weight(p, n_of[job], tokens_of[job], page_size) : 0;
+  }
 };
 
 struct PageTake {
@@ -132,20 +154,22 @@ struct PageTake {
   }
 };
 
+/// Per (job, KV head, page): the tokens taken from it, at its offset in the head's row of the job's tensors.
 struct PageWrite {
-  const int64_t* taken;   ///< [n_kv_heads, n]
+  const int64_t* taken;   ///< [jobs * n_kv_heads, width]
   const int64_t* offset;  ///< exclusive scan of taken per head
   const float* folded;
-  DeviceTensor out;     ///< i32 [n_kv_heads, >= count]
-  DeviceTensor scores;  ///< f32 [n_kv_heads, >= count] (base null: none)
-  int64_t n, mid_begin;
+  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= count]
+  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= count] (base null: none)
+  const int64_t* base_of;      ///< per job its first middle position
+  int64_t width, heads;        ///< heads: KV heads per job
   int32_t page_size;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t h = i / n, p = i % n;
-    const int64_t first = mid_begin + p * page_size;
+    const int64_t segment = i / width, p = i % width, job = segment / heads, h = segment % heads;
+    const int64_t first = base_of[job] + p * page_size;
     for (int64_t t = 0; t < taken[i]; ++t) {
-      *reinterpret_cast<int32_t*>(out.at(h, offset[i] + t)) = static_cast<int32_t>(first + t);
-      if (scores.base != nullptr) *reinterpret_cast<float*>(scores.at(h, offset[i] + t)) = folded[i];
+      *reinterpret_cast<int32_t*>(outs[job].at(h, offset[i] + t)) = static_cast<int32_t>(first + t);
+      if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, offset[i] + t)) = folded[i];
     }
   }
 };

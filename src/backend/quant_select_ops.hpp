@@ -90,19 +90,22 @@ inline QuantLayout quant_layout(std::byte* base, int64_t heads, int64_t cap_bloc
   return l;
 }
 
-/// Per (query head, key block): the low-bit logits of the block's tokens, kivi_key_block_logits' bits: the
-/// channels' affine forms from their f16 (lo, hi), w = q * step, base = scale * (q . zero), then per token
-/// scale * (w . codes) + base.
+/// Per (job, query head, key block b < max_blocks): the low-bit logits of the block's tokens, kivi_key_block_logits'
+/// bits: the channels' affine forms from their f16 (lo, hi), w = q * step, base = scale * (q . zero), then per token
+/// scale * (w . codes) + base. Blocks past the job's own do nothing.
 struct QuantBlockLogits {
-  QuantLayout l;
-  const float* q;  ///< [n_q_heads, d]
-  float* logits;   ///< [n_q_heads, n]
-  int64_t n;
-  int32_t group;  ///< query heads per KV head
+  const QuantLayout* layouts;          ///< per job (blocks and residual set)
+  const float* q;                      ///< [jobs * n_q_heads, d]
+  float* logits;                       ///< [jobs * n_q_heads, width]
+  int64_t width, max_blocks, q_heads;  ///< q_heads: per job
+  int32_t group;                       ///< query heads per KV head
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t hq = i / l.blocks, b = i % l.blocks, h = hq / group;
-    const float* qh = q + hq * l.d;
+    const int64_t row = i / max_blocks, b = i % max_blocks;
+    const QuantLayout& l = layouts[row / q_heads];
+    if (b >= l.blocks) return;
+    const int64_t h = row % q_heads / group;
+    const float* qh = q + row * l.d;
     const uint8_t* codes = l.block_codes(h, b);
     const uint16_t* params = l.block_params(h, b);
     float w[256], zero[256];  // head_dim <= 256
@@ -112,26 +115,35 @@ struct QuantBlockLogits {
       w[c] = qm::mul_rn(qh[c], step);
     }
     const float base = qm::kivi_logit_base(scale, qh, zero, l.d);
-    float* out = logits + hq * n + b * l.group;
+    float* out = logits + row * width + b * l.group;
     for (int32_t t = 0; t < l.group; ++t)
       out[t] = qm::kivi_low_bit_logit(scale, w, base, codes, l.group, l.bits, t, l.d);
   }
 };
 
-/// Per (query head, residual token): scale * q . k with the f16 key (scaled_dots' bits).
+/// Per (job, query head, token t in [first, width)), `first` the fewest quantized tokens of a job: a residual
+/// token's logit scale * q . k with the f16 key (scaled_dots' bits), -inf for the padding past the job's tokens; a
+/// quantized token (QuantBlockLogits') is left alone.
 struct QuantResidualLogits {
-  QuantLayout l;
+  const QuantLayout* layouts;
   const float* q;
   float* logits;
-  int64_t n;
+  int64_t width, first, q_heads;
   int32_t group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t hq = i / l.residual, j = i % l.residual;
-    const uint16_t* k16 = l.residual_key(hq / group, j);
+    const int64_t row = i / (width - first), t = first + i % (width - first);
+    const QuantLayout& l = layouts[row / q_heads];
+    const int64_t quantized = l.blocks * l.group;
+    if (t < quantized) return;
+    if (t >= l.tokens()) {
+      logits[row * width + t] = qm::neg_inf();
+      return;
+    }
+    const uint16_t* k16 = l.residual_key(row % q_heads / group, t - quantized);
     float k[256];
     for (int32_t c = 0; c < l.d; ++c) k[c] = f16_to_f32(k16[c]);
-    logits[hq * n + l.blocks * l.group + j] = qm::mul_rn(scale, qm::dot8(q + hq * l.d, k, l.d));
+    logits[row * width + t] = qm::mul_rn(scale, qm::dot8(q + row * l.d, k, l.d));
   }
 };
 
@@ -165,16 +177,12 @@ struct QuantSoftmaxes {
   }
 };
 
-/// Every token is a group of weight 1 (so the grouped take is the top-k), the padding of weight 0 (never taken).
+/// Every entry is a group of weight 1 (so the grouped take is the top-k). A fused batch's padding is never taken
+/// all the same: its logit is -inf, the lowest order key (with NaN), and it comes after its row's tokens, so it
+/// follows all of them in the order, and no job's budget passes its tokens.
 struct QuantUnitWeights {
-  int64_t* weight;                 ///< in sorted order
-  const int64_t* index = nullptr;  ///< the sorted entries (with n_of)
-  int64_t width = 0;
-  const int64_t* n_of = nullptr;  ///< per job its tokens (null: no padding)
-  int64_t heads = 1;              ///< segments per job
-  KVRET_BACKEND_HD void operator()(int64_t i) const {
-    weight[i] = n_of == nullptr || index[i] % width < n_of[index[i] / width / heads] ? 1 : 0;
-  }
+  int64_t* weight;
+  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
 };
 
 /// Per (segment, entry u): when taken, its key segment << 32 | position (positions[segment * width + u], or its

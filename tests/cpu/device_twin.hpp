@@ -6,8 +6,8 @@
 // test::small_config's: 8 query heads (or as many as q holds: select, walk), 2 KV heads, head_dim 64.
 #include <gtest/gtest.h>
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <random>

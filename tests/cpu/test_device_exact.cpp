@@ -211,9 +211,9 @@ TEST_F(DeviceExact, FusedBatchNeverSelectsThePadding) {
     w.length_step = 61;
     w.seed = 90;
     w.reads_keys = w.single_on_each = w.compare_backends = w.fused = w.nan_first = true;
-    ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
-        exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, fold, 4), exact_config(KVRET_DEVICE_CPU, KVRET_KV_F32, fold, 4),
-        w));
+    ASSERT_NO_FATAL_FAILURE(
+        test::twin::batch_equals_single_selects(exact_config(KVRET_DEVICE_CUDA, KVRET_KV_F32, fold, 4),
+                                                exact_config(KVRET_DEVICE_CPU, KVRET_KV_F32, fold, 4), w));
   }
 }
 

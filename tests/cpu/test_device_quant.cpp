@@ -250,15 +250,31 @@ TEST_F(DeviceQuant, OneDecodeStepSendsTheChange) {
   test::expect_ok(kvret_seq_close(a));
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's.
+/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's; without
+/// re-ranking the batch is fused (the passes of one select), with it one select per sequence.
 TEST_F(DeviceQuant, BatchEqualsSingleSelects) {
-  for (const QuantCase& qc : {QuantCase{2, 64, 1}, QuantCase{1, 32, 4}}) {
+  for (const QuantCase& qc : {QuantCase{2, 64, 1}, QuantCase{1, 32, 1}, QuantCase{1, 32, 4}}) {
     SCOPED_TRACE(qc.name());
     test::twin::Batch w;
     w.compare_backends = true;
+    w.fused = qc.rerank == 1;
     ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
         quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc),
         quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc), w));
+  }
+}
+
+/// A fused batch pads the shorter sequences' rows (logit -inf): with the first (shortest) sequence's q all NaN it
+/// still selects that sequence's own tokens, as its single select and the CPU batch do, under both folds.
+TEST_F(DeviceQuant, FusedBatchNeverSelectsThePadding) {
+  for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
+    SCOPED_TRACE(fold);
+    test::twin::Batch w;
+    w.length_step = 71;
+    w.compare_backends = w.fused = w.nan_first = w.single_on_each = true;
+    ASSERT_NO_FATAL_FAILURE(
+        test::twin::batch_equals_single_selects(quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, fold, {2, 32, 1}),
+                                                quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, fold, {2, 32, 1}), w));
   }
 }
 
