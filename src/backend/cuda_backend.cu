@@ -1152,7 +1152,8 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
-  /// The EXACT, PAGE and QUANT (without re-ranking) selects without KVCrush's representatives fused: one set of
+  /// The EXACT, PAGE, QUANT (without re-ranking) and PQ (cell path) selects without KVCrush's representatives
+  /// fused: one set of
   /// passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share one), the
   /// rows padded to the longest middle. Every other job is selected alone, as is a job whose index copy cannot be
   /// made (it is then not done: the host selects).
@@ -1183,7 +1184,9 @@ class CudaBackend final : public Backend {
           const IndexMirror* m =
               kind == kFusedPage
                   ? page_mirror(*dynamic_cast<const PageRetriever*>(index), job.sequence, job.layer, stream)
-                  : quant_mirror(*dynamic_cast<const QuantRetriever*>(index), job.sequence, job.layer, stream);
+              : kind == kFusedQuant
+                  ? quant_mirror(*dynamic_cast<const QuantRetriever*>(index), job.sequence, job.layer, stream)
+                  : pq_mirror(*dynamic_cast<const PqRetriever*>(index), job.sequence, job.layer, stream);
           if (m == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
           mirrors.push_back(m);
         }
@@ -1203,6 +1206,8 @@ class CudaBackend final : public Backend {
         page_select(fj, mirrors, q.get(), stream);
       else if (kind == kFusedQuant)
         quant_select(fj, mirrors, q.get(), stream);
+      else if (kind == kFusedPq)
+        pq_cells_select(fj, mirrors, q.get(), stream);
       else
         exact_select(fj, q.get(), stream);
     }
@@ -1281,6 +1286,18 @@ class CudaBackend final : public Backend {
     require(bad == 0, KVRET_ERR_NONFINITE, name + ": contains NaN or Inf");
   }
 
+  /// Values the device passes read (one per job: layouts, page tables), on the host and, sent with one copy, in
+  /// device memory, a temporary of one call on `stream`.
+  template <class T>
+  struct Uploaded {
+    Uploaded(std::vector<T> values, kvret_stream stream) : host(std::move(values)), device(host.size(), stream) {
+      // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
+      copy_bytes(device.get(), host.data(), host.size() * sizeof(T), stream, false);
+    }
+    std::vector<T> host;
+    DeviceArray<T> device;
+  };
+
   /// The per-job values of a select on the device over `jobs` (one select, or a fused batch of one kind, budget and
   /// shape) in device memory, sent with one copy: each job's middle in units of `unit` tokens (n_of: tokens, or
   /// PAGE's pages, the last one partial), its middle tokens (tokens_of) and first middle position (base_of), and its
@@ -1329,9 +1346,10 @@ class CudaBackend final : public Backend {
     int64_t width_ = 0;
   };
 
-  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3;
-  /// The kind of a select that select_batch_on_device fuses with others (kFusedExact, kFusedPage, kFusedQuant: a
-  /// select of that index the device runs, without KVCrush's representatives, for QUANT without re-ranking), or 0.
+  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4;
+  /// The kind of a select that select_batch_on_device fuses with others (kFusedExact, kFusedPage, kFusedQuant,
+  /// kFusedPq: a select of that index the device runs, without KVCrush's representatives, for QUANT without
+  /// re-ranking, for PQ on its cell path), or 0.
   static int fusable_kind(const DeviceSelectJob& job) {
     const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
@@ -1344,6 +1362,8 @@ class CudaBackend final : public Backend {
     if (const auto* page = dynamic_cast<const PageRetriever*>(index)) return page->pages() > 0 ? kFusedPage : 0;
     if (const auto* quant = dynamic_cast<const QuantRetriever*>(index))
       return quant->rerank() == 1 && quant->head(0).size() == r.mid_end - r.mid_begin ? kFusedQuant : 0;
+    if (const auto* pq = dynamic_cast<const PqRetriever*>(index))
+      return pq->scores_cells() && pq->size() > 0 ? kFusedPq : 0;
     return 0;
   }
 
@@ -1368,15 +1388,13 @@ class CudaBackend final : public Backend {
                  static_cast<int64_t>(store.row_bytes()), static_cast<int32_t>(store.dtype())};
       pages.insert(pages.end(), own.begin(), own.end());
     }
-    const DeviceArray<const std::byte*> device_pages(pages.size(), stream);
+    const Uploaded<const std::byte*> device_pages(std::move(pages), stream);
     for (dm::ExactKeyPages& k : keys)  // the offsets into the table made its addresses
-      k.pages = device_pages.get() + reinterpret_cast<size_t>(k.pages);
-    const DeviceArray<dm::ExactKeyPages> device_keys(keys.size(), stream);
-    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const std::byte*), stream, false);
-    copy_bytes(device_keys.get(), keys.data(), keys.size() * sizeof(dm::ExactKeyPages), stream, false);
+      k.pages = device_pages.device.get() + reinterpret_cast<size_t>(k.pages);
+    const Uploaded<dm::ExactKeyPages> device_keys(std::move(keys), stream);
     const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
     for_each_index(stream, threads, segments * width,
-                   dm::ExactLogits{device_keys.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
+                   dm::ExactLogits{device_keys.device.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
                                    first.head_dim(), r.group, r.scale});
     top_and_write(jobs, segments, logits.get(), stream);
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1647,7 +1665,7 @@ class CudaBackend final : public Backend {
       return true;
     }
     // the low-bit logits of every middle token
-    const QuantLayouts l({quant_in_use(quant, *mirror)}, stream);
+    const Uploaded<dm::QuantLayout> l({quant_in_use(quant, *mirror)}, stream);
     const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream);
     quant_low_logits(l, q.get(), logits.get(), n, group, r.scale, threads, stream);
     const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates), stream);
@@ -1683,17 +1701,6 @@ class CudaBackend final : public Backend {
     return true;  // the temporaries are freed in stream order after the passes
   }
 
-  /// Low-bit copies as the device passes address them: one layout per job (blocks and residual set), on the host
-  /// and, sent with one copy, on the device.
-  struct QuantLayouts {
-    QuantLayouts(std::vector<dm::QuantLayout> layouts, kvret_stream stream)
-        : host(std::move(layouts)), device(host.size(), stream) {
-      copy_bytes(device.get(), host.data(), host.size() * sizeof(dm::QuantLayout), stream, false);
-    }
-    std::vector<dm::QuantLayout> host;
-    DeviceArray<dm::QuantLayout> device;
-  };
-
   /// The layout of `quant`'s copy in `mirror`, with the blocks and residual rows it holds in use.
   static dm::QuantLayout quant_in_use(const QuantRetriever& quant, const IndexMirror& mirror) {
     const KiviParams& p = quant.params();
@@ -1706,8 +1713,8 @@ class CudaBackend final : public Backend {
 
   /// The low-bit logits [jobs * heads * group, width] of the copies `l` (one per job) at `scale`, from q [jobs *
   /// heads * group, d] (select's first passes); a job's row past its tokens is -inf.
-  void quant_low_logits(const QuantLayouts& l, const float* q, float* logits, int64_t width, int32_t group, float scale,
-                        int threads, kvret_stream stream) {
+  void quant_low_logits(const Uploaded<dm::QuantLayout>& l, const float* q, float* logits, int64_t width, int32_t group,
+                        float scale, int threads, kvret_stream stream) {
     const int64_t q_heads = l.host[0].heads * group, rows = q_heads * static_cast<int64_t>(l.host.size());
     int64_t max_blocks = 0, first = width;
     for (const dm::QuantLayout& x : l.host) {
@@ -1733,7 +1740,7 @@ class CudaBackend final : public Backend {
       layouts.push_back(
           quant_in_use(*dynamic_cast<const QuantRetriever*>(jobs.job(i).retriever->selects_as()), *mirrors[i]));
     const int64_t segments = layouts[0].heads * static_cast<int64_t>(jobs.size()), width = jobs.width();
-    const QuantLayouts l(std::move(layouts), stream);
+    const Uploaded<dm::QuantLayout> l(std::move(layouts), stream);
     const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
     quant_low_logits(l, q, logits.get(), width, r.group, r.scale, r.n_threads, stream);
     top_and_write(jobs, segments, logits.get(), stream);
@@ -1766,7 +1773,8 @@ class CudaBackend final : public Backend {
     // the low-bit logits at select's scale, and the candidates (select's, from a copy of them)
     const float select_scale = 1.0f / std::sqrt(static_cast<float>(d));
     const DeviceArray<float> low(static_cast<size_t>(q_heads * middle), stream);
-    quant_low_logits(QuantLayouts({l}, stream), q.get(), low.get(), middle, group, select_scale, threads, stream);
+    quant_low_logits(Uploaded<dm::QuantLayout>({l}, stream), q.get(), low.get(), middle, group, select_scale, threads,
+                     stream);
     const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
     std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
     if (candidates > 0) {
@@ -2057,40 +2065,71 @@ class CudaBackend final : public Backend {
     });
   }
 
+  /// The layout of `pq`'s copy in `mirror`, with its tokens and most exact tokens of a head set.
+  static dm::PqLayout pq_in_use(const PqRetriever& pq, const IndexMirror& mirror) {
+    dm::PqLayout l = pq_layout(mirror.data->get(), pq, mirror.pq.token_capacity, mirror.pq.exact_capacity);
+    l.tokens = pq.size();
+    for (int h = 0; h < pq.n_kv_heads(); ++h)
+      l.max_exact = std::max<int64_t>(l.max_exact, static_cast<int64_t>(pq.exact_positions(h).size()));
+    return l;
+  }
+
   /// PQ's select on the device (pq_select_ops.hpp), q already loaded: false, having written nothing, where the
   /// mirror cannot be made.
   bool pq_select(const PqRetriever& pq, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
-    const SelectRequest& r = job.request;
     const IndexMirror* mirror = pq_mirror(pq, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    dm::PqLayout l = pq_layout(mirror->data->get(), pq, mirror->pq.token_capacity, mirror->pq.exact_capacity);
-    const int64_t heads = pq.n_kv_heads();
-    l.tokens = pq.size();
-    for (int h = 0; h < heads; ++h)
-      l.max_exact = std::max<int64_t>(l.max_exact, static_cast<int64_t>(pq.exact_positions(h).size()));
-    const int64_t n = l.items_per_head();
-    const int32_t group = r.group;
-    const int64_t q_heads = heads * group;
-    const int64_t entries = heads * n;
-    const int64_t tokens = heads * l.tokens;
-    const int threads = r.n_threads;
-    const DeviceArray<float> lut(static_cast<size_t>(q_heads * l.m * l.k), stream);
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
-        folded(static_cast<size_t>(entries), stream);
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(stream, threads, q_heads * l.m * l.k, dm::PqLut{l, q, lut.get(), group, r.scale});
-    if (l.cells == 0) {
-      pq_token_select(l, job, q, lut.get(), stream);
+    if (pq.scores_cells()) {
+      pq_cells_select(FusedJobs({&job}, stream), {mirror}, q, stream);
       return true;
     }
-    for_each_index(stream, threads, q_heads * n, dm::PqItemLogits{l, q, lut.get(), logits.get(), group, r.scale});
+    const SelectRequest& r = job.request;
+    const Uploaded<dm::PqLayout> l({pq_in_use(pq, *mirror)}, stream);
+    const int64_t mk = int64_t{l.host[0].m} * l.host[0].k;
+    const DeviceArray<float> lut(static_cast<size_t>(r.n_q_heads * mk), stream);
+    for_each_index(stream, r.n_threads, r.n_q_heads * mk,
+                   dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
+    pq_token_select(l.host[0], job, q, lut.get(), stream);
+    return true;
+  }
+
+  /// PQ's select on its cell path (pq_select_ops.hpp) for every job of `jobs` (PQ selects of one budget and shape;
+  /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the tables, the items'
+  /// logits, the fold and grouped take over the items, then per token whether it is taken and where it goes, and
+  /// the write of the positions and scores.
+  void pq_cells_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
+                       kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    std::vector<dm::PqLayout> layouts;
+    int64_t max_exact = 0, max_tokens = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      layouts.push_back(pq_in_use(*dynamic_cast<const PqRetriever*>(jobs.job(i).retriever->selects_as()), *mirrors[i]));
+      max_exact = std::max(max_exact, layouts.back().max_exact);
+      max_tokens = std::max(max_tokens, layouts.back().tokens);
+    }
+    const Uploaded<dm::PqLayout> l(std::move(layouts), stream);
+    const dm::PqLayout& first = l.host[0];
+    const int64_t jobs_n = static_cast<int64_t>(jobs.size());
+    const int64_t heads = r.n_q_heads / r.group, segments = heads * jobs_n, rows = r.n_q_heads * jobs_n;
+    const int64_t items = first.cells + max_exact, entries = segments * items, tokens = segments * max_tokens;
+    const int64_t mk = int64_t{first.m} * first.k;
+    const int threads = r.n_threads;
+    const DeviceArray<float> lut(static_cast<size_t>(rows * mk), stream);
+    const DeviceArray<float> logits(static_cast<size_t>(rows * items), stream),
+        folded(static_cast<size_t>(entries), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
+    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
+    for_each_index(stream, threads, rows * mk,
+                   dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
+    for_each_index(stream, threads, rows * items,
+                   dm::PqItemLogits{l.device.get(), q, lut.get(), logits.get(), items, r.n_q_heads, r.group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, threads, q_heads, dm::PqSoftmaxes{l, logits.get(), softmax.get(), group});
+      for_each_index(stream, threads, rows,
+                     dm::PqSoftmaxes{l.device.get(), logits.get(), softmax.get(), items, r.n_q_heads, r.group});
     take_passes(
-        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        segments, items, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
         [&](const int64_t* index, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::PqSortedWeights{l, index, weight});
+          for_each_index(stream, threads, entries, dm::PqSortedWeights{l.device.get(), index, weight, items, heads});
         },
         stream);
     // per token: the rank in the trimmed cell, then whether it is taken and where it goes
@@ -2098,20 +2137,19 @@ class CudaBackend final : public Backend {
     const auto scan_per_head = [&](const int64_t* in, int64_t* out) {
       with_policy(stream, threads, tokens, [&](const auto& policy) {
         const auto head_of =
-            thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{l.tokens});
+            thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{max_tokens});
         thrust::exclusive_scan_by_key(policy, head_of, head_of + tokens, in, out);
       });
     };
-    for_each_index(stream, threads, tokens, dm::PqTrimmed{l, taken.get(), flag.get()});
-    scan_per_head(flag.get(), scan.get());
-    for_each_index(stream, threads, tokens, dm::PqTaken{l, taken.get(), scan.get(), flag.get()});
-    scan_per_head(flag.get(), scan.get());
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
     for_each_index(stream, threads, tokens,
-                   dm::PqWrite{l, flag.get(), scan.get(), folded.get(), device_tensor(*job.out),
-                               job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.mid_begin});
-    return true;  // the temporaries are freed in stream order after the passes
+                   dm::PqTrimmed{l.device.get(), taken.get(), flag.get(), items, max_tokens, heads});
+    scan_per_head(flag.get(), scan.get());
+    for_each_index(stream, threads, tokens,
+                   dm::PqTaken{l.device.get(), taken.get(), scan.get(), flag.get(), items, max_tokens, heads});
+    scan_per_head(flag.get(), scan.get());
+    for_each_index(stream, threads, tokens,
+                   dm::PqWrite{l.device.get(), flag.get(), scan.get(), folded.get(), jobs.outs(), jobs.scores(),
+                               jobs.base_of(), items, max_tokens, heads});
   }
 
   /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
@@ -2194,17 +2232,16 @@ class CudaBackend final : public Backend {
     const int threads = r.n_threads;
     std::vector<dm::PageBounds> bounds;
     for (const IndexMirror* m : mirrors) bounds.push_back({m->bounds(), m->capacity});
-    const DeviceArray<dm::PageBounds> device_bounds(bounds.size(), stream);
-    copy_bytes(device_bounds.get(), bounds.data(), bounds.size() * sizeof(dm::PageBounds), stream, false);
+    const Uploaded<dm::PageBounds> device_bounds(std::move(bounds), stream);
     const DeviceArray<float> split(static_cast<size_t>(q_heads * 2 * d), stream);
     for_each_index(stream, threads, q_heads, dm::PageSplitQuery{q, split.get(), d});
     const DeviceArray<float> logits(static_cast<size_t>(q_heads * width), stream),
         folded(static_cast<size_t>(entries), stream);
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(
-        stream, threads, q_heads * width,
-        dm::PageLogits{split.get(), device_bounds.get(), logits.get(), jobs.n_of(), width, heads, d, group, r.scale});
+    for_each_index(stream, threads, q_heads * width,
+                   dm::PageLogits{split.get(), device_bounds.device.get(), logits.get(), jobs.n_of(), width, heads, d,
+                                  group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
       for_each_index(stream, threads, q_heads,
                      dm::PageSoftmaxes{logits.get(), softmax.get(), jobs.n_of(), jobs.tokens_of(), width, heads * group,

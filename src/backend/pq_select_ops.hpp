@@ -52,36 +52,45 @@ struct PqLayout {
   }
 };
 
-/// lut [n_q_heads, m, k]: lut[hq][j][c] = scale * <q_hq,j, C_h,j[c]>.
+// The cell path's passes below run over one select or a fused batch of them (job after job, one layout per job):
+// each job's rows are `items` wide (the C cells and then the most exact tokens of any head of any job; a head's
+// items past its own are padding of weight 0) and `tokens` wide for the per-token passes (a job's tokens past its
+// own, up to the most of any job, are padding: never flagged, never written).
+
+/// lut [jobs * n_q_heads, m, k]: lut[hq][j][c] = scale * <q_hq,j, C_h,j[c]>.
 struct PqLut {
-  PqLayout layout;
-  const float* q;  ///< [n_q_heads, d]
+  const PqLayout* layouts;  ///< per job
+  const float* q;           ///< [jobs * n_q_heads, d]
   float* lut;
+  int64_t q_heads, mk;  ///< q_heads: per job; mk: m * k, every job's
   int32_t group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t mk = int64_t{layout.m} * layout.k, hq = i / mk, j = (i % mk) / layout.k, c = i % layout.k;
-    const int64_t h = hq / group;
-    lut[i] = pm::pq_lut_entry(q + hq * layout.d + j * layout.dsub,
-                              layout.codebook + ((h * layout.m + j) * layout.k + c) * layout.dsub, layout.dsub, scale);
+    const int64_t row = i / mk;
+    const PqLayout& l = layouts[row / q_heads];
+    const int64_t j = (i % mk) / l.k, c = i % l.k, h = row % q_heads / group;
+    lut[i] =
+        pm::pq_lut_entry(q + row * l.d + j * l.dsub, l.codebook + ((h * l.m + j) * l.k + c) * l.dsub, l.dsub, scale);
   }
 };
 
-/// logits [n_q_heads, items_per_head]: a cell's from the table, an exact token's q . k, -inf for padding.
+/// logits [jobs * n_q_heads, items]: a cell's from the table, an exact token's q . k, -inf for padding.
 struct PqItemLogits {
-  PqLayout layout;
-  const float* q;    ///< [n_q_heads, d]
-  const float* lut;  ///< [n_q_heads, m, k]
+  const PqLayout* layouts;
+  const float* q;    ///< [jobs * n_q_heads, d]
+  const float* lut;  ///< [jobs * n_q_heads, m, k]
   float* logits;
+  int64_t items, q_heads;
   int32_t group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t n = layout.items_per_head(), hq = i / n, u = i % n, h = hq / group;
-    if (u < layout.cells) {
-      logits[i] = pm::pq_cell_logit(lut + hq * layout.m * layout.k, u, layout.m, layout.k);
-    } else if (u < layout.cells + layout.n_exact[h]) {
-      const float* key = layout.exact_keys + (h * layout.exact_capacity + (u - layout.cells)) * layout.d;
-      logits[i] = pm::pq_exact_logit(scale, q + hq * layout.d, key, layout.d);
+    const int64_t row = i / items, u = i % items, h = row % q_heads / group;
+    const PqLayout& l = layouts[row / q_heads];
+    if (u < l.cells) {
+      logits[i] = pm::pq_cell_logit(lut + row * l.m * l.k, u, l.m, l.k);
+    } else if (u < l.cells + l.n_exact[h]) {
+      const float* key = l.exact_keys + (h * l.exact_capacity + (u - l.cells)) * l.d;
+      logits[i] = pm::pq_exact_logit(scale, q + row * l.d, key, l.d);
     } else {
       logits[i] = pm::neg_inf();
     }
@@ -90,70 +99,96 @@ struct PqItemLogits {
 
 /// Per query head: the weighted softmax over its KV head's C + E_h items (not the padding), in place.
 struct PqSoftmaxes {
-  PqLayout layout;
-  float* logits;         ///< [n_q_heads, items_per_head]: replaced by the softmax's terms
-  pm::PageSoftmax* out;  ///< [n_q_heads]
+  const PqLayout* layouts;
+  float* logits;         ///< [jobs * n_q_heads, items]: replaced by the softmax's terms
+  pm::PageSoftmax* out;  ///< [jobs * n_q_heads]
+  int64_t items, q_heads;
   int32_t group;
-  KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    const int64_t n = layout.items_per_head(), h = hq / group;
-    const int32_t* counts = layout.counts + h * layout.cells;
-    const int64_t cells = layout.cells, exact = layout.n_exact[h];
-    out[hq] = pm::weighted_softmax_terms(logits + hq * n, cells + exact,
-                                         [=](int64_t u) { return pm::pq_item_weight(counts, cells, exact, u); });
+  KVRET_BACKEND_HD void operator()(int64_t row) const {
+    const PqLayout& l = layouts[row / q_heads];
+    const int64_t h = row % q_heads / group;
+    const int32_t* counts = l.counts + h * l.cells;
+    const int64_t cells = l.cells, exact = l.n_exact[h];
+    out[row] = pm::weighted_softmax_terms(logits + row * items, cells + exact,
+                                          [=](int64_t u) { return pm::pq_item_weight(counts, cells, exact, u); });
   }
 };
 
 struct PqSortedWeights {
-  PqLayout layout;
+  const PqLayout* layouts;
   const int64_t* index;
   int64_t* weight;
+  int64_t items, heads;  ///< heads: KV heads per job
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t n = layout.items_per_head();
-    weight[i] = layout.weight(index[i] / n, index[i] % n);
+    const int64_t segment = index[i] / items;
+    weight[i] = layouts[segment / heads].weight(segment % heads, index[i] % items);
   }
 };
 
-/// Per (KV head, token): 1 when its item is taken in part (the trimmed cell), else 0.
+/// A (job, KV head, token) entry of the per-token passes: its layout, head and token, or null past the job's tokens.
+struct PqTokenEntry {
+  const PqLayout* l;
+  int64_t segment, h, t;
+};
+KVRET_BACKEND_HD inline PqTokenEntry pq_token_entry(const PqLayout* layouts, int64_t i, int64_t tokens, int64_t heads) {
+  const int64_t segment = i / tokens, t = i % tokens;
+  const PqLayout* l = layouts + segment / heads;
+  return {t < l->tokens ? l : nullptr, segment, segment % heads, t};
+}
+
+/// Per (job, KV head, token): 1 when its item is taken in part (the trimmed cell), else 0.
 struct PqTrimmed {
-  PqLayout layout;
-  const int64_t* taken;  ///< [heads, items_per_head]
-  int64_t* flag;         ///< [heads, tokens]
+  const PqLayout* layouts;
+  const int64_t* taken;  ///< [jobs * heads, items]
+  int64_t* flag;         ///< [jobs * heads, tokens]
+  int64_t items, tokens, heads;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t h = i / layout.tokens, t = i % layout.tokens;
-    const int32_t u = layout.items[h * layout.capacity + t];
-    const int64_t took = taken[h * layout.items_per_head() + u];
-    flag[i] = took > 0 && took < layout.weight(h, u) ? 1 : 0;
+    const PqTokenEntry e = pq_token_entry(layouts, i, tokens, heads);
+    if (e.l == nullptr) {
+      flag[i] = 0;
+      return;
+    }
+    const int32_t u = e.l->items[e.h * e.l->capacity + e.t];
+    const int64_t took = taken[e.segment * items + u];
+    flag[i] = took > 0 && took < e.l->weight(e.h, u) ? 1 : 0;
   }
 };
 
-/// Per (KV head, token): 1 when it is selected (rank: its place among the trimmed item's tokens).
+/// Per (job, KV head, token): 1 when it is selected (rank: its place among the trimmed item's tokens).
 struct PqTaken {
-  PqLayout layout;
+  const PqLayout* layouts;
   const int64_t* taken;
-  const int64_t* rank;  ///< [heads, tokens]: exclusive scan of PqTrimmed per head
-  int64_t* flag;        ///< [heads, tokens]
+  const int64_t* rank;  ///< [jobs * heads, tokens]: exclusive scan of PqTrimmed per head
+  int64_t* flag;        ///< [jobs * heads, tokens]
+  int64_t items, tokens, heads;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t h = i / layout.tokens, t = i % layout.tokens;
-    const int32_t u = layout.items[h * layout.capacity + t];
-    flag[i] = pm::pq_token_taken(taken[h * layout.items_per_head() + u], layout.weight(h, u), rank[i]) ? 1 : 0;
+    const PqTokenEntry e = pq_token_entry(layouts, i, tokens, heads);
+    if (e.l == nullptr) {
+      flag[i] = 0;
+      return;
+    }
+    const int32_t u = e.l->items[e.h * e.l->capacity + e.t];
+    flag[i] = pm::pq_token_taken(taken[e.segment * items + u], e.l->weight(e.h, u), rank[i]) ? 1 : 0;
   }
 };
 
 struct PqWrite {
-  PqLayout layout;
-  const int64_t* selected;  ///< [heads, tokens]: PqTaken
-  const int64_t* offset;    ///< exclusive scan of selected per head
-  const float* folded;      ///< [heads, items_per_head]
-  DeviceTensor out;         ///< i32 [n_kv_heads, >= budget]
-  DeviceTensor scores;      ///< f32 [n_kv_heads, >= budget] (base null: none)
-  int64_t mid_begin;
+  const PqLayout* layouts;
+  const int64_t* selected;     ///< [jobs * heads, tokens]: PqTaken
+  const int64_t* offset;       ///< exclusive scan of selected per head
+  const float* folded;         ///< [jobs * heads, items]
+  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
+  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
+  const int64_t* base_of;      ///< per job its first middle position
+  int64_t items, tokens, heads;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     if (selected[i] == 0) return;
-    const int64_t h = i / layout.tokens, t = i % layout.tokens;
-    *reinterpret_cast<int32_t*>(out.at(h, offset[i])) = static_cast<int32_t>(mid_begin + t);
-    if (scores.base != nullptr) {
-      const int32_t u = layout.items[h * layout.capacity + t];
-      *reinterpret_cast<float*>(scores.at(h, offset[i])) = folded[h * layout.items_per_head() + u];
+    const PqTokenEntry e = pq_token_entry(layouts, i, tokens, heads);
+    const int64_t job = e.segment / heads;
+    *reinterpret_cast<int32_t*>(outs[job].at(e.h, offset[i])) = static_cast<int32_t>(base_of[job] + e.t);
+    if (scores[job].base != nullptr) {
+      const int32_t u = e.l->items[e.h * e.l->capacity + e.t];
+      *reinterpret_cast<float*>(scores[job].at(e.h, offset[i])) = folded[e.segment * items + u];
     }
   }
 };
