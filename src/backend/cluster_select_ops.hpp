@@ -57,55 +57,67 @@ struct ClusterLayout {
   }
 };
 
+// The passes below run over one select or a fused batch of them (job after job, one layout per job): each job's
+// rows are `width` groups wide, the most groups of any job; a job's groups past its own are padding (logit -inf,
+// no tokens).
+
 struct ClusterLogits {
-  ClusterLayout layout;
-  const float* q;  ///< [n_kv_heads * group, d]
-  float* logits;   ///< [n_kv_heads * group, G]
+  const ClusterLayout* layouts;  ///< per job
+  const float* q;                ///< [jobs * n_kv_heads * group, d]
+  float* logits;                 ///< [jobs * n_kv_heads * group, width]
+  int64_t width, q_heads;        ///< q_heads: per job
   int32_t group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t n = layout.groups(), hq = i / n, u = i % n;
-    logits[i] = pm::cluster_logit(scale, q + hq * layout.d, layout.row(hq / group, u), layout.d);
+    const int64_t row = i / width, u = i % width;
+    const ClusterLayout& l = layouts[row / q_heads];
+    logits[i] =
+        u < l.groups() ? pm::cluster_logit(scale, q + row * l.d, l.row(row % q_heads / group, u), l.d) : pm::neg_inf();
   }
 };
 
 struct ClusterSoftmaxes {
-  ClusterLayout layout;
-  float* logits;         ///< [n_q_heads, G]: replaced by the softmax's terms
-  pm::PageSoftmax* out;  ///< [n_q_heads]
+  const ClusterLayout* layouts;
+  float* logits;         ///< [jobs * n_q_heads, width]: replaced by the softmax's terms
+  pm::PageSoftmax* out;  ///< [jobs * n_q_heads]
+  int64_t width, q_heads;
   int32_t group;
-  KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    const int64_t n = layout.groups();
-    out[hq] = pm::cluster_softmax_terms(logits + hq * n, n, layout.sizes + hq / group * layout.cluster_stride,
-                                        layout.clusters);
+  KVRET_BACKEND_HD void operator()(int64_t row) const {
+    const ClusterLayout& l = layouts[row / q_heads];
+    out[row] = pm::cluster_softmax_terms(logits + row * width, l.groups(),
+                                         l.sizes + row % q_heads / group * l.cluster_stride, l.clusters);
   }
 };
 
+/// The tokens of each sorted group (0 for the padding).
 struct ClusterSortedWeights {
-  ClusterLayout layout;
+  const ClusterLayout* layouts;
   const int64_t* index;
   int64_t* weight;
+  int64_t width, heads;  ///< heads: KV heads per job
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t n = layout.groups();
-    weight[i] = layout.weight(index[i] / n, index[i] % n);
+    const int64_t segment = index[i] / width, u = index[i] % width;
+    const ClusterLayout& l = layouts[segment / heads];
+    weight[i] = u < l.groups() ? l.weight(segment % heads, u) : 0;
   }
 };
 
-/// Per (KV head, group): its taken tokens as keys head << 32 | position, with the group's score, at the group's
-/// offset in its head's row of `budget` entries.
+/// Per (job, KV head, group): its taken tokens as keys segment << 32 | position, with the group's score, at the
+/// group's offset in its head's row of `budget` entries.
 struct ClusterPick {
-  ClusterLayout layout;
-  const int64_t* taken;   ///< [n_kv_heads, G]
+  const ClusterLayout* layouts;
+  const int64_t* taken;   ///< [jobs * n_kv_heads, width]
   const int64_t* offset;  ///< exclusive scan of taken per head
   const float* folded;
-  uint64_t* keys;  ///< [n_kv_heads, budget]
-  float* score;    ///< [n_kv_heads, budget]
-  int64_t budget;
+  uint64_t* keys;  ///< [jobs * n_kv_heads, budget]
+  float* score;    ///< [jobs * n_kv_heads, budget]
+  int64_t width, heads, budget;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t n = layout.groups(), h = i / n, u = i % n;
+    const int64_t segment = i / width, u = i % width;
+    const ClusterLayout& l = layouts[segment / heads];
     for (int64_t t = 0; t < taken[i]; ++t) {
-      const int64_t at = h * budget + offset[i] + t;
-      keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(layout.position(h, u, t));
+      const int64_t at = segment * budget + offset[i] + t;
+      keys[at] = static_cast<uint64_t>(segment) << 32 | static_cast<uint32_t>(l.position(segment % heads, u, t));
       score[at] = folded[i];
     }
   }

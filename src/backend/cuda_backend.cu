@@ -1152,8 +1152,8 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
-  /// The EXACT, PAGE, QUANT (without re-ranking) and PQ (cell path) selects without KVCrush's representatives
-  /// fused: one set of
+  /// The selects without KVCrush's representatives (EXACT, PAGE, CLUSTER, QUANT without re-ranking, PQ on its cell
+  /// path) fused: one set of
   /// passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share one), the
   /// rows padded to the longest middle. Every other job is selected alone, as is a job whose index copy cannot be
   /// made (it is then not done: the host selects).
@@ -1186,7 +1186,9 @@ class CudaBackend final : public Backend {
                   ? page_mirror(*dynamic_cast<const PageRetriever*>(index), job.sequence, job.layer, stream)
               : kind == kFusedQuant
                   ? quant_mirror(*dynamic_cast<const QuantRetriever*>(index), job.sequence, job.layer, stream)
-                  : pq_mirror(*dynamic_cast<const PqRetriever*>(index), job.sequence, job.layer, stream);
+              : kind == kFusedPq
+                  ? pq_mirror(*dynamic_cast<const PqRetriever*>(index), job.sequence, job.layer, stream)
+                  : cluster_mirror(*dynamic_cast<const ClusterRetriever*>(index), job.sequence, job.layer, stream);
           if (m == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
           mirrors.push_back(m);
         }
@@ -1208,6 +1210,8 @@ class CudaBackend final : public Backend {
         quant_select(fj, mirrors, q.get(), stream);
       else if (kind == kFusedPq)
         pq_cells_select(fj, mirrors, q.get(), stream);
+      else if (kind == kFusedCluster)
+        cluster_select(fj, mirrors, q.get(), stream);
       else
         exact_select(fj, q.get(), stream);
     }
@@ -1346,10 +1350,9 @@ class CudaBackend final : public Backend {
     int64_t width_ = 0;
   };
 
-  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4;
-  /// The kind of a select that select_batch_on_device fuses with others (kFusedExact, kFusedPage, kFusedQuant,
-  /// kFusedPq: a select of that index the device runs, without KVCrush's representatives, for QUANT without
-  /// re-ranking, for PQ on its cell path), or 0.
+  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedCluster = 5;
+  /// The kind of a select that select_batch_on_device fuses with others (a select of that index the device runs,
+  /// without KVCrush's representatives, for QUANT without re-ranking, for PQ on its cell path), or 0.
   static int fusable_kind(const DeviceSelectJob& job) {
     const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
@@ -1364,6 +1367,11 @@ class CudaBackend final : public Backend {
       return quant->rerank() == 1 && quant->head(0).size() == r.mid_end - r.mid_begin ? kFusedQuant : 0;
     if (const auto* pq = dynamic_cast<const PqRetriever*>(index))
       return pq->scores_cells() && pq->size() > 0 ? kFusedPq : 0;
+    if (const auto* cluster = dynamic_cast<const ClusterRetriever*>(index))
+      return cluster->clusters() + cluster->exacts() + cluster->pending() > 0 &&
+                     (cluster->pending() == 0 || job.store != nullptr)
+                 ? kFusedCluster
+                 : 0;
     return 0;
   }
 
@@ -1538,55 +1546,73 @@ class CudaBackend final : public Backend {
   /// where the mirror cannot be made.
   bool cluster_select(const ClusterRetriever& cluster, const DeviceSelectJob& job, const float* q,
                       kvret_stream stream) {
-    const SelectRequest& r = job.request;
     const IndexMirror* mirror = cluster_mirror(cluster, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    dm::ClusterLayout l = cluster_layout(mirror->data->get(), ClusterCounts(cluster), mirror->room);
-    const int64_t heads = cluster.n_kv_heads();
-    l.pending = cluster.pending();
-    l.first_pending = cluster.clustered_end();
-    // the pending tail's keys, f32, from the store (at most cluster_decode_interval - 1 per head)
-    std::vector<float> pending(static_cast<size_t>(heads * l.pending * l.d));
-    for (int64_t h = 0; h < heads && l.pending > 0; ++h)
-      job.store->keys_f32(static_cast<int>(h), l.first_pending, cluster.indexed_end(),
-                          pending.data() + h * l.pending * l.d);
+    cluster_select(FusedJobs({&job}, stream), {mirror}, q, stream);
+    return true;
+  }
+
+  /// CLUSTER's select on the device for every job of `jobs` (CLUSTER selects of one budget and shape; `mirrors`
+  /// their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the groups' logits, the fold and
+  /// grouped take, the taken tokens by (head, position), the write. The pending tails' keys are read from the stores
+  /// by the host and copied in (one wait for the batch).
+  void cluster_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
+                      kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    const int64_t heads = r.n_q_heads / r.group, jobs_n = static_cast<int64_t>(jobs.size());
+    // every job's layout, and its pending tail's keys, f32, from its store (at most cluster_decode_interval - 1
+    // per head), every job's in one array
+    std::vector<dm::ClusterLayout> layouts;
+    std::vector<float> pending;
+    std::vector<size_t> pending_at;
+    int64_t width = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const auto& cluster = *dynamic_cast<const ClusterRetriever*>(jobs.job(i).retriever->selects_as());
+      dm::ClusterLayout l = cluster_layout(mirrors[i]->data->get(), ClusterCounts(cluster), mirrors[i]->room);
+      l.pending = cluster.pending();
+      l.first_pending = cluster.clustered_end();
+      pending_at.push_back(pending.size());
+      pending.resize(pending.size() + static_cast<size_t>(heads * l.pending * l.d));
+      for (int64_t h = 0; h < heads && l.pending > 0; ++h)
+        jobs.job(i).store->keys_f32(static_cast<int>(h), l.first_pending, cluster.indexed_end(),
+                                    pending.data() + pending_at.back() + h * l.pending * l.d);
+      width = std::max(width, l.groups());
+      layouts.push_back(l);
+    }
     const DeviceArray<float> pending_keys(pending.size(), stream);
     if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, true);
-    l.pending_keys = pending_keys.get();
+    for (size_t i = 0; i < layouts.size(); ++i) layouts[i].pending_keys = pending_keys.get() + pending_at[i];
+    const Uploaded<dm::ClusterLayout> l(std::move(layouts), stream);
 
-    const int64_t n = l.groups();
-    const int32_t group = r.group;
-    const int64_t q_heads = heads * group;
-    const int64_t entries = heads * n;
+    const int64_t segments = heads * jobs_n, rows = r.n_q_heads * jobs_n, entries = segments * width;
     const int threads = r.n_threads;
-    const bool max_logit = r.fold == KVRET_FOLD_MAX_LOGIT;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
+    const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream),
         folded(static_cast<size_t>(entries), stream);
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(stream, threads, q_heads * n, dm::ClusterLogits{l, q, logits.get(), group, r.scale});
-    if (!max_logit)
-      for_each_index(stream, threads, q_heads, dm::ClusterSoftmaxes{l, logits.get(), softmax.get(), group});
+    for_each_index(stream, threads, rows * width,
+                   dm::ClusterLogits{l.device.get(), q, logits.get(), width, r.n_q_heads, r.group, r.scale});
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
+      for_each_index(stream, threads, rows,
+                     dm::ClusterSoftmaxes{l.device.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group});
     take_passes(
-        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+        segments, width, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
         [&](const int64_t* index, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::ClusterSortedWeights{l, index, weight});
+          for_each_index(stream, threads, entries,
+                         dm::ClusterSortedWeights{l.device.get(), index, weight, width, heads});
         },
         stream);
     // the taken tokens by (head, position), then into the caller's tensors
-    const int64_t picked = heads * r.budget;
+    const int64_t picked = segments * r.budget;
     const DeviceArray<uint64_t> keys(static_cast<size_t>(picked), stream);
     const DeviceArray<float> score(static_cast<size_t>(picked), stream);
     for_each_index(stream, threads, entries,
-                   dm::ClusterPick{l, taken.get(), offset.get(), folded.get(), keys.get(), score.get(), r.budget});
+                   dm::ClusterPick{l.device.get(), taken.get(), offset.get(), folded.get(), keys.get(), score.get(),
+                                   width, heads, r.budget});
     with_policy(stream, threads, picked,
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys.get(), keys.get() + picked, score.get()); });
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
     for_each_index(stream, threads, picked,
-                   dm::ClusterWrite{keys.get(), score.get(), device_tensor(*job.out),
-                                    job.scores != nullptr ? device_tensor(*job.scores) : no_scores, r.budget});
-    return true;  // the temporaries are freed in stream order after the passes
+                   dm::TopWrite{keys.get(), score.get(), jobs.outs(), jobs.scores(), r.budget, heads});
   }
 
   /// The mirror of (sequence, layer) brought up to `quant`'s low-bit copy: the key blocks (and their value rows)
