@@ -1152,8 +1152,8 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
-  /// The selects without KVCrush's representatives (EXACT, PAGE, CLUSTER, QUANT without re-ranking, PQ on its cell
-  /// path) fused: one set of
+  /// The selects without KVCrush's representatives (EXACT, PAGE, CLUSTER, PQ, QUANT without re-ranking) fused: one
+  /// set of
   /// passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share one), the
   /// rows padded to the longest middle. Every other job is selected alone, as is a job whose index copy cannot be
   /// made (it is then not done: the host selects).
@@ -1186,7 +1186,7 @@ class CudaBackend final : public Backend {
                   ? page_mirror(*dynamic_cast<const PageRetriever*>(index), job.sequence, job.layer, stream)
               : kind == kFusedQuant
                   ? quant_mirror(*dynamic_cast<const QuantRetriever*>(index), job.sequence, job.layer, stream)
-              : kind == kFusedPq
+              : kind == kFusedPq || kind == kFusedPqTokens
                   ? pq_mirror(*dynamic_cast<const PqRetriever*>(index), job.sequence, job.layer, stream)
                   : cluster_mirror(*dynamic_cast<const ClusterRetriever*>(index), job.sequence, job.layer, stream);
           if (m == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
@@ -1208,8 +1208,8 @@ class CudaBackend final : public Backend {
         page_select(fj, mirrors, q.get(), stream);
       else if (kind == kFusedQuant)
         quant_select(fj, mirrors, q.get(), stream);
-      else if (kind == kFusedPq)
-        pq_cells_select(fj, mirrors, q.get(), stream);
+      else if (kind == kFusedPq || kind == kFusedPqTokens)
+        pq_select(fj, mirrors, q.get(), stream);
       else if (kind == kFusedCluster)
         cluster_select(fj, mirrors, q.get(), stream);
       else
@@ -1350,9 +1350,10 @@ class CudaBackend final : public Backend {
     int64_t width_ = 0;
   };
 
-  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedCluster = 5;
+  static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedPqTokens = 5,
+                       kFusedCluster = 6;
   /// The kind of a select that select_batch_on_device fuses with others (a select of that index the device runs,
-  /// without KVCrush's representatives, for QUANT without re-ranking, for PQ on its cell path), or 0.
+  /// without KVCrush's representatives, for QUANT without re-ranking; PQ's two paths apart), or 0.
   static int fusable_kind(const DeviceSelectJob& job) {
     const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
@@ -1366,7 +1367,7 @@ class CudaBackend final : public Backend {
     if (const auto* quant = dynamic_cast<const QuantRetriever*>(index))
       return quant->rerank() == 1 && quant->head(0).size() == r.mid_end - r.mid_begin ? kFusedQuant : 0;
     if (const auto* pq = dynamic_cast<const PqRetriever*>(index))
-      return pq->scores_cells() && pq->size() > 0 ? kFusedPq : 0;
+      return pq->size() > 0 ? (pq->scores_cells() ? kFusedPq : kFusedPqTokens) : 0;
     if (const auto* cluster = dynamic_cast<const ClusterRetriever*>(index))
       return cluster->clusters() + cluster->exacts() + cluster->pending() > 0 &&
                      (cluster->pending() == 0 || job.store != nullptr)
@@ -2105,26 +2106,17 @@ class CudaBackend final : public Backend {
   bool pq_select(const PqRetriever& pq, const DeviceSelectJob& job, const float* q, kvret_stream stream) {
     const IndexMirror* mirror = pq_mirror(pq, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    if (pq.scores_cells()) {
-      pq_cells_select(FusedJobs({&job}, stream), {mirror}, q, stream);
-      return true;
-    }
-    const SelectRequest& r = job.request;
-    const Uploaded<dm::PqLayout> l({pq_in_use(pq, *mirror)}, stream);
-    const int64_t mk = int64_t{l.host[0].m} * l.host[0].k;
-    const DeviceArray<float> lut(static_cast<size_t>(r.n_q_heads * mk), stream);
-    for_each_index(stream, r.n_threads, r.n_q_heads * mk,
-                   dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
-    pq_token_select(l.host[0], job, q, lut.get(), stream);
+    pq_select(FusedJobs({&job}, stream), {mirror}, q, stream);
     return true;
   }
 
-  /// PQ's select on its cell path (pq_select_ops.hpp) for every job of `jobs` (PQ selects of one budget and shape;
-  /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the tables, the items'
-  /// logits, the fold and grouped take over the items, then per token whether it is taken and where it goes, and
-  /// the write of the positions and scores.
-  void pq_cells_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
-                       kvret_stream stream) {
+  /// PQ's select on the device (pq_select_ops.hpp) for every job of `jobs` (PQ selects of one budget and shape;
+  /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the tables, then the
+  /// cell path (the items' logits, the fold and grouped take over the items, then per token whether it is taken and
+  /// where it goes) or the per-token path (every token's logit, the fold, a top-k), and the write of the positions
+  /// and scores.
+  void pq_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
+                 kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
     std::vector<dm::PqLayout> layouts;
     int64_t max_exact = 0, max_tokens = 0;
@@ -2137,25 +2129,54 @@ class CudaBackend final : public Backend {
     const dm::PqLayout& first = l.host[0];
     const int64_t jobs_n = static_cast<int64_t>(jobs.size());
     const int64_t heads = r.n_q_heads / r.group, segments = heads * jobs_n, rows = r.n_q_heads * jobs_n;
-    const int64_t items = first.cells + max_exact, entries = segments * items, tokens = segments * max_tokens;
     const int64_t mk = int64_t{first.m} * first.k;
     const int threads = r.n_threads;
     const DeviceArray<float> lut(static_cast<size_t>(rows * mk), stream);
+    for_each_index(stream, threads, rows * mk,
+                   dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
+    const dm::PqLayout* layout = l.device.get();
+    if (first.cells == 0) {  // the per-token path
+      const int64_t width = max_tokens, entries = segments * width;
+      const bool pq4 = first.m == 4 && first.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
+      const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream),
+          folded(static_cast<size_t>(entries), stream);
+      const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(rows), stream);
+      const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
+      const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
+      for_each_index(stream, threads, rows * width,
+                     dm::PqTokenLogits{layout, q, lut.get(), logits.get(), width, r.n_q_heads, r.group, r.scale});
+      if (r.fold != KVRET_FOLD_MAX_LOGIT) {
+        for_each_index(stream, threads, rows,
+                       dm::PqTokenHeads{layout, lut.get(), logits.get(), head.get(), width, r.n_q_heads, r.group, pq4});
+        for_each_index(stream, threads, rows * width,
+                       dm::PqTokenTerms{layout, lut.get(), head.get(), logits.get(), width, r.n_q_heads, r.group, pq4});
+        for_each_index(
+            stream, threads, rows,
+            dm::PqTokenSums{layout, head.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group, pq4});
+      }
+      take_passes(
+          segments, width, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
+          [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
+          stream);
+      for_each_index(stream, threads, entries,
+                     dm::PageWrite{taken.get(), offset.get(), folded.get(), jobs.outs(), jobs.scores(), jobs.base_of(),
+                                   width, heads, 1});
+      return;
+    }
+    const int64_t items = first.cells + max_exact, entries = segments * items, tokens = segments * max_tokens;
     const DeviceArray<float> logits(static_cast<size_t>(rows * items), stream),
         folded(static_cast<size_t>(entries), stream);
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
     const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(stream, threads, rows * mk,
-                   dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
     for_each_index(stream, threads, rows * items,
-                   dm::PqItemLogits{l.device.get(), q, lut.get(), logits.get(), items, r.n_q_heads, r.group, r.scale});
+                   dm::PqItemLogits{layout, q, lut.get(), logits.get(), items, r.n_q_heads, r.group, r.scale});
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
       for_each_index(stream, threads, rows,
-                     dm::PqSoftmaxes{l.device.get(), logits.get(), softmax.get(), items, r.n_q_heads, r.group});
+                     dm::PqSoftmaxes{layout, logits.get(), softmax.get(), items, r.n_q_heads, r.group});
     take_passes(
         segments, items, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
         [&](const int64_t* index, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::PqSortedWeights{l.device.get(), index, weight, items, heads});
+          for_each_index(stream, threads, entries, dm::PqSortedWeights{layout, index, weight, items, heads});
         },
         stream);
     // per token: the rank in the trimmed cell, then whether it is taken and where it goes
@@ -2167,46 +2188,14 @@ class CudaBackend final : public Backend {
         thrust::exclusive_scan_by_key(policy, head_of, head_of + tokens, in, out);
       });
     };
-    for_each_index(stream, threads, tokens,
-                   dm::PqTrimmed{l.device.get(), taken.get(), flag.get(), items, max_tokens, heads});
+    for_each_index(stream, threads, tokens, dm::PqTrimmed{layout, taken.get(), flag.get(), items, max_tokens, heads});
     scan_per_head(flag.get(), scan.get());
     for_each_index(stream, threads, tokens,
-                   dm::PqTaken{l.device.get(), taken.get(), scan.get(), flag.get(), items, max_tokens, heads});
+                   dm::PqTaken{layout, taken.get(), scan.get(), flag.get(), items, max_tokens, heads});
     scan_per_head(flag.get(), scan.get());
     for_each_index(stream, threads, tokens,
-                   dm::PqWrite{l.device.get(), flag.get(), scan.get(), folded.get(), jobs.outs(), jobs.scores(),
-                               jobs.base_of(), items, max_tokens, heads});
-  }
-
-  /// PQ's per-token path (no cells), the table made: every token's logit, the fold (m = 4's from tables of
-  /// exponentials where it applies), a top-k over tokens, the positions and scores written.
-  void pq_token_select(const dm::PqLayout& l, const DeviceSelectJob& job, const float* q, const float* lut,
-                       kvret_stream stream) {
-    const SelectRequest& r = job.request;
-    const int64_t heads = r.n_q_heads / r.group;
-    const int64_t n = l.tokens, q_heads = heads * r.group, entries = heads * n;
-    const int threads = r.n_threads;
-    const bool pq4 = l.m == 4 && l.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream),
-        folded(static_cast<size_t>(entries), stream);
-    const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(q_heads), stream);
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    for_each_index(stream, threads, q_heads * n, dm::PqTokenLogits{l, q, lut, logits.get(), r.group, r.scale});
-    if (r.fold != KVRET_FOLD_MAX_LOGIT) {
-      for_each_index(stream, threads, q_heads, dm::PqTokenHeads{l, lut, logits.get(), head.get(), r.group, pq4});
-      for_each_index(stream, threads, q_heads * n, dm::PqTokenTerms{l, lut, head.get(), logits.get(), r.group, pq4});
-      for_each_index(stream, threads, q_heads,
-                     dm::PqTokenSums{l, head.get(), logits.get(), softmax.get(), r.group, pq4});
-    }
-    take_passes(
-        heads, n, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
-        [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
-        stream);
-    const FusedJobs one({&job}, stream);
-    for_each_index(
-        stream, threads, entries,
-        dm::PageWrite{taken.get(), offset.get(), folded.get(), one.outs(), one.scores(), one.base_of(), n, heads, 1});
+                   dm::PqWrite{layout, flag.get(), scan.get(), folded.get(), jobs.outs(), jobs.scores(), jobs.base_of(),
+                               items, max_tokens, heads});
   }
 
   /// The passes PAGE and CLUSTER share, over n groups per KV head whose logits (MAX_LOGIT) or softmax terms and

@@ -195,23 +195,31 @@ struct PqWrite {
 
 // --- the per-token path ------------------------------------------------------------------------------------------
 
-/// logits [n_q_heads, tokens]: a token's table entries' sum, or an exact token's q . k.
+// Its passes run over one select or a fused batch (job after job, one layout per job), each job's rows `width`
+// tokens wide, the most tokens of any job; a job's tokens past its own are padding (logit -inf, never taken).
+
+/// logits [jobs * n_q_heads, width]: a token's table entries' sum, or an exact token's q . k; -inf for padding.
 struct PqTokenLogits {
-  PqLayout layout;
-  const float* q;    ///< [n_q_heads, d]
-  const float* lut;  ///< [n_q_heads, m, k]
+  const PqLayout* layouts;
+  const float* q;    ///< [jobs * n_q_heads, d]
+  const float* lut;  ///< [jobs * n_q_heads, m, k]
   float* logits;
+  int64_t width, q_heads;  ///< q_heads: per job
   int32_t group;
   float scale;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t hq = i / layout.tokens, t = i % layout.tokens, h = hq / group;
-    const int32_t item = layout.items[h * layout.capacity + t];
+    const int64_t row = i / width, t = i % width, h = row % q_heads / group;
+    const PqLayout& l = layouts[row / q_heads];
+    if (t >= l.tokens) {
+      logits[i] = pm::neg_inf();
+      return;
+    }
+    const int32_t item = l.items[h * l.capacity + t];
     if (item >= 0) {
-      const float* key = layout.exact_keys + (h * layout.exact_capacity + item) * layout.d;
-      logits[i] = pm::pq_exact_logit(scale, q + hq * layout.d, key, layout.d);
+      const float* key = l.exact_keys + (h * l.exact_capacity + item) * l.d;
+      logits[i] = pm::pq_exact_logit(scale, q + row * l.d, key, l.d);
     } else {
-      logits[i] = pm::pq_token_logit(lut + hq * layout.m * layout.k,
-                                     layout.codes + (h * layout.capacity + t) * layout.m, layout.m, layout.k);
+      logits[i] = pm::pq_token_logit(lut + row * l.m * l.k, l.codes + (h * l.capacity + t) * l.m, l.m, l.k);
     }
   }
 };
@@ -223,27 +231,29 @@ struct PqTokenHead {
 };
 
 struct PqTokenHeads {
-  PqLayout layout;
+  const PqLayout* layouts;
   const float* lut;
-  const float* logits;  ///< [n_q_heads, tokens]
-  PqTokenHead* out;     ///< [n_q_heads]
+  const float* logits;  ///< [jobs * n_q_heads, width]
+  PqTokenHead* out;     ///< [jobs * n_q_heads]
+  int64_t width, q_heads;
   int32_t group;
   bool pq4;  ///< m = 4 and k <= 64
-  KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    const int64_t h = hq / group;
-    const float* l = logits + hq * layout.tokens;
-    const int32_t* items = layout.items + h * layout.capacity;
+  KVRET_BACKEND_HD void operator()(int64_t row) const {
+    const PqLayout& l = layouts[row / q_heads];
+    const float* x = logits + row * width;
+    const int32_t* items = l.items + row % q_heads / group * l.capacity;
     float mx = pm::neg_inf(), exact_max = pm::neg_inf();
-    for (int64_t t = 0; t < layout.tokens; ++t) {
-      mx = pm::page_max_step(mx, l[t]);
-      if (items[t] >= 0) exact_max = pm::page_max_step(exact_max, l[t]);
+    for (int64_t t = 0; t < l.tokens; ++t) {
+      mx = pm::page_max_step(mx, x[t]);
+      if (items[t] >= 0) exact_max = pm::page_max_step(exact_max, x[t]);
     }
     PqTokenHead r;
     r.max = mx;
-    if (pq4) r.ref = pm::pq4_finish_reference(pm::pq4_table_reference(lut + hq * 4 * layout.k, layout.k), exact_max);
-    out[hq] = r;
+    if (pq4) r.ref = pm::pq4_finish_reference(pm::pq4_table_reference(lut + row * 4 * l.k, l.k), exact_max);
+    out[row] = r;
   }
-  /// Whether KV head h folds by the m = 4 tables: every head of its group has a finite reference.
+  /// Whether KV head h (of every job, job after job) folds by the m = 4 tables: every head of its group has a
+  /// finite reference.
   KVRET_BACKEND_HD static bool by_tables(const PqTokenHead* heads, int64_t h, int32_t group, bool pq4) {
     if (!pq4) return false;
     for (int32_t g = 0; g < group; ++g)
@@ -252,22 +262,24 @@ struct PqTokenHeads {
   }
 };
 
-/// The softmax's terms of every (query head, token), in place of its logit.
+/// The softmax's terms of every (query head, token), in place of its logit (the padding is left as it is).
 struct PqTokenTerms {
-  PqLayout layout;
+  const PqLayout* layouts;
   const float* lut;
   const PqTokenHead* heads;
-  float* logits;  ///< [n_q_heads, tokens]: replaced by the terms
+  float* logits;  ///< [jobs * n_q_heads, width]: replaced by the terms
+  int64_t width, q_heads;
   int32_t group;
   bool pq4;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t hq = i / layout.tokens, t = i % layout.tokens, h = hq / group;
-    const PqTokenHead& head = heads[hq];
-    if (PqTokenHeads::by_tables(heads, h, group, pq4)) {
-      logits[i] = layout.items[h * layout.capacity + t] >= 0
+    const int64_t row = i / width, t = i % width, h = row % q_heads / group;
+    const PqLayout& l = layouts[row / q_heads];
+    if (t >= l.tokens) return;
+    const PqTokenHead& head = heads[row];
+    if (PqTokenHeads::by_tables(heads, row / group, group, pq4)) {
+      logits[i] = l.items[h * l.capacity + t] >= 0
                       ? pm::pq4_exact_term(logits[i], head.ref)
-                      : pm::pq4_token_term(lut + hq * 4 * layout.k, layout.codes + (h * layout.capacity + t) * 4,
-                                           layout.k, head.ref);
+                      : pm::pq4_token_term(lut + row * 4 * l.k, l.codes + (h * l.capacity + t) * 4, l.k, head.ref);
     } else if (head.max > pm::neg_inf()) {
       logits[i] = pm::pq_softmax_term(logits[i], head.max);
     }  // else the head adds nothing (PqTokenSums)
@@ -275,17 +287,18 @@ struct PqTokenTerms {
 };
 
 struct PqTokenSums {
-  PqLayout layout;
+  const PqLayout* layouts;
   const PqTokenHead* heads;
-  const float* terms;    ///< [n_q_heads, tokens]
-  pm::PageSoftmax* out;  ///< [n_q_heads]
+  const float* terms;    ///< [jobs * n_q_heads, width]
+  pm::PageSoftmax* out;  ///< [jobs * n_q_heads]
+  int64_t width, q_heads;
   int32_t group;
   bool pq4;
-  KVRET_BACKEND_HD void operator()(int64_t hq) const {
-    const bool tables = PqTokenHeads::by_tables(heads, hq / group, group, pq4);
-    out[hq] = tables || heads[hq].max > pm::neg_inf()
-                  ? pm::pq_unweighted_normaliser(terms + hq * layout.tokens, layout.tokens)
-                  : pm::PageSoftmax{};
+  KVRET_BACKEND_HD void operator()(int64_t row) const {
+    const bool tables = PqTokenHeads::by_tables(heads, row / group, group, pq4);
+    out[row] = tables || heads[row].max > pm::neg_inf()
+                   ? pm::pq_unweighted_normaliser(terms + row * width, layouts[row / q_heads].tokens)
+                   : pm::PageSoftmax{};
   }
 };
 

@@ -622,16 +622,14 @@ void non_finite_query_changes_nothing(int32_t kind) {
   test::expect_ok(kvret_seq_close(unused));
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence; the batches the backend fuses (PAGE,
-/// CLUSTER, PQ's cell path: the passes of one select) also equal the CPU backend's.
+/// kvret_select_batch over several sequences equals one select per sequence and the CPU backend's batch, and runs
+/// the passes of one select (the backend fuses it).
 void batch_equals_single_selects(const IndexCase& index, int fold = KVRET_FOLD_SUM_PROB, bool nan_first = false) {
   SCOPED_TRACE(index.name() + " fold " + std::to_string(fold));
   test::twin::Batch w;
   w.budget = 50;
   w.width = 52;
-  const bool pq_cells = index.index == KVRET_INDEX_PQ &&
-                        index.page_size * (index.pq_bits > 0 ? index.pq_bits : 12 / index.page_size) <= 16;
-  w.fused = w.compare_backends = index.index != KVRET_INDEX_PQ || pq_cells;
+  w.fused = w.compare_backends = true;
   w.nan_first = nan_first;
   test::twin::batch_equals_single_selects(index.config(KVRET_DEVICE_CUDA, KVRET_KV_F16, fold),
                                           index.config(KVRET_DEVICE_CPU, KVRET_KV_F16, fold), w);
@@ -646,17 +644,19 @@ TEST_F(DeviceSelect, BatchEqualsSingleSelects) {
   batch_equals_single_selects({KVRET_INDEX_PQ, 2, 0.0f}, KVRET_FOLD_MAX_LOGIT);
   batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.05f});
   batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.05f, 6});
+  batch_equals_single_selects({KVRET_INDEX_PQ, 8, 0.1f, 4}, KVRET_FOLD_MAX_LOGIT);
 }
 
 /// A fused PAGE, CLUSTER or PQ batch pads the shorter sequences' rows with groups of no tokens (logit -inf, weight
-/// 0) and, for PQ, their token rows with entries never taken: with the first (shortest) sequence's q all NaN the
-/// batch still equals the single selects and the CPU batch.
+/// 0) and, for PQ's cell path, their token rows with entries never taken: with the first (shortest) sequence's q
+/// all NaN the batch still equals the single selects and the CPU batch.
 TEST_F(DeviceSelect, FusedBatchNeverSelectsThePadding) {
   for (const int fold : {KVRET_FOLD_SUM_PROB, KVRET_FOLD_MAX_LOGIT}) {
     for (const int32_t page_size : {8, 5}) batch_equals_single_selects({KVRET_INDEX_PAGE, page_size, 0.0f}, fold, true);
     batch_equals_single_selects({KVRET_INDEX_CLUSTER, 0, 0.1f}, fold, true);
     batch_equals_single_selects({KVRET_INDEX_PQ, 2, 0.1f}, fold, true);
     batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.0f}, fold, true);
+    batch_equals_single_selects({KVRET_INDEX_PQ, 4, 0.05f, 6}, fold, true);
   }
 }
 
