@@ -1153,28 +1153,38 @@ class CudaBackend final : public Backend {
   }
 
   /// The selects without KVCrush's representatives (EXACT, PAGE, CLUSTER, PQ, QUANT without re-ranking) fused: one
-  /// set of
-  /// passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share one), the
-  /// rows padded to the longest middle. Every other job is selected alone, as is a job whose index copy cannot be
-  /// made (it is then not done: the host selects).
+  /// set of passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share
+  /// one) whose middles are within a factor of two of each other (so that the padding of the shorter rows to the
+  /// longest costs less than the rows themselves). Every other job is selected alone, as is a job whose index copy
+  /// cannot be made (it is then not done: the host selects).
   void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) override {
-    // by kind, budget and shape
-    std::map<std::tuple<int, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> fused;
+    const auto middle = [&](size_t i) { return jobs[i]->request.mid_end - jobs[i]->request.mid_begin; };
+    // by kind, budget and shape, then by middle (longest first)
+    std::map<std::tuple<int, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> by_shape;
     for (size_t i = 0; i < n; ++i) {
       const DeviceSelectJob& job = *jobs[i];
       const int kind = fusable_kind(job);
       if (kind != 0)
-        fused[{kind, job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
+        by_shape[{kind, job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
       else
         done[i] = select_on_device(job, stream);
     }
-    for (const auto& [shape, members] : fused) {
+    std::vector<std::pair<int, std::vector<size_t>>> fused;  // kind, jobs
+    for (auto& [shape, members] : by_shape) {
+      std::stable_sort(members.begin(), members.end(), [&](size_t a, size_t b) { return middle(a) > middle(b); });
+      const size_t first = fused.size();
+      for (const size_t i : members) {
+        if (fused.size() == first || 2 * middle(i) < middle(fused.back().second.front()))
+          fused.emplace_back(std::get<0>(shape), std::vector<size_t>{});
+        fused.back().second.push_back(i);
+      }
+    }
+    for (const auto& [kind, members] : fused) {
       if (members.size() == 1) {
         done[members[0]] = select_on_device(*jobs[members[0]], stream);
         continue;
       }
       DeviceScope scope(device_id_);
-      const int kind = std::get<0>(shape);
       std::vector<const DeviceSelectJob*> group;
       std::vector<const IndexMirror*> mirrors;  // PAGE's and QUANT's copies
       for (const size_t i : members) {

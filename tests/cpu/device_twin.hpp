@@ -287,9 +287,10 @@ struct Batch {
   bool reads_keys = false;
   bool single_on_each = false;    ///< the single selects on each backend's sequences (else all on the device's)
   bool compare_backends = false;  ///< the device batch's positions equal the CPU batch's
-  /// The device batch ran as one select: as many device passes (Backend::device_passes) as the single select of its
-  /// first sequence, though the sequences' middles differ in length.
+  /// The device batch ran as `select_sets` selects: that many times the device passes (Backend::device_passes) of
+  /// the single select of its first sequence, though the sequences' middles differ in length.
   bool fused = false;
+  int select_sets = 1;
   bool nan_first = false;  ///< the first (shortest) sequence's q is all NaN (check_finite off: it selects still)
 };
 
@@ -342,8 +343,8 @@ inline void batch_equals_single_selects(const kvret_config& dc, const kvret_conf
                                                : select(a[i], KVRET_DEVICE_CUDA, 1, qi, w.budget, w.width, false);
       if (w.fused && dev && i == 0) {
         EXPECT_GT(batch_passes, 0) << "the batch ran on the device";
-        EXPECT_EQ(batch_passes, device_passes(dev_ctx.get()) - single_before)
-            << "the batch of " << kSeqs << " sequences ran the passes of one select";
+        EXPECT_EQ(batch_passes, w.select_sets * (device_passes(dev_ctx.get()) - single_before))
+            << "the batch of " << kSeqs << " sequences ran the passes of " << w.select_sets << " select(s)";
       }
       ASSERT_EQ(counts[i], single.count);
       const auto n = static_cast<std::ptrdiff_t>(kHeads * w.width);
