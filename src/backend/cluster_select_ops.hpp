@@ -15,7 +15,7 @@
 //   (inclusive scan, PageTake, exclusive scan: the tokens taken from each group and where they go)
 //   ClusterPick        per taken token the key (head, position) and its group's score
 //   (sort by key: per head the positions ascending)
-//   ClusterWrite       the positions and their scores into the caller's tensors
+//   TopWrite           the positions and their scores into the caller's tensors
 #include <cstddef>
 #include <cstdint>
 
@@ -120,19 +120,6 @@ struct ClusterPick {
       keys[at] = static_cast<uint64_t>(segment) << 32 | static_cast<uint32_t>(l.position(segment % heads, u, t));
       score[at] = folded[i];
     }
-  }
-};
-
-struct ClusterWrite {
-  const uint64_t* keys;  ///< sorted: per head the positions ascending
-  const float* score;
-  DeviceTensor out;     ///< i32 [n_kv_heads, >= budget]
-  DeviceTensor scores;  ///< f32 [n_kv_heads, >= budget] (base null: none)
-  int64_t budget;
-  KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t h = i / budget, j = i % budget;
-    *reinterpret_cast<int32_t*>(out.at(h, j)) = static_cast<int32_t>(keys[i] & 0xffffffffu);
-    if (scores.base != nullptr) *reinterpret_cast<float*>(scores.at(h, j)) = score[i];
   }
 };
 

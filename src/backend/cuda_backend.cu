@@ -1160,12 +1160,14 @@ class CudaBackend final : public Backend {
   void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) override {
     const auto middle = [&](size_t i) { return jobs[i]->request.mid_end - jobs[i]->request.mid_begin; };
     // by kind, budget and shape, then by middle (longest first)
-    std::map<std::tuple<int, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> by_shape;
+    std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> by_shape;
     for (size_t i = 0; i < n; ++i) {
       const DeviceSelectJob& job = *jobs[i];
       const int kind = fusable_kind(job);
       if (kind != 0)
-        by_shape[{kind, job.request.budget, job.request.n_q_heads, job.q->dim(1), job.request.fold}].push_back(i);
+        by_shape[{kind, job.request.budget, fused_candidates(job), job.request.n_q_heads, job.q->dim(1),
+                  job.request.fold}]
+            .push_back(i);
       else
         done[i] = select_on_device(job, stream);
     }
@@ -1360,6 +1362,15 @@ class CudaBackend final : public Backend {
     int64_t width_ = 0;
   };
 
+  /// The candidates per head of a QUANT select with re-ranking (min(middle, quant_rerank x budget)); the budget of
+  /// any other select.
+  static int64_t fused_candidates(const DeviceSelectJob& job) {
+    const auto* quant = dynamic_cast<const QuantRetriever*>(job.retriever->selects_as());
+    const SelectRequest& r = job.request;
+    return quant != nullptr && quant->rerank() > 1 ? std::min(r.mid_end - r.mid_begin, r.budget * quant->rerank())
+                                                   : r.budget;
+  }
+
   static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedPqTokens = 5,
                        kFusedCluster = 6;
   /// The kind of a select that select_batch_on_device fuses with others (a select of that index the device runs,
@@ -1375,7 +1386,9 @@ class CudaBackend final : public Backend {
       return job.store != nullptr && job.store->size() >= r.mid_end ? kFusedExact : 0;
     if (const auto* page = dynamic_cast<const PageRetriever*>(index)) return page->pages() > 0 ? kFusedPage : 0;
     if (const auto* quant = dynamic_cast<const QuantRetriever*>(index))
-      return quant->rerank() == 1 && quant->head(0).size() == r.mid_end - r.mid_begin ? kFusedQuant : 0;
+      return quant->head(0).size() == r.mid_end - r.mid_begin && (quant->rerank() == 1 || job.store != nullptr)
+                 ? kFusedQuant
+                 : 0;
     if (const auto* pq = dynamic_cast<const PqRetriever*>(index))
       return pq->size() > 0 ? (pq->scores_cells() ? kFusedPq : kFusedPqTokens) : 0;
     if (const auto* cluster = dynamic_cast<const ClusterRetriever*>(index))
@@ -1677,64 +1690,22 @@ class CudaBackend final : public Backend {
   }
 
   /// QUANT's select on the device (quant_select_ops.hpp): false, having written nothing, where it cannot run (the
-  /// mirror cannot be made, or the request does not fit the index). With re-ranking the candidates' exact keys are
-  /// read from the store by the host and copied in (one wait per select; counted as loaded bytes).
+  /// mirror cannot be made, or the request does not fit the index); the passes are those of a fused batch of one.
   bool quant_select(const QuantRetriever& quant, const DeviceSelectJob& job, kvret_stream stream) {
     const SelectRequest& r = job.request;
     const int64_t n = r.mid_end - r.mid_begin;
     if (job.sequence == nullptr || job.q == nullptr || job.out == nullptr || quant.indexed_begin() != r.mid_begin ||
         quant.indexed_end() != r.mid_end || r.budget <= 0 || r.budget > n || quant.head(0).size() != n)
       return false;
-    const int64_t candidates = quant.rerank() > 1 ? std::min(n, r.budget * quant.rerank()) : r.budget;
     if (quant.rerank() > 1 && job.store == nullptr) return false;
     DeviceScope scope(device_id_);
     const int32_t d = quant.head_dim();
-    const int32_t group = r.group;
-    const int64_t heads = quant.n_kv_heads();
-    const int64_t q_heads = heads * group;
-    const int threads = r.n_threads;
+    const int64_t q_heads = quant.n_kv_heads() * r.group;
     const DeviceArray<float> q(static_cast<size_t>(q_heads * d), stream);
-    load_query(*job.q, q.get(), q_heads, d, job.check_finite, threads, stream);
+    load_query(*job.q, q.get(), q_heads, d, job.check_finite, r.n_threads, stream);
     const IndexMirror* mirror = quant_mirror(quant, job.sequence, job.layer, stream);
     if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
-    if (quant.rerank() == 1) {
-      quant_select(FusedJobs({&job}, stream), {mirror}, q.get(), stream);
-      return true;
-    }
-    // the low-bit logits of every middle token
-    const Uploaded<dm::QuantLayout> l({quant_in_use(quant, *mirror)}, stream);
-    const DeviceArray<float> logits(static_cast<size_t>(q_heads * n), stream);
-    quant_low_logits(l, q.get(), logits.get(), n, group, r.scale, threads, stream);
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(heads * candidates), stream);
-    const DeviceArray<float> score(keys.size(), stream);
-    // the re-ranking's candidates by the maximum over each group's heads, whatever the fold (QuantRetriever)
-    SelectRequest low = r;
-    low.fold = KVRET_FOLD_MAX_LOGIT;
-    top_tokens(heads, n, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream);
-    // the candidates (ascending per head), their exact keys from the store, EXACT's logits, the top of them
-    const DeviceArray<int32_t> cand(keys.size(), stream);
-    for_each_index(stream, threads, heads * candidates, dm::QuantPositions{keys.get(), cand.get()});
-    std::vector<int32_t> host_cand(cand.size());
-    copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
-    std::vector<float> host_keys(static_cast<size_t>(heads * candidates * d));
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < candidates; ++i) {
-        const int32_t t = host_cand[static_cast<size_t>(h * candidates + i)];
-        job.store->keys_f32(static_cast<int>(h), t, t + 1, host_keys.data() + (h * candidates + i) * d);
-      }
-    const DeviceArray<float> exact_keys(host_keys.size(), stream);
-    copy_bytes(exact_keys.get(), host_keys.data(), host_keys.size() * sizeof(float), stream, true);
-    {
-      std::lock_guard<std::mutex> lock(caches_mutex_);
-      loaded_[job.sequence] += static_cast<int64_t>(host_keys.size() * sizeof(float));
-    }
-    const DeviceArray<float> exact(static_cast<size_t>(q_heads * candidates), stream);
-    for_each_index(stream, threads, q_heads * candidates,
-                   dm::QuantExactLogits{q.get(), exact_keys.get(), exact.get(), candidates, d, group, r.scale});
-    const DeviceArray<uint64_t> top(static_cast<size_t>(heads * r.budget), stream);
-    const DeviceArray<float> top_score(top.size(), stream);
-    top_tokens(heads, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
-    write_top(top.get(), top_score.get(), heads, r.budget, job, stream);
+    quant_select(FusedJobs({&job}, stream), {mirror}, q.get(), stream);
     return true;  // the temporaries are freed in stream order after the passes
   }
 
@@ -1766,21 +1737,66 @@ class CudaBackend final : public Backend {
                      dm::QuantResidualLogits{l.device.get(), q, logits, width, first, q_heads, group, scale});
   }
 
-  /// QUANT's select without re-ranking on the device for every job of `jobs` (QUANT selects of one budget and
-  /// shape; `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the low-bit
-  /// logits, the fold and top-k of top_tokens, the positions and scores written.
+  /// QUANT's select on the device for every job of `jobs` (QUANT selects of one budget, shape and candidate count;
+  /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the low-bit logits,
+  /// the fold and top-k of top_tokens, the positions and scores written. With re-ranking (quant_rerank r > 1) the
+  /// top r x budget by the low-bit logits are the candidates: their positions come back to the host (one wait for
+  /// the batch), which reads their exact keys from the stores and copies them in (a second wait; counted as each
+  /// sequence's loaded bytes), and the top of EXACT's logits over them is the selection.
   void quant_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
                     kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
+    const auto& quant = *dynamic_cast<const QuantRetriever*>(jobs.job(0).retriever->selects_as());
     std::vector<dm::QuantLayout> layouts;
     for (size_t i = 0; i < jobs.size(); ++i)
       layouts.push_back(
           quant_in_use(*dynamic_cast<const QuantRetriever*>(jobs.job(i).retriever->selects_as()), *mirrors[i]));
-    const int64_t segments = layouts[0].heads * static_cast<int64_t>(jobs.size()), width = jobs.width();
+    const int64_t heads = layouts[0].heads, segments = heads * static_cast<int64_t>(jobs.size()),
+                  rows = segments * r.group, width = jobs.width();
+    const int32_t d = layouts[0].d;
+    const int threads = r.n_threads;
     const Uploaded<dm::QuantLayout> l(std::move(layouts), stream);
-    const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
-    quant_low_logits(l, q, logits.get(), width, r.group, r.scale, r.n_threads, stream);
-    top_and_write(jobs, segments, logits.get(), stream);
+    const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream);
+    quant_low_logits(l, q, logits.get(), width, r.group, r.scale, threads, stream);
+    if (quant.rerank() == 1) {
+      top_and_write(jobs, segments, logits.get(), stream);
+      return;
+    }
+    // the candidates by the maximum over each group's heads, whatever the fold (QuantRetriever), ascending per head
+    const int64_t candidates = fused_candidates(jobs.job(0));  // every job's (select_batch_on_device's sets)
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(segments * candidates), stream);
+    const DeviceArray<float> score(keys.size(), stream);
+    SelectRequest low = r;
+    low.fold = KVRET_FOLD_MAX_LOGIT;
+    top_tokens(segments, width, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream, &jobs);
+    const DeviceArray<int32_t> cand(keys.size(), stream);
+    for_each_index(stream, threads, segments * candidates, dm::QuantPositions{keys.get(), cand.get()});
+    std::vector<int32_t> host_cand(cand.size());
+    copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
+    // their exact keys from the stores, EXACT's logits, the top of them
+    std::vector<float> host_keys(static_cast<size_t>(segments * candidates * d));
+    for (int64_t s = 0; s < segments; ++s) {
+      const HostKvStore& store = *jobs.job(static_cast<size_t>(s / heads)).store;
+      for (int64_t i = 0; i < candidates; ++i) {
+        const int32_t t = host_cand[static_cast<size_t>(s * candidates + i)];
+        store.keys_f32(static_cast<int>(s % heads), t, t + 1, host_keys.data() + (s * candidates + i) * d);
+      }
+    }
+    const DeviceArray<float> exact_keys(host_keys.size(), stream);
+    copy_bytes(exact_keys.get(), host_keys.data(), host_keys.size() * sizeof(float), stream, true);
+    {
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      for (size_t i = 0; i < jobs.size(); ++i)
+        loaded_[jobs.job(i).sequence] += heads * candidates * d * static_cast<int64_t>(sizeof(float));
+    }
+    const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
+    for_each_index(stream, threads, rows * candidates,
+                   dm::QuantExactLogits{q, exact_keys.get(), exact.get(), candidates, d, r.group, r.scale});
+    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
+    const DeviceArray<float> top_score(top.size(), stream);
+    top_tokens(segments, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
+    for_each_index(stream, threads, segments * r.budget,
+                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget, heads});
   }
 
  public:
@@ -1942,16 +1958,6 @@ class CudaBackend final : public Backend {
     for_each_index(stream, r.n_threads, segments * r.budget,
                    dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget,
                                 segments / static_cast<int64_t>(jobs.size())});
-  }
-
-  /// The sorted keys' positions and their scores into the job's tensors.
-  void write_top(const uint64_t* keys, const float* score, int64_t heads, int64_t budget, const DeviceSelectJob& job,
-                 kvret_stream stream) {
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
-    for_each_index(stream, job.request.n_threads, heads * budget,
-                   dm::ClusterWrite{keys, score, device_tensor(*job.out),
-                                    job.scores != nullptr ? device_tensor(*job.scores) : no_scores, budget});
   }
 
   /// The KVCrush signatures' copy of (sequence, layer) brought up to `c`: the rows appended since the epoch it holds

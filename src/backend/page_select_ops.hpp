@@ -174,4 +174,18 @@ struct PageWrite {
   }
 };
 
+/// The sorted keys' positions and scores into each job's tensors: per (segment, j < budget) out[job](head, j).
+struct TopWrite {
+  const uint64_t* keys;  ///< sorted: per segment the positions ascending
+  const float* score;
+  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
+  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
+  int64_t budget, heads;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t segment = i / budget, j = i % budget, job = segment / heads, h = segment % heads;
+    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) = static_cast<int32_t>(keys[i] & 0xffffffffu);
+    if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, j)) = score[i];
+  }
+};
+
 }  // namespace kvret::device_math

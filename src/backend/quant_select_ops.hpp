@@ -16,7 +16,7 @@
 //   PageFold, sorts, QuantUnitWeights, scans, PageTake: the top per head
 //   QuantPick            per taken token the key (head, position) and its score
 //   (sort by key: per head the positions ascending)
-//   ClusterWrite         the positions and scores into the caller's tensors
+//   TopWrite             the positions and scores into the caller's tensors
 // With re-ranking (quant_rerank = r > 1) the first pick takes min(n, r x budget) candidates; their exact keys come
 // from the store (QuantExactLogits: scale * q . k, EXACT's logit), and the same fold/top-k passes over the
 // candidates take the budget.
@@ -204,20 +204,6 @@ struct QuantPick {
     const int64_t pos = positions != nullptr ? positions[i] : (base_of != nullptr ? base_of[h / heads] : base) + u;
     keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(pos);
     score[at] = folded[i];
-  }
-};
-
-/// The sorted keys' positions and scores into each job's tensors: per (segment, j < budget) out[job](head, j).
-struct TopWrite {
-  const uint64_t* keys;  ///< sorted: per segment the positions ascending
-  const float* score;
-  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
-  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
-  int64_t budget, heads;
-  KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t segment = i / budget, j = i % budget, job = segment / heads, h = segment % heads;
-    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) = static_cast<int32_t>(keys[i] & 0xffffffffu);
-    if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, j)) = score[i];
   }
 };
 

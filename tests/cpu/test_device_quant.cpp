@@ -250,18 +250,32 @@ TEST_F(DeviceQuant, OneDecodeStepSendsTheChange) {
   test::expect_ok(kvret_seq_close(a));
 }
 
-/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's; without
-/// re-ranking the batch is fused (the passes of one select), with it one select per sequence.
+/// kvret_select_batch over several sequences equals one select per sequence, and the CPU backend's, and runs the
+/// passes of one select (the backend fuses it), with and without re-ranking.
 TEST_F(DeviceQuant, BatchEqualsSingleSelects) {
   for (const QuantCase& qc : {QuantCase{2, 64, 1}, QuantCase{1, 32, 1}, QuantCase{1, 32, 4}}) {
     SCOPED_TRACE(qc.name());
     test::twin::Batch w;
     w.compare_backends = true;
-    w.fused = qc.rerank == 1;
+    w.fused = true;
     ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
         quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc),
         quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, qc), w));
   }
+}
+
+/// With re-ranking, sequences whose middles hold fewer than quant_rerank x budget tokens rank fewer candidates and
+/// do not share their passes with the others: at a budget of 50 with 4 x re-ranking, middles of 180, 217 and 254
+/// tokens (candidates 180, 200 and 200) run as two sets, with the same results.
+TEST_F(DeviceQuant, RerankedBatchRunsInSetsOfOneCandidateCount) {
+  test::twin::Batch w;
+  w.budget = 50;
+  w.width = 52;
+  w.compare_backends = w.fused = w.single_on_each = true;
+  w.select_sets = 2;
+  ASSERT_NO_FATAL_FAILURE(test::twin::batch_equals_single_selects(
+      quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, {2, 32, 4}),
+      quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, KVRET_FOLD_SUM_PROB, {2, 32, 4}), w));
 }
 
 /// A fused batch pads the shorter sequences' rows (logit -inf): with the first (shortest) sequence's q all NaN it
@@ -275,6 +289,9 @@ TEST_F(DeviceQuant, FusedBatchNeverSelectsThePadding) {
     ASSERT_NO_FATAL_FAILURE(
         test::twin::batch_equals_single_selects(quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, fold, {2, 32, 1}),
                                                 quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, fold, {2, 32, 1}), w));
+    ASSERT_NO_FATAL_FAILURE(
+        test::twin::batch_equals_single_selects(quant_config(KVRET_DEVICE_CUDA, KVRET_KV_F16, fold, {1, 32, 4}),
+                                                quant_config(KVRET_DEVICE_CPU, KVRET_KV_F16, fold, {1, 32, 4}), w));
   }
 }
 
