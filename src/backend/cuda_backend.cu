@@ -1163,7 +1163,7 @@ class CudaBackend final : public Backend {
     std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> by_shape;
     for (size_t i = 0; i < n; ++i) {
       const DeviceSelectJob& job = *jobs[i];
-      const int kind = fusable_kind(job);
+      const int kind = job.crush == nullptr ? device_kind(job) : 0;
       if (kind != 0)
         by_shape[{kind, job.request.budget, fused_candidates(job), job.request.n_q_heads, job.q->dim(1),
                   job.request.fold}]
@@ -1230,28 +1230,17 @@ class CudaBackend final : public Backend {
   }
 
   bool select_on_device(const DeviceSelectJob& job, kvret_stream stream) override {
-    const Retriever* target = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
+    const int kind = device_kind(job);
+    if (kind == 0) return false;
+    const Retriever* target = job.retriever->selects_as();
     // QUANT adds no KVCrush representatives on the device: with them the host selects
-    if (const auto* quant = dynamic_cast<const QuantRetriever*>(target))
-      return job.crush == nullptr && quant_select(*quant, job, stream);
+    if (kind == kFusedQuant)
+      return job.crush == nullptr && quant_select(*dynamic_cast<const QuantRetriever*>(target), job, stream);
     const auto* page = dynamic_cast<const PageRetriever*>(target);
     const auto* cluster = dynamic_cast<const ClusterRetriever*>(target);
     const auto* pq = dynamic_cast<const PqRetriever*>(target);
     const auto* exact = dynamic_cast<const ExactRetriever*>(target);
-    if ((page == nullptr && cluster == nullptr && pq == nullptr && exact == nullptr) || job.sequence == nullptr ||
-        job.q == nullptr || job.out == nullptr)
-      return false;
     const SelectRequest& r = job.request;
-    const Retriever& index = *target;
-    if (index.indexed_begin() != r.mid_begin || index.indexed_end() != r.mid_end || r.budget <= 0 ||
-        r.budget > r.mid_end - r.mid_begin)
-      return false;
-    if (exact != nullptr  ? job.store == nullptr || job.store->size() < r.mid_end
-        : pq != nullptr   ? pq->size() == 0
-        : page != nullptr ? page->pages() == 0
-                          : cluster->clusters() + cluster->exacts() + cluster->pending() == 0)
-      return false;
-    if (cluster != nullptr && cluster->pending() > 0 && job.store == nullptr) return false;
     DeviceScope scope(device_id_);
     const int32_t d = static_cast<int32_t>(job.q->dim(1));
     const int64_t q_heads = r.n_q_heads;
@@ -1373,12 +1362,13 @@ class CudaBackend final : public Backend {
 
   static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedPqTokens = 5,
                        kFusedCluster = 6;
-  /// The kind of a select that select_batch_on_device fuses with others (a select of that index the device runs,
-  /// without KVCrush's representatives, for QUANT without re-ranking; PQ's two paths apart), or 0.
-  static int fusable_kind(const DeviceSelectJob& job) {
+  /// The kind of a select the device can run (the request fits the index, which holds something to select; PQ's
+  /// two paths apart), the key by which select_batch_on_device fuses selects without KVCrush's representatives; 0
+  /// where the host must select.
+  static int device_kind(const DeviceSelectJob& job) {
     const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
-    if (index == nullptr || job.crush != nullptr || job.sequence == nullptr || job.q == nullptr || job.out == nullptr ||
+    if (index == nullptr || job.sequence == nullptr || job.q == nullptr || job.out == nullptr ||
         index->indexed_begin() != r.mid_begin || index->indexed_end() != r.mid_end || r.budget <= 0 ||
         r.budget > r.mid_end - r.mid_begin)
       return 0;
@@ -1690,14 +1680,9 @@ class CudaBackend final : public Backend {
   }
 
   /// QUANT's select on the device (quant_select_ops.hpp): false, having written nothing, where it cannot run (the
-  /// mirror cannot be made, or the request does not fit the index); the passes are those of a fused batch of one.
+  /// mirror cannot be made; device_kind has checked the request); the passes are those of a fused batch of one.
   bool quant_select(const QuantRetriever& quant, const DeviceSelectJob& job, kvret_stream stream) {
     const SelectRequest& r = job.request;
-    const int64_t n = r.mid_end - r.mid_begin;
-    if (job.sequence == nullptr || job.q == nullptr || job.out == nullptr || quant.indexed_begin() != r.mid_begin ||
-        quant.indexed_end() != r.mid_end || r.budget <= 0 || r.budget > n || quant.head(0).size() != n)
-      return false;
-    if (quant.rerank() > 1 && job.store == nullptr) return false;
     DeviceScope scope(device_id_);
     const int32_t d = quant.head_dim();
     const int64_t q_heads = quant.n_kv_heads() * r.group;
