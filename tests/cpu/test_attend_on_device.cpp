@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -194,23 +195,21 @@ TEST_P(AttendOnDevice, EqualsTheHostPathAndTheCpuBackend) {
       }
       const kvret_stats x = stats_of(dev.seq), y = stats_of(split.seq), z = stats_of(cpu.seq);
       const kvret_stats hs = stats_of(host.seq);
-      EXPECT_EQ(x.selections, y.selections) << at;
-      EXPECT_EQ(x.fetches, y.fetches) << at;
-      EXPECT_EQ(x.fetched_rows, y.fetched_rows) << at;
-      EXPECT_EQ(x.cache_hits, y.cache_hits) << at;
-      EXPECT_EQ(x.cache_misses, y.cache_misses) << at;
-      EXPECT_EQ(x.bytes_h2d, y.bytes_h2d) << at;
-      EXPECT_EQ(x.prefetch_hits, y.prefetch_hits) << at;
-      EXPECT_EQ(x.cluster_reuse_rows, y.cluster_reuse_rows) << at;
+      // the stats' fields `fields` of x and of `other`, one assertion each
+      const auto same = [&](const kvret_stats& other, std::initializer_list<int64_t kvret_stats::*> fields,
+                            const char* which) {
+        for (const auto field : fields) EXPECT_EQ(x.*field, other.*field) << at << " (" << which << ")";
+      };
+      same(y,
+           {&kvret_stats::selections, &kvret_stats::fetches, &kvret_stats::fetched_rows, &kvret_stats::cache_hits,
+            &kvret_stats::cache_misses, &kvret_stats::bytes_h2d, &kvret_stats::prefetch_hits,
+            &kvret_stats::cluster_reuse_rows},
+           "split");
       EXPECT_EQ(x.cache_hits + x.cache_misses, x.fetched_rows) << at;
       hits = hits || x.cache_hits > 0;
       // the host path's select uploads no device copy of the index: its bytes_h2d is not compared
-      EXPECT_EQ(x.cache_hits, hs.cache_hits) << at;
-      EXPECT_EQ(x.cache_misses, hs.cache_misses) << at;
-      EXPECT_EQ(x.fetched_rows, hs.fetched_rows) << at;
-      EXPECT_EQ(x.selections, z.selections) << at;
-      EXPECT_EQ(x.fetches, z.fetches) << at;
-      EXPECT_EQ(x.fetched_rows, z.fetched_rows) << at;
+      same(hs, {&kvret_stats::cache_hits, &kvret_stats::cache_misses, &kvret_stats::fetched_rows}, "host");
+      same(z, {&kvret_stats::selections, &kvret_stats::fetches, &kvret_stats::fetched_rows}, "cpu");
       if (::testing::Test::HasFailure()) return;
     }
     EXPECT_GT(attends, 10);

@@ -17,6 +17,7 @@
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 #include "kvret.h"
+#include "position_rows.hpp"
 #include "test_util.hpp"
 
 using namespace kvret;
@@ -69,20 +70,7 @@ std::unique_ptr<test::WorkingSetBuffers> filled(kvret_seq* seq, int32_t count) {
 class ThirdPositions final : public RowSource {
  public:
   const char* name() const noexcept override { return "every third position"; }
-  int64_t serve(const RowRequest& r) const override {
-    std::vector<float> row(static_cast<size_t>(r.store->head_dim()));
-    int64_t wrote = 0;
-    for (int64_t i = 0; i < r.rows; ++i) {
-      if (r.served[i] != 0 || r.positions[i] % 3 != 0) continue;
-      std::fill(row.begin(), row.end(), static_cast<float>(r.positions[i]));
-      write_row(r, 0, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
-      std::fill(row.begin(), row.end(), -static_cast<float>(r.positions[i]));
-      write_row(r, 1, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
-      r.served[i] = 1;
-      ++wrote;
-    }
-    return wrote;
-  }
+  int64_t serve(const RowRequest& r) const override { return test::serve_position_rows(r, 3); }
 };
 
 /// (kv_dtype, with a row source)

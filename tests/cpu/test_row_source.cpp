@@ -13,6 +13,7 @@
 #include "engine/context.hpp"
 #include "fetch/working_set.hpp"
 #include "kvret.h"
+#include "position_rows.hpp"
 #include "test_util.hpp"
 
 using namespace kvret;
@@ -28,18 +29,7 @@ class EvenPositions final : public RowSource {
   int64_t serve(const RowRequest& r) const override {
     ++calls;
     if (fail) throw Error(KVRET_ERR_IO, "the test source is down");
-    std::vector<float> row(static_cast<size_t>(r.store->head_dim()));
-    int64_t wrote = 0;
-    for (int64_t i = 0; i < r.rows; ++i) {
-      if (r.served[i] != 0 || r.positions[i] % 2 != 0) continue;
-      std::fill(row.begin(), row.end(), static_cast<float>(r.positions[i]));
-      write_row(r, 0, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
-      std::fill(row.begin(), row.end(), -static_cast<float>(r.positions[i]));
-      write_row(r, 1, i, reinterpret_cast<const std::byte*>(row.data()), DType::F32);
-      r.served[i] = 1;
-      ++wrote;
-    }
-    return wrote;
+    return test::serve_position_rows(r, 2);
   }
   mutable std::atomic<int64_t> calls{0};
   bool fail = false;
