@@ -9,12 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-tsan}
 scripts/install-deps.sh --minimal --sanitizers
+# line tables only: the reports still name file and line, and the build takes about an eighth less time than with -g
+opt="-O2 -gline-tables-only -DNDEBUG"
 flags="-fsanitize=thread -fno-omit-frame-pointer"
 # Linked by the C driver, which leaves out the runtime's C++ part: the test binary replaces operator new (allocation
 # fault injection), which the runtime's own operator new, linked whole, would collide with. Every operator new ends
 # in malloc, which TSan intercepts.
 link="-fsanitize=thread --driver-mode=gcc"
-CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRET_CUDA=OFF \
+CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" -DKVRET_CUDA=OFF \
   -DKVRET_BUILD_BINDINGS=OFF -DKVRET_BUILD_BENCH=OFF -DKVRET_BUILD_TOOLS=OFF -DKVRET_WARNINGS_AS_ERRORS=ON \
   -DKVRET_OPENMP=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_EXE_LINKER_FLAGS="$link" -DCMAKE_SHARED_LINKER_FLAGS="$link" \
