@@ -497,9 +497,8 @@ KVRET_API kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const 
  *  touched. Threads: the call uses every sequence of the batch, so none of them may be in another call at the
  *  same time; other sequences may be used from other threads meanwhile. kvret_fetch_batch_async fetches the
  *  working sets of such a selection in one call. On the CUDA backend, with q and out_positions in device memory,
- *  the selects of the batch run as one set of passes for the sequences of the same count whose middles are within a
- *  factor of two (never run on a GPU), except KVCrush's (hamming_fraction > 0), which run one sequence after
- *  another. */
+ *  the selects of the batch (with KVCrush's representatives too) run as one set of passes for the sequences of the
+ *  same count whose middles are within a factor of two (never run on a GPU). */
 KVRET_API kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const* seqs, int32_t layer,
                                           const kvret_tensor* q, int32_t budget, const kvret_tensor* out_positions,
                                           int32_t* out_counts);

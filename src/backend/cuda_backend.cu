@@ -1152,21 +1152,22 @@ class CudaBackend final : public Backend {
     return kind && on_device(q) && on_device(out) && (scores == nullptr || on_device(*scores));
   }
 
-  /// The selects without KVCrush's representatives (EXACT, PAGE, CLUSTER, PQ, QUANT without re-ranking) fused: one
-  /// set of passes for the jobs of each kind and budget (a batch's sequences whose middle holds the budget share
-  /// one) whose middles are within a factor of two of each other (so that the padding of the shorter rows to the
-  /// longest costs less than the rows themselves). Every other job is selected alone, as is a job whose index copy
-  /// cannot be made (it is then not done: the host selects).
+  /// The selects fused: one set of passes for the jobs of each kind, budget and shape (a batch's sequences whose
+  /// middle holds the budget share one; with KVCrush's representatives, which QUANT leaves to the host, the
+  /// representatives' passes follow for the set) whose middles are within a factor of two of each other (so that the
+  /// padding of the shorter rows to the longest costs less than the rows themselves). Every other job is selected
+  /// alone, as is a set of one; a job whose index or signatures' copy cannot be made is not done (the host selects).
   void select_batch_on_device(const DeviceSelectJob* const* jobs, size_t n, bool* done, kvret_stream stream) override {
     const auto middle = [&](size_t i) { return jobs[i]->request.mid_end - jobs[i]->request.mid_begin; };
-    // by kind, budget and shape, then by middle (longest first)
-    std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int32_t>, std::vector<size_t>> by_shape;
+    // by kind, budget, shape and KVCrush, then by middle (longest first)
+    std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int32_t, bool>, std::vector<size_t>> by_shape;
     for (size_t i = 0; i < n; ++i) {
       const DeviceSelectJob& job = *jobs[i];
-      const int kind = job.crush == nullptr ? device_kind(job) : 0;
-      if (kind != 0)
+      const bool crush = job.crush != nullptr;
+      const int kind = device_kind(job);
+      if (kind != 0 && !(crush && kind == kFusedQuant))
         by_shape[{kind, job.request.budget, fused_candidates(job), job.request.n_q_heads, job.q->dim(1),
-                  job.request.fold}]
+                  job.request.fold, crush}]
             .push_back(i);
       else
         done[i] = select_on_device(job, stream);
@@ -1188,10 +1189,34 @@ class CudaBackend final : public Backend {
       }
       DeviceScope scope(device_id_);
       std::vector<const DeviceSelectJob*> group;
-      std::vector<const IndexMirror*> mirrors;  // PAGE's and QUANT's copies
+      for (const size_t i : members) group.push_back(jobs[i]);
+      const int64_t unit =  // PAGE counts pages (one page size: one context)
+          kind == kFusedPage ? dynamic_cast<const PageRetriever*>(group[0]->retriever->selects_as())->page_size() : 1;
+      auto fj = std::make_unique<FusedJobs>(group, stream, unit);
+      const SelectRequest& r = fj->job(0).request;
+      const auto d = static_cast<int32_t>(fj->job(0).q->dim(1));
+      const int64_t per_job = r.n_q_heads * d;
+      auto q = std::make_unique<DeviceArray<float>>(static_cast<size_t>(per_job * fj->size()), stream);
+      const auto load = [&] {
+        for_each_index(stream, r.n_threads, per_job * static_cast<int64_t>(fj->size()),
+                       dm::LoadQueries{fj->q(), q->get(), per_job, d});
+      };
+      load();
+      // a non-finite q is refused before anything changes (KVCrush's signatures are brought up to date below)
+      if (fj->job(0).check_finite)
+        check_finite_queries(q->get(), per_job * static_cast<int64_t>(fj->size()), r.n_threads, stream);
+      std::vector<const DeviceSelectJob*> selected;
+      std::vector<const IndexMirror*> mirrors;  // PAGE's, CLUSTER's, PQ's and QUANT's copies
+      std::vector<const CrushMirror*> crushes;  // the signatures' copies
       for (const size_t i : members) {
         const DeviceSelectJob& job = *jobs[i];
         const Retriever* index = job.retriever->selects_as();
+        const CrushMirror* crush = nullptr;
+        if (job.crush != nullptr) {
+          if (!job.crush->prepare || !job.crush->prepare(*job.crush)) continue;  // the host selects
+          crush = crush_mirror(*job.crush, job.sequence, job.layer, stream);
+          if (crush == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
+        }
         if (kind != kFusedExact) {
           const IndexMirror* m =
               kind == kFusedPage
@@ -1204,28 +1229,27 @@ class CudaBackend final : public Backend {
           if (m == nullptr) continue;  // over config.device_bytes_limit, or the device is full: the host selects
           mirrors.push_back(m);
         }
-        group.push_back(&job);
+        crushes.push_back(crush);
+        selected.push_back(&job);
         done[i] = true;
       }
-      if (group.empty()) continue;
-      const auto* first = dynamic_cast<const PageRetriever*>(group[0]->retriever->selects_as());
-      const FusedJobs fj(std::move(group), stream, kind == kFusedPage ? first->page_size() : 1);
-      const SelectRequest& r = fj.job(0).request;
-      const auto d = static_cast<int32_t>(fj.job(0).q->dim(1));
-      const int64_t per_job = r.n_q_heads * d, all = per_job * static_cast<int64_t>(fj.size());
-      const DeviceArray<float> q(static_cast<size_t>(all), stream);
-      for_each_index(stream, r.n_threads, all, dm::LoadQueries{fj.q(), q.get(), per_job, d});
-      if (fj.job(0).check_finite) check_finite_queries(q.get(), all, r.n_threads, stream);
+      if (selected.empty()) continue;
+      if (selected.size() != group.size()) {  // some go to the host: the rest's values and queries again
+        fj = std::make_unique<FusedJobs>(selected, stream, unit);
+        q = std::make_unique<DeviceArray<float>>(static_cast<size_t>(per_job * fj->size()), stream);
+        load();
+      }
       if (kind == kFusedPage)
-        page_select(fj, mirrors, q.get(), stream);
+        page_select(*fj, mirrors, q->get(), stream);
       else if (kind == kFusedQuant)
-        quant_select(fj, mirrors, q.get(), stream);
+        quant_select(*fj, mirrors, q->get(), stream);
       else if (kind == kFusedPq || kind == kFusedPqTokens)
-        pq_select(fj, mirrors, q.get(), stream);
+        pq_select(*fj, mirrors, q->get(), stream);
       else if (kind == kFusedCluster)
-        cluster_select(fj, mirrors, q.get(), stream);
+        cluster_select(*fj, mirrors, q->get(), stream);
       else
-        exact_select(fj, q.get(), stream);
+        exact_select(*fj, q->get(), stream);
+      if (crushes[0] != nullptr) crush_passes(selected, crushes, stream);
     }
   }
 
@@ -1265,7 +1289,7 @@ class CudaBackend final : public Backend {
       if (mirror == nullptr) return false;  // over config.device_bytes_limit, or the device is full: the host selects
       page_select(FusedJobs({&job}, stream, page->page_size()), {mirror}, q.get(), stream);
     }
-    if (crush != nullptr) crush_passes(*crush, *job.crush, r, job.out->dim(0), *job.out, job.scores, stream);
+    if (crush != nullptr) crush_passes({&job}, {crush}, stream);
     return true;  // the temporaries are freed in stream order after the passes
   }
 
@@ -1985,52 +2009,79 @@ class CudaBackend final : public Backend {
   }
 
   /// KVCrush's representatives added on the device (kvcrush_select_ops.hpp) to the important part the select's
-  /// passes wrote (request.budget per head), ordered on `stream`: the row becomes kvcrush_selected_count entries.
-  void crush_passes(const CrushMirror& mirror, const DeviceCrush& c, const SelectRequest& r, int64_t heads,
-                    const TensorView& out, const TensorView* scores, kvret_stream stream) {
-    const int64_t m = r.mid_end - r.mid_begin, n_important = r.budget;
-    const int64_t buckets = cuda::math::kvcrush_bucket_count(c.representatives, m);
-    if (buckets <= 0 || n_important >= m) return;  // no candidate: the important row is the row
+  /// passes wrote (request.budget per head) for every job of `jobs` (one select, or a fused batch of one kind,
+  /// budget and shape; `mirrors` their signatures' copies) in one set of passes, ordered on `stream`: each row
+  /// becomes kvcrush_selected_count entries.
+  void crush_passes(const std::vector<const DeviceSelectJob*>& jobs, const std::vector<const CrushMirror*>& mirrors,
+                    kvret_stream stream) {
+    const SelectRequest& r = jobs[0]->request;
+    const int64_t n_important = r.budget, heads = jobs[0]->out->dim(0);
+    std::vector<dm::CrushJob> work;
+    int64_t width = 0, buckets = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const DeviceSelectJob& job = *jobs[i];
+      const int64_t m = job.request.mid_end - job.request.mid_begin;
+      const int64_t b = cuda::math::kvcrush_bucket_count(job.crush->representatives, m);
+      dm::CrushJob c{};
+      c.bits = mirrors[i]->bits->get();
+      c.out = device_tensor(*job.out);
+      if (job.scores != nullptr) c.scores = device_tensor(*job.scores);
+      c.m = m;
+      c.mid_begin = job.request.mid_begin;
+      c.buckets = b > 0 && n_important < m ? b : 0;  // else no candidate: the important row is the row
+      c.words = job.crush->words;
+      c.heads = job.crush->heads;
+      width = std::max(width, m);
+      buckets = std::max(buckets, c.buckets);
+      work.push_back(c);
+    }
+    if (buckets == 0) return;
     const int threads = r.n_threads;
-    const int64_t cells = heads * m;
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(m), stream);
+    const Uploaded<dm::CrushJob> on_device(std::move(work), stream);
+    const dm::CrushJob* cj = on_device.device.get();
+    const auto n_jobs = static_cast<int64_t>(jobs.size());
+    const int64_t entries = n_jobs * width, rows = n_jobs * heads, cells = rows * width;
+    const dm::CrushShape shape{heads, width, buckets};
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries), stream);
+    const DeviceArray<int64_t> index(keys.size(), stream), job_of(keys.size(), stream);
     const DeviceArray<int64_t> important(static_cast<size_t>(cells), stream), chosen(important.size(), stream),
         is_free(important.size(), stream), free_before(important.size(), stream), rep(important.size(), stream),
         important_below(rep.size(), stream), rep_below(rep.size(), stream),
-        none(static_cast<size_t>(heads * buckets), stream), missing(static_cast<size_t>(heads), stream);
+        none(static_cast<size_t>(rows * buckets), stream), missing(static_cast<size_t>(rows), stream);
     const DeviceArray<float> score(static_cast<size_t>(cells), stream);
-    dm::DeviceTensor no_scores;
-    no_scores.base = nullptr;
-    const dm::DeviceTensor out_t = device_tensor(out),
-                           scores_t = scores != nullptr ? device_tensor(*scores) : no_scores;
-    for_each_index(stream, threads, m,
-                   dm::CrushOrderKeys{mirror.bits->get(), keys.get(), r.mid_begin, c.words, c.heads});
-    with_policy(stream, threads, m, [&](const auto& policy) { thrust::sort(policy, keys.get(), keys.get() + m); });
-    for_each_index(stream, threads, cells, dm::CrushClear{important.get(), chosen.get()});
+    // each job's middle in the grouping's order: the keys sorted, then regrouped by job (stable: in key order)
+    for_each_index(stream, threads, entries, dm::CrushOrderKeys{cj, keys.get(), index.get(), width});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
+    });
+    for_each_index(stream, threads, entries, dm::PageHeadOfIndex{index.get(), job_of.get(), width});
+    with_policy(stream, threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, job_of.get(), job_of.get() + entries, keys.get());
+    });
+    for_each_index(stream, threads, cells, dm::CrushClear{important.get(), chosen.get(), rep.get()});
     if (n_important > 0)
-      for_each_index(
-          stream, threads, heads * n_important,
-          dm::CrushMarkImportant{out_t, scores_t, important.get(), score.get(), n_important, m, r.mid_begin});
-    for_each_index(stream, threads, heads * buckets,
-                   dm::CrushBuckets{keys.get(), important.get(), chosen.get(), none.get(), m, buckets, r.mid_begin});
-    for_each_index(stream, threads, heads, dm::CrushMissing{none.get(), missing.get(), buckets});
+      for_each_index(stream, threads, rows * n_important,
+                     dm::CrushMarkImportant{cj, important.get(), score.get(), shape, n_important});
+    for_each_index(stream, threads, rows * buckets,
+                   dm::CrushBuckets{cj, keys.get(), important.get(), chosen.get(), none.get(), shape});
+    for_each_index(stream, threads, rows, dm::CrushMissing{none.get(), missing.get(), buckets});
     for_each_index(stream, threads, cells,
-                   dm::CrushFree{keys.get(), important.get(), chosen.get(), is_free.get(), m, r.mid_begin});
-    const auto scan = [&](const int64_t* in, int64_t* below) {  // exclusive, per head
+                   dm::CrushFree{cj, keys.get(), important.get(), chosen.get(), is_free.get(), shape});
+    const auto scan = [&](const int64_t* in, int64_t* below) {  // exclusive, per (job, head)
       with_policy(stream, threads, cells, [&](const auto& policy) {
-        const auto head_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{m});
-        thrust::exclusive_scan_by_key(policy, head_of, head_of + cells, in, below);
+        const auto row_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dm::HeadOf{width});
+        thrust::exclusive_scan_by_key(policy, row_of, row_of + cells, in, below);
       });
     };
     scan(is_free.get(), free_before.get());
     for_each_index(stream, threads, cells,
-                   dm::CrushChoose{keys.get(), chosen.get(), is_free.get(), free_before.get(), missing.get(), rep.get(),
-                                   m, r.mid_begin});
+                   dm::CrushChoose{cj, keys.get(), chosen.get(), is_free.get(), free_before.get(), missing.get(),
+                                   rep.get(), shape});
     scan(important.get(), important_below.get());
     scan(rep.get(), rep_below.get());
-    for_each_index(stream, threads, cells,
-                   dm::CrushWrite{important.get(), rep.get(), important_below.get(), rep_below.get(), score.get(),
-                                  out_t, scores_t, m, r.mid_begin});
+    for_each_index(
+        stream, threads, cells,
+        dm::CrushWrite{cj, important.get(), rep.get(), important_below.get(), rep_below.get(), score.get(), shape});
   }
 
   /// The mirror of (sequence, layer) brought up to `pq`'s index: while the index only appended since the version

@@ -460,53 +460,137 @@ TEST_F(DeviceKvCrush, DeviceBytesCountTheSignaturesAndTheLimitHolds) {
   }
 }
 
-/// kvret_select_batch with representatives equals one select per sequence on the device, and the CPU backend's.
-TEST_F(DeviceKvCrush, BatchEqualsSingleSelects) {
+/// What a batch of three sequences (200, 237 and 274 tokens: one set of passes) is run with.
+struct CrushBatch {
+  int64_t device_bytes_limit = 0;
+  bool fused = true;       ///< every sequence selected on the device, as the passes of one select
+  int host_sequence = -1;  ///< this sequence selected on the host (its signatures' copy was not made)
+  bool nan_last = false;   ///< check_finite, and the last sequence's q holds a NaN: the batch is refused
+};
+
+/// The device bytes each of a batch's sequences holds after kvret_select_batch (layer 1, budget 50, half of it
+/// representatives) on a context of `c`. The batch's positions equal one select per sequence on the device and the
+/// CPU backend's batch; with w.fused it ran the passes of the first sequence's single select.
+std::vector<int64_t> crush_batch(const Case& c, const CrushBatch& w) {
   constexpr int kSeqs = 3;
-  for (const Case& c : {kCases[0], kCases[3]}) {
-    SCOPED_TRACE(c.name());
-    const kvret_config dc = crush_config(c, KVRET_DEVICE_CUDA, KVRET_KV_F16, 0.5f, Importance::kKeys);
-    const kvret_config cc = crush_config(c, KVRET_DEVICE_CPU, KVRET_KV_F16, 0.5f, Importance::kKeys);
-    auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
-    std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
+  kvret_config dc = crush_config(c, KVRET_DEVICE_CUDA, KVRET_KV_F16, 0.5f, Importance::kKeys);
+  kvret_config cc = crush_config(c, KVRET_DEVICE_CPU, KVRET_KV_F16, 0.5f, Importance::kKeys);
+  dc.device_bytes_limit = w.device_bytes_limit;
+  dc.check_finite = cc.check_finite = w.nan_last ? 1 : 0;
+  auto dev_ctx = test::make_context(dc), cpu_ctx = test::make_context(cc);
+  std::vector<kvret_seq*> a(kSeqs), b(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    const auto u = static_cast<size_t>(i);
+    test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a[u], b[u]);
+    append_both(a[u], b[u], 200 + 37 * i, 40 + static_cast<uint64_t>(i));
+  }
+  const int32_t budget = 50;
+  const int64_t width = 52;
+  const int64_t per_seq = kQHeads * kDim;
+  F32 q({kSeqs, kQHeads, kDim});
+  q.data = test::random_vector(static_cast<size_t>(kSeqs * per_seq), 88, 2.0f);
+  if (w.nan_last) q.data[static_cast<size_t>((kSeqs - 1) * per_seq + 5)] = std::numeric_limits<float>::quiet_NaN();
+  q.refresh();
+  std::vector<std::vector<int32_t>> rows[2];
+  std::vector<int64_t> held(kSeqs);
+  for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
+    const bool dev = device_type == KVRET_DEVICE_CUDA;
+    const std::vector<kvret_seq*>& seqs = dev ? a : b;
+    label(q, device_type);
+    I32 out({kSeqs, kHeads, width}, -7);
+    label(out, device_type);
+    std::vector<int32_t> counts(kSeqs, -1);
+    const int64_t passes_before = test::twin::device_passes(dev_ctx.get());
+    const kvret_status status = kvret_select_batch(dev ? dev_ctx.get() : cpu_ctx.get(), kSeqs, seqs.data(), 1, &q.t,
+                                                   budget, &out.t, counts.data());
+    const int64_t batch_passes = test::twin::device_passes(dev_ctx.get()) - passes_before;
+    if (w.nan_last) {  // refused before anything changed
+      EXPECT_EQ(status, KVRET_ERR_NONFINITE) << "device " << device_type;
+      EXPECT_EQ(counts, std::vector<int32_t>(kSeqs, -1));
+      EXPECT_EQ(out.data, std::vector<int32_t>(out.data.size(), -7));
+      if (dev)
+        for (int i = 0; i < kSeqs; ++i)
+          held[static_cast<size_t>(i)] = stats_of(seqs[static_cast<size_t>(i)]).device_bytes;
+      continue;
+    }
+    test::expect_ok(status);
     for (int i = 0; i < kSeqs; ++i) {
       const auto u = static_cast<size_t>(i);
-      test::twin::open_both(dev_ctx.get(), cpu_ctx.get(), a[u], b[u]);
-      append_both(a[u], b[u], 200 + 37 * i, 40 + static_cast<uint64_t>(i));
-    }
-    const int32_t budget = 50;
-    const int64_t width = 52;
-    F32 q({kSeqs, kQHeads, kDim});
-    q.data = test::random_vector(static_cast<size_t>(kSeqs * kQHeads * kDim), 88, 2.0f);
-    q.refresh();
-    std::vector<std::vector<int32_t>> rows[2];
-    for (const int32_t device_type : {KVRET_DEVICE_CUDA, KVRET_DEVICE_CPU}) {
-      const std::vector<kvret_seq*>& seqs = device_type == KVRET_DEVICE_CUDA ? a : b;
-      label(q, device_type);
-      I32 out({kSeqs, kHeads, width}, -7);
-      label(out, device_type);
-      std::vector<int32_t> counts(kSeqs, -1);
-      test::expect_ok(kvret_select_batch(device_type == KVRET_DEVICE_CUDA ? dev_ctx.get() : cpu_ctx.get(), kSeqs,
-                                         seqs.data(), 1, &q.t, budget, &out.t, counts.data()));
-      for (int i = 0; i < kSeqs; ++i) {
-        EXPECT_EQ(counts[static_cast<size_t>(i)], budget);
-        const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
-                                           out.data.begin() + (i + 1) * kHeads * width);
-        rows[device_type == KVRET_DEVICE_CUDA ? 0 : 1].push_back(batched);
-        if (device_type == KVRET_DEVICE_CUDA) {
-          EXPECT_GT(stats_of(seqs[static_cast<size_t>(i)]).device_bytes, 0) << "the batch selected on the device";
-          const std::vector<float> qi(q.data.begin() + i * kQHeads * kDim, q.data.begin() + (i + 1) * kQHeads * kDim);
-          const Selected single = select(a[static_cast<size_t>(i)], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
-          EXPECT_EQ(single.count, counts[static_cast<size_t>(i)]);
-          EXPECT_EQ(batched, single.positions) << "sequence " << i;
-        }
+      EXPECT_EQ(counts[u], budget);
+      const std::vector<int32_t> batched(out.data.begin() + i * kHeads * width,
+                                         out.data.begin() + (i + 1) * kHeads * width);
+      rows[dev ? 0 : 1].push_back(batched);
+      if (!dev) continue;
+      held[u] = stats_of(seqs[u]).device_bytes;
+      if (i != w.host_sequence) {
+        EXPECT_GT(held[u], 0) << "sequence " << i << " selected on the device";
       }
+      const std::vector<float> qi(q.data.begin() + i * per_seq, q.data.begin() + (i + 1) * per_seq);
+      const int64_t single_before = test::twin::device_passes(dev_ctx.get());
+      const Selected single = select(a[u], KVRET_DEVICE_CUDA, 1, qi, budget, width, false);
+      if (w.fused && i == 0) {
+        EXPECT_GT(batch_passes, 0);
+        EXPECT_EQ(batch_passes, test::twin::device_passes(dev_ctx.get()) - single_before)
+            << "the batch of " << kSeqs << " ran the passes of one select";
+      }
+      EXPECT_EQ(single.count, counts[u]);
+      EXPECT_EQ(batched, single.positions) << "sequence " << i;
     }
-    EXPECT_EQ(rows[0], rows[1]) << "device batch vs CPU batch";
-    for (int i = 0; i < kSeqs; ++i) {
-      test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
-      test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
-    }
+  }
+  EXPECT_EQ(rows[0], rows[1]) << "device batch vs CPU batch";
+  if (w.nan_last) {  // the signatures were not computed at the refused batch: later selects still equal the CPU's
+    append_both(a[0], b[0], 40, 62);
+    const std::vector<float> qi = test::random_vector(static_cast<size_t>(per_seq), 63, 2.0f);
+    expect_same(select(a[0], KVRET_DEVICE_CUDA, 1, qi, 40, 40, true),
+                select(b[0], KVRET_DEVICE_CPU, 1, qi, 40, 40, true), "after the refused batch");
+  }
+  for (int i = 0; i < kSeqs; ++i) {
+    test::expect_ok(kvret_seq_close(a[static_cast<size_t>(i)]));
+    test::expect_ok(kvret_seq_close(b[static_cast<size_t>(i)]));
+  }
+  return held;
+}
+
+/// kvret_select_batch with representatives equals one select per sequence on the device, and the CPU backend's,
+/// and runs as the passes of one select (the important part's, then the representatives').
+TEST_F(DeviceKvCrush, BatchEqualsSingleSelects) {
+  for (const Case& c : {kCases[0], kCases[1], kCases[3], kCases[4], kCases[6]}) {
+    SCOPED_TRACE(c.name());
+    (void)crush_batch(c, {});
+    ASSERT_FALSE(HasFatalFailure());
+  }
+}
+
+/// A sequence of the batch whose copies (the index's, the signatures') would pass config.device_bytes_limit is
+/// selected on the host; the rest of its set still selects on the device, together, with the same results.
+TEST_F(DeviceKvCrush, BatchSelectsOnTheHostWhatDoesNotFit) {
+  for (const Case& c : {kCases[6], kCases[0]}) {  // EXACT (the signatures' copies only), PAGE
+    SCOPED_TRACE(c.name());
+    const std::vector<int64_t> all = crush_batch(c, {});
+    ASSERT_EQ(all.size(), 3U);
+    ASSERT_GT(all[0], 0);
+    // the longest two fit (the longest first), the shortest does not
+    CrushBatch w;
+    w.device_bytes_limit = all[2] + all[1] + all[0] / 2;
+    w.fused = false;
+    w.host_sequence = 0;
+    const std::vector<int64_t> held = crush_batch(c, w);
+    EXPECT_LE(held[0] + held[1] + held[2], w.device_bytes_limit);
+    EXPECT_LT(held[0], all[0]) << "the shortest sequence's copies did not all fit";
+    EXPECT_EQ(held[1], all[1]);
+    EXPECT_EQ(held[2], all[2]);
+  }
+}
+
+/// With check_finite, a batch with a non-finite q is refused before anything changes: no tensor written, no
+/// signatures computed or copied (they come from the keys at the first select that goes on, as on the CPU backend).
+TEST_F(DeviceKvCrush, NonFiniteQueryInABatchChangesNothing) {
+  for (const Case& c : {kCases[0], kCases[6]}) {
+    SCOPED_TRACE(c.name());
+    CrushBatch w;
+    w.nan_last = true;
+    const std::vector<int64_t> held = crush_batch(c, w);
+    EXPECT_EQ(held, std::vector<int64_t>(3, 0)) << "no copy made at the refused batch";
   }
 }
 
