@@ -57,6 +57,7 @@
 
 #include "decode_attention.h"  // kernels/: the tuned attention
 #include "store/host_kv_store.hpp"
+#include "topk_select.h"         // kernels/: the tuned top-k
 #include "working_set_gather.h"  // kernels/: the tuned gather
 #define KVRET_ON_GPU 1
 #else
@@ -1957,10 +1958,75 @@ class CudaBackend final : public Backend {
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
   }
 
+  /// Whether the tuned top-k of kernels/topk_select selects the jobs' `segments` rows of `width` tokens: on a GPU
+  /// (never on Thrust's host system, which has no kernels: top_tokens' reference passes select there) where the
+  /// rows, the positions and the budget fit its int32 fields.
+  static bool tuned_topk_fits(const FusedJobs& jobs, int64_t segments, int64_t width) {
+    if (!KVRET_ON_GPU || width > INT32_MAX || segments > INT32_MAX || jobs.job(0).request.budget > INT32_MAX)
+      return false;
+    for (size_t i = 0; i < jobs.size(); ++i)
+      if (jobs.job(i).request.mid_end > INT32_MAX) return false;
+    return true;
+  }
+
+  /// The budget best tokens of each of the jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k:
+  /// the rows folded to the KV heads (one pass over `logits`: MAX_LOGIT the logits, SUM_PROB the softmax's terms
+  /// with `softmax` per query head), one launch selecting every (job, KV head) row's budget tokens (a radix select
+  /// over the order keys of kernels/math/topk_math.h: score descending, NaN lowest, ties to the lower position, the
+  /// CPU's order; positions ascending; each row read to its own middle's end, never into the padding), and one pass
+  /// writing each job's positions and folded scores.
+  void tuned_top_write(const FusedJobs& jobs, int64_t segments, int64_t width, const float* logits,
+                       const cuda::math::PageSoftmax* softmax, kvret_stream stream) {
+#if KVRET_ON_GPU
+    const SelectRequest& r = jobs.job(0).request;
+    const auto n_jobs = static_cast<int64_t>(jobs.size());
+    const int64_t heads = segments / n_jobs, entries = segments * width;
+    std::vector<int32_t> per_job(static_cast<size_t>(2 * n_jobs));  // tokens, then first middle positions
+    for (int64_t i = 0; i < n_jobs; ++i) {
+      const SelectRequest& ri = jobs.job(static_cast<size_t>(i)).request;
+      per_job[static_cast<size_t>(i)] = static_cast<int32_t>(ri.mid_end - ri.mid_begin);
+      per_job[static_cast<size_t>(n_jobs + i)] = static_cast<int32_t>(ri.mid_begin);
+    }
+    const Uploaded<int32_t> counts(std::move(per_job), stream);
+    const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
+    for_each_index(stream, r.n_threads, entries,
+                   dm::TokenFold{logits, softmax, folded.get(), width, r.group, r.fold == KVRET_FOLD_MAX_LOGIT});
+    const DeviceArray<int32_t> positions(static_cast<size_t>(segments * r.budget), stream);
+    cuda::TopkParams p;
+    p.n_seqs = static_cast<int32_t>(n_jobs);
+    p.n_kv_heads = static_cast<int32_t>(heads);
+    p.scores = folded.get();
+    p.score_stride = width;
+    p.n_tokens = counts.device.get();
+    p.k = static_cast<int32_t>(r.budget);
+    p.position_offset = counts.device.get() + n_jobs;
+    p.positions = positions.get();
+    p.positions_stride = r.budget;
+    note_pass();
+    check_cuda(cuda::launch_topk_positions(p, cuda_stream(stream)), "launch_topk_positions");
+    for_each_index(stream, r.n_threads, segments * r.budget,
+                   dm::TopkWrite{positions.get(), folded.get(), jobs.base_of(), jobs.outs(), jobs.scores(), r.budget,
+                                 heads, width});
+    // the temporaries are freed in stream order after the passes
+#else
+    (void)jobs, (void)segments, (void)width, (void)logits, (void)softmax, (void)stream;
+    throw Error(KVRET_ERR_INTERNAL, "the tuned top-k needs a GPU");  // tuned_topk_fits is false here
+#endif
+  }
+
   /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_tokens), their
   /// positions and scores written into each job's tensors.
   void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
+    if (tuned_topk_fits(jobs, segments, jobs.width())) {
+      const int64_t heads = segments / static_cast<int64_t>(jobs.size());
+      const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
+      if (r.fold != KVRET_FOLD_MAX_LOGIT)
+        for_each_index(stream, r.n_threads, segments * r.group,
+                       dm::QuantSoftmaxes{logits, softmax.get(), jobs.width(), jobs.n_of(), heads * r.group});
+      tuned_top_write(jobs, segments, jobs.width(), logits, softmax.get(), stream);
+      return;
+    }
     const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
     const DeviceArray<float> top_score(top.size(), stream);
     top_tokens(segments, jobs.width(), r.budget, r, logits, nullptr, top.get(), top_score.get(), stream, &jobs);
@@ -2190,11 +2256,9 @@ class CudaBackend final : public Backend {
     if (first.cells == 0) {  // the per-token path
       const int64_t width = max_tokens, entries = segments * width;
       const bool pq4 = first.m == 4 && first.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
-      const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream),
-          folded(static_cast<size_t>(entries), stream);
+      const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream);
       const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(rows), stream);
       const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
-      const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
       for_each_index(stream, threads, rows * width,
                      dm::PqTokenLogits{layout, q, lut.get(), logits.get(), width, r.n_q_heads, r.group, r.scale});
       if (r.fold != KVRET_FOLD_MAX_LOGIT) {
@@ -2206,6 +2270,12 @@ class CudaBackend final : public Backend {
             stream, threads, rows,
             dm::PqTokenSums{layout, head.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group, pq4});
       }
+      if (tuned_topk_fits(jobs, segments, width)) {
+        tuned_top_write(jobs, segments, width, logits.get(), softmax.get(), stream);
+        return;
+      }
+      const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
+      const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
       take_passes(
           segments, width, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
           [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },

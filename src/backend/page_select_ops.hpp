@@ -98,6 +98,19 @@ struct PageSoftmaxes {
   }
 };
 
+/// Entry p of KV head h folded over the head's `group` query heads' rows of n logits (MAX_LOGIT: the logits;
+/// SUM_PROB: the softmax's terms, with `softmax` per query head).
+KVRET_BACKEND_HD inline float fold_entry(const float* logits, const pm::PageSoftmax* softmax, int64_t h, int64_t p,
+                                         int64_t n, int32_t group, bool max_logit) {
+  float f = max_logit ? pm::neg_inf() : 0.0f;
+  for (int32_t g = 0; g < group; ++g) {
+    const int64_t hq = h * group + g;
+    const float l = logits[hq * n + p];
+    f = max_logit ? pm::page_max_step(f, l) : pm::page_sum_prob_step(f, l, softmax[hq]);
+  }
+  return f;
+}
+
 struct PageFold {
   const float* logits;             ///< MAX_LOGIT: the logits; SUM_PROB: the softmax's terms
   const pm::PageSoftmax* softmax;  ///< [n_q_heads] (SUM_PROB)
@@ -109,15 +122,23 @@ struct PageFold {
   bool max_logit;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t h = i / n, p = i % n;
-    float f = max_logit ? pm::neg_inf() : 0.0f;
-    for (int32_t g = 0; g < group; ++g) {
-      const int64_t hq = h * group + g;
-      const float l = logits[hq * n + p];
-      f = max_logit ? pm::page_max_step(f, l) : pm::page_sum_prob_step(f, l, softmax[hq]);
-    }
+    const float f = fold_entry(logits, softmax, h, p, n, group, max_logit);
     folded[i] = f;
     keys[i] = pm::page_order_key(f, static_cast<uint32_t>(p));
     index[i] = i;
+  }
+};
+
+/// The folded entries alone (PageFold without the sort's keys), for the tuned top-k of kernels/topk_select.
+struct TokenFold {
+  const float* logits;
+  const pm::PageSoftmax* softmax;
+  float* folded;  ///< [n_kv_heads, n]
+  int64_t n;
+  int32_t group;
+  bool max_logit;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    folded[i] = fold_entry(logits, softmax, i / n, i % n, n, group, max_logit);
   }
 };
 
@@ -171,6 +192,24 @@ struct PageWrite {
       *reinterpret_cast<int32_t*>(outs[job].at(h, offset[i] + t)) = static_cast<int32_t>(first + t);
       if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, offset[i] + t)) = folded[i];
     }
+  }
+};
+
+/// The positions the tuned top-k wrote (per segment `budget` positions ascending, each its job's middle start plus
+/// its entry) and their folded scores into each job's tensors: per (segment, j < budget) out[job](head, j).
+struct TopkWrite {
+  const int32_t* positions;    ///< [segments, budget]
+  const float* folded;         ///< [segments, width]
+  const int64_t* base_of;      ///< per job its first middle position
+  const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
+  const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
+  int64_t budget, heads, width;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t segment = i / budget, j = i % budget, job = segment / heads, h = segment % heads;
+    const int32_t p = positions[i];
+    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) = p;
+    if (scores[job].base != nullptr)
+      *reinterpret_cast<float*>(scores[job].at(h, j)) = folded[segment * width + (p - base_of[job])];
   }
 };
 
