@@ -1774,13 +1774,19 @@ class CudaBackend final : public Backend {
     }
     // the candidates by the maximum over each group's heads, whatever the fold (QuantRetriever), ascending per head
     const int64_t candidates = fused_candidates(jobs.job(0));  // every job's (select_batch_on_device's sets)
-    const DeviceArray<uint64_t> keys(static_cast<size_t>(segments * candidates), stream);
-    const DeviceArray<float> score(keys.size(), stream);
-    SelectRequest low = r;
-    low.fold = KVRET_FOLD_MAX_LOGIT;
-    top_tokens(segments, width, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream, &jobs);
-    const DeviceArray<int32_t> cand(keys.size(), stream);
-    for_each_index(stream, threads, segments * candidates, dm::QuantPositions{keys.get(), cand.get()});
+    const DeviceArray<int32_t> cand(static_cast<size_t>(segments * candidates), stream);
+    if (tuned_topk_fits(jobs, segments, width, candidates)) {
+      const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
+      tuned_top(jobs, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group, middles(jobs, false),
+                middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
+    } else {
+      const DeviceArray<uint64_t> keys(cand.size(), stream);
+      const DeviceArray<float> score(keys.size(), stream);
+      SelectRequest low = r;
+      low.fold = KVRET_FOLD_MAX_LOGIT;
+      top_tokens(segments, width, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream, &jobs);
+      for_each_index(stream, threads, segments * candidates, dm::QuantPositions{keys.get(), cand.get()});
+    }
     std::vector<int32_t> host_cand(cand.size());
     copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
     // their exact keys from the stores, EXACT's logits, the top of them
@@ -1802,6 +1808,13 @@ class CudaBackend final : public Backend {
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
                    dm::QuantExactLogits{q, exact_keys.get(), exact.get(), candidates, d, r.group, r.scale});
+    if (tuned_topk_fits(jobs, segments, candidates, r.budget)) {
+      const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
+      if (r.fold != KVRET_FOLD_MAX_LOGIT)
+        for_each_index(stream, threads, rows, dm::QuantSoftmaxes{exact.get(), softmax.get(), candidates});
+      tuned_top_write(jobs, segments, candidates, candidates, exact.get(), softmax.get(), cand.get(), stream);
+      return;
+    }
     const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
     const DeviceArray<float> top_score(top.size(), stream);
     top_tokens(segments, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
@@ -1958,73 +1971,89 @@ class CudaBackend final : public Backend {
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
   }
 
-  /// Whether the tuned top-k of kernels/topk_select selects the jobs' `segments` rows of `width` tokens: on a GPU
-  /// (never on Thrust's host system, which has no kernels: top_tokens' reference passes select there) where the
-  /// rows, the positions and the budget fit its int32 fields.
-  static bool tuned_topk_fits(const FusedJobs& jobs, int64_t segments, int64_t width) {
-    if (!KVRET_ON_GPU || width > INT32_MAX || segments > INT32_MAX || jobs.job(0).request.budget > INT32_MAX)
-      return false;
+  /// Whether the tuned top-k of kernels/topk_select selects `k` of the jobs' `segments` rows of `width` entries: on a
+  /// GPU (never on Thrust's host system, which has no kernels: top_tokens' reference passes select there) where the
+  /// rows, k and the positions fit its int32 fields.
+  static bool tuned_topk_fits(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t k) {
+    if (!KVRET_ON_GPU || width > INT32_MAX || segments > INT32_MAX || k > INT32_MAX) return false;
     for (size_t i = 0; i < jobs.size(); ++i)
       if (jobs.job(i).request.mid_end > INT32_MAX) return false;
     return true;
   }
 
-  /// The budget best tokens of each of the jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k:
-  /// the rows folded to the KV heads (one pass over `logits`: MAX_LOGIT the logits, SUM_PROB the softmax's terms
-  /// with `softmax` per query head), one launch selecting every (job, KV head) row's budget tokens (a radix select
-  /// over the order keys of kernels/math/topk_math.h: score descending, NaN lowest, ties to the lower position, the
-  /// CPU's order; positions ascending; each row read to its own middle's end, never into the padding), and one pass
-  /// writing each job's positions and folded scores.
-  void tuned_top_write(const FusedJobs& jobs, int64_t segments, int64_t width, const float* logits,
-                       const cuda::math::PageSoftmax* softmax, kvret_stream stream) {
+  /// The best `k` entries of each of the jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k: the
+  /// rows folded to the KV heads into `folded` [segments, width] (one pass over `logits`, `fold`: MAX_LOGIT the
+  /// logits, SUM_PROB the softmax's terms with `softmax` per query head), then one launch selecting every (job, KV
+  /// head) row's k entries into `out` [segments, k], ascending (a radix select over the order keys of
+  /// kernels/math/topk_math.h: score descending, NaN lowest, ties to the lower entry, the CPU's order). Each job's
+  /// rows are read to its `tokens[job]` entries, never into the padding; `offsets` (one per job, or empty) is added
+  /// to every entry written.
+  void tuned_top(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t k, int32_t fold, int32_t group,
+                 std::vector<int32_t> tokens, const std::vector<int32_t>& offsets, const float* logits,
+                 const cuda::math::PageSoftmax* softmax, float* folded, int32_t* out, kvret_stream stream) {
 #if KVRET_ON_GPU
-    const SelectRequest& r = jobs.job(0).request;
     const auto n_jobs = static_cast<int64_t>(jobs.size());
-    const int64_t heads = segments / n_jobs, entries = segments * width;
-    std::vector<int32_t> per_job(static_cast<size_t>(2 * n_jobs));  // tokens, then first middle positions
-    for (int64_t i = 0; i < n_jobs; ++i) {
-      const SelectRequest& ri = jobs.job(static_cast<size_t>(i)).request;
-      per_job[static_cast<size_t>(i)] = static_cast<int32_t>(ri.mid_end - ri.mid_begin);
-      per_job[static_cast<size_t>(n_jobs + i)] = static_cast<int32_t>(ri.mid_begin);
-    }
-    const Uploaded<int32_t> counts(std::move(per_job), stream);
-    const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
-    for_each_index(stream, r.n_threads, entries,
-                   dm::TokenFold{logits, softmax, folded.get(), width, r.group, r.fold == KVRET_FOLD_MAX_LOGIT});
-    const DeviceArray<int32_t> positions(static_cast<size_t>(segments * r.budget), stream);
+    tokens.insert(tokens.end(), offsets.begin(), offsets.end());
+    const Uploaded<int32_t> per_job(std::move(tokens), stream);  // tokens, then the offsets
+    for_each_index(stream, jobs.job(0).request.n_threads, segments * width,
+                   dm::TokenFold{logits, softmax, folded, width, group, fold == KVRET_FOLD_MAX_LOGIT});
     cuda::TopkParams p;
     p.n_seqs = static_cast<int32_t>(n_jobs);
-    p.n_kv_heads = static_cast<int32_t>(heads);
-    p.scores = folded.get();
+    p.n_kv_heads = static_cast<int32_t>(segments / n_jobs);
+    p.scores = folded;
     p.score_stride = width;
-    p.n_tokens = counts.device.get();
-    p.k = static_cast<int32_t>(r.budget);
-    p.position_offset = counts.device.get() + n_jobs;
-    p.positions = positions.get();
-    p.positions_stride = r.budget;
+    p.n_tokens = per_job.device.get();
+    p.k = static_cast<int32_t>(k);
+    p.position_offset = offsets.empty() ? nullptr : per_job.device.get() + n_jobs;
+    p.positions = out;
+    p.positions_stride = k;
     note_pass();
     check_cuda(cuda::launch_topk_positions(p, cuda_stream(stream)), "launch_topk_positions");
-    for_each_index(stream, r.n_threads, segments * r.budget,
-                   dm::TopkWrite{positions.get(), folded.get(), jobs.base_of(), jobs.outs(), jobs.scores(), r.budget,
-                                 heads, width});
-    // the temporaries are freed in stream order after the passes
+    // the temporaries are freed in stream order after the launch
 #else
-    (void)jobs, (void)segments, (void)width, (void)logits, (void)softmax, (void)stream;
+    (void)jobs, (void)segments, (void)width, (void)k, (void)fold, (void)group, (void)tokens, (void)offsets,
+        (void)logits, (void)softmax, (void)folded, (void)out, (void)stream;
     throw Error(KVRET_ERR_INTERNAL, "the tuned top-k needs a GPU");  // tuned_topk_fits is false here
 #endif
+  }
+
+  /// The jobs' middle lengths (first = false) or first positions (first = true), as the tuned top-k takes them.
+  static std::vector<int32_t> middles(const FusedJobs& jobs, bool first) {
+    std::vector<int32_t> v;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const SelectRequest& r = jobs.job(i).request;
+      v.push_back(static_cast<int32_t>(first ? r.mid_begin : r.mid_end - r.mid_begin));
+    }
+    return v;
+  }
+
+  /// The request.budget best tokens of each of the jobs' `segments` rows of `width` logits (softmax as tuned_top
+  /// takes it) by the tuned top-k, and one pass writing each job's positions and folded scores (`positions`
+  /// [segments, width]: each entry's position; null: its job's middle start plus the entry).
+  void tuned_top_write(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t tokens, const float* logits,
+                       const cuda::math::PageSoftmax* softmax, const int32_t* positions, kvret_stream stream) {
+    const SelectRequest& r = jobs.job(0).request;
+    const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
+    const DeviceArray<int32_t> index(static_cast<size_t>(segments * r.budget), stream);
+    tuned_top(jobs, segments, width, r.budget, r.fold, r.group,
+              tokens > 0 ? std::vector<int32_t>(jobs.size(), static_cast<int32_t>(tokens)) : middles(jobs, false), {},
+              logits, softmax, folded.get(), index.get(), stream);
+    for_each_index(stream, r.n_threads, segments * r.budget,
+                   dm::TopkWrite{index.get(), folded.get(), positions, jobs.base_of(), jobs.outs(), jobs.scores(),
+                                 r.budget, segments / static_cast<int64_t>(jobs.size()), width});
   }
 
   /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_tokens), their
   /// positions and scores written into each job's tensors.
   void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
-    if (tuned_topk_fits(jobs, segments, jobs.width())) {
+    if (tuned_topk_fits(jobs, segments, jobs.width(), r.budget)) {
       const int64_t heads = segments / static_cast<int64_t>(jobs.size());
       const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
       if (r.fold != KVRET_FOLD_MAX_LOGIT)
         for_each_index(stream, r.n_threads, segments * r.group,
                        dm::QuantSoftmaxes{logits, softmax.get(), jobs.width(), jobs.n_of(), heads * r.group});
-      tuned_top_write(jobs, segments, jobs.width(), logits, softmax.get(), stream);
+      tuned_top_write(jobs, segments, jobs.width(), 0, logits, softmax.get(), nullptr, stream);
       return;
     }
     const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
@@ -2270,8 +2299,8 @@ class CudaBackend final : public Backend {
             stream, threads, rows,
             dm::PqTokenSums{layout, head.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group, pq4});
       }
-      if (tuned_topk_fits(jobs, segments, width)) {
-        tuned_top_write(jobs, segments, width, logits.get(), softmax.get(), stream);
+      if (tuned_topk_fits(jobs, segments, width, r.budget)) {
+        tuned_top_write(jobs, segments, width, 0, logits.get(), softmax.get(), nullptr, stream);
         return;
       }
       const DeviceArray<float> folded(static_cast<size_t>(entries), stream);

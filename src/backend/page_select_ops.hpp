@@ -195,21 +195,23 @@ struct PageWrite {
   }
 };
 
-/// The positions the tuned top-k wrote (per segment `budget` positions ascending, each its job's middle start plus
-/// its entry) and their folded scores into each job's tensors: per (segment, j < budget) out[job](head, j).
+/// The entries the tuned top-k selected (per segment `budget` entries of its row of `width`, ascending) as positions
+/// (`positions[segment * width + entry]`, or without them the job's middle start plus the entry) with their folded
+/// scores into each job's tensors: per (segment, j < budget) out[job](head, j).
 struct TopkWrite {
-  const int32_t* positions;    ///< [segments, budget]
+  const int32_t* index;        ///< [segments, budget]
   const float* folded;         ///< [segments, width]
+  const int32_t* positions;    ///< [segments, width], or null
   const int64_t* base_of;      ///< per job its first middle position
   const DeviceTensor* outs;    ///< per job i32 [n_kv_heads, >= budget]
   const DeviceTensor* scores;  ///< per job f32 [n_kv_heads, >= budget] (base null: none)
   int64_t budget, heads, width;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t segment = i / budget, j = i % budget, job = segment / heads, h = segment % heads;
-    const int32_t p = positions[i];
-    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) = p;
-    if (scores[job].base != nullptr)
-      *reinterpret_cast<float*>(scores[job].at(h, j)) = folded[segment * width + (p - base_of[job])];
+    const int64_t at = segment * width + index[i];
+    *reinterpret_cast<int32_t*>(outs[job].at(h, j)) =
+        positions != nullptr ? positions[at] : static_cast<int32_t>(base_of[job] + index[i]);
+    if (scores[job].base != nullptr) *reinterpret_cast<float*>(scores[job].at(h, j)) = folded[at];
   }
 };
 

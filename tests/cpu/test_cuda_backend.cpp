@@ -51,51 +51,59 @@ TEST(CudaBackendMath, TheGatherCopiesRowsAndConvertsToF32Exactly) {
   for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(bits(widened[i]), bits(f16_to_f32(src[i]))) << i;
 }
 
-/// The write after the tuned top-k (TopkWrite: positions ascending per row, their scores looked up in the folded
-/// row) writes what the reference's write (TopWrite: sorted keys and their scores) writes for the same selection:
-/// per job its own tensors (strided, here), its positions, and the folded score of each.
+/// The write after the tuned top-k (TopkWrite: entries ascending per row, their positions and their scores looked up
+/// in the folded row) writes what the reference's write (TopWrite: sorted keys and their scores) writes for the same
+/// selection: per job its own tensors (strided, here), its positions (a middle's entries, or candidates' positions),
+/// and the folded score of each.
 TEST(CudaBackendMath, TheTunedTopksWriteIsTheReferenceWrite) {
   namespace dm = device_math;
   const int64_t jobs = 2, heads = 2, width = 6, budget = 3, stride = 4;  // out rows of 4: one past the budget
   const int64_t base_of[jobs] = {100, 7};
-  const int64_t chosen[jobs * heads][budget] = {{0, 2, 5}, {1, 3, 4}, {0, 1, 2}, {2, 3, 5}};  // offsets, ascending
+  const int32_t chosen[jobs * heads][budget] = {{0, 2, 5}, {1, 3, 4}, {0, 1, 2}, {2, 3, 5}};  // entries, ascending
   std::vector<float> folded(static_cast<size_t>(jobs * heads * width));
   for (size_t i = 0; i < folded.size(); ++i) folded[i] = 0.25f * static_cast<float>(i) - 2.0f;
-  std::vector<int32_t> positions;
-  std::vector<uint64_t> keys;
-  std::vector<float> score;
-  for (int64_t seg = 0; seg < jobs * heads; ++seg)
-    for (int64_t j = 0; j < budget; ++j) {
-      const int64_t off = chosen[seg][j], pos = base_of[seg / heads] + off;
-      positions.push_back(static_cast<int32_t>(pos));
-      keys.push_back(static_cast<uint64_t>(seg) << 32 | static_cast<uint32_t>(pos));
-      score.push_back(folded[static_cast<size_t>(seg * width + off)]);
+  std::vector<int32_t> candidates(folded.size());  // re-ranking: each row's entries are candidates' positions
+  for (size_t i = 0; i < candidates.size(); ++i) candidates[i] = static_cast<int32_t>(40 + 3 * i);
+  for (const bool middle : {true, false}) {
+    SCOPED_TRACE(middle ? "a middle's entries" : "candidates");
+    std::vector<int32_t> index;
+    std::vector<uint64_t> keys;
+    std::vector<float> score;
+    for (int64_t seg = 0; seg < jobs * heads; ++seg)
+      for (int64_t j = 0; j < budget; ++j) {
+        const int64_t e = chosen[seg][j], at = seg * width + e;
+        const int64_t pos = middle ? base_of[seg / heads] + e : candidates[static_cast<size_t>(at)];
+        index.push_back(static_cast<int32_t>(e));
+        keys.push_back(static_cast<uint64_t>(seg) << 32 | static_cast<uint32_t>(pos));
+        score.push_back(folded[static_cast<size_t>(at)]);
+      }
+    // [jobs][heads, stride] positions and scores, each writer its own
+    std::vector<int32_t> out[2];
+    std::vector<float> scores[2];
+    std::vector<dm::DeviceTensor> outs[2], score_tensors[2];
+    for (int w = 0; w < 2; ++w) {
+      out[w].assign(static_cast<size_t>(jobs * heads * stride), -7);
+      scores[w].assign(out[w].size(), -7.0f);
+      for (int64_t job = 0; job < jobs; ++job) {
+        const size_t at = static_cast<size_t>(job * heads * stride);
+        outs[w].push_back({reinterpret_cast<std::byte*>(out[w].data() + at), dm::kI32, {stride, 1, 0}});
+        score_tensors[w].push_back({reinterpret_cast<std::byte*>(scores[w].data() + at), dm::kF32, {stride, 1, 0}});
+      }
     }
-  // [jobs][heads, stride] positions and scores, each writer its own
-  std::vector<int32_t> out[2];
-  std::vector<float> scores[2];
-  std::vector<dm::DeviceTensor> outs[2], score_tensors[2];
-  for (int w = 0; w < 2; ++w) {
-    out[w].assign(static_cast<size_t>(jobs * heads * stride), -7);
-    scores[w].assign(out[w].size(), -7.0f);
-    for (int64_t job = 0; job < jobs; ++job) {
-      const size_t at = static_cast<size_t>(job * heads * stride);
-      outs[w].push_back({reinterpret_cast<std::byte*>(out[w].data() + at), dm::kI32, {stride, 1, 0}});
-      score_tensors[w].push_back({reinterpret_cast<std::byte*>(scores[w].data() + at), dm::kF32, {stride, 1, 0}});
+    const dm::TopWrite reference{keys.data(), score.data(), outs[0].data(), score_tensors[0].data(), budget, heads};
+    const dm::TopkWrite tuned{index.data(), folded.data(),  middle ? nullptr : candidates.data(),
+                              base_of,      outs[1].data(), score_tensors[1].data(),
+                              budget,       heads,          width};
+    for (int64_t i = 0; i < jobs * heads * budget; ++i) {
+      reference(i);
+      tuned(i);
     }
+    EXPECT_EQ(out[1], out[0]);
+    for (size_t i = 0; i < scores[0].size(); ++i) EXPECT_EQ(bits(scores[1][i]), bits(scores[0][i])) << i;
+    // job 1, head 0, entry 2 (row 2's entry 2)
+    EXPECT_EQ(out[1][static_cast<size_t>(2 * stride + 2)], middle ? 7 + 2 : 40 + 3 * (2 * width + 2));
+    EXPECT_EQ(out[1][static_cast<size_t>(stride - 1)], -7) << "nothing past the budget";
   }
-  const dm::TopWrite reference{keys.data(), score.data(), outs[0].data(), score_tensors[0].data(), budget, heads};
-  const dm::TopkWrite tuned{positions.data(),        folded.data(), base_of, outs[1].data(),
-                            score_tensors[1].data(), budget,        heads,   width};
-  for (int64_t i = 0; i < jobs * heads * budget; ++i) {
-    reference(i);
-    tuned(i);
-  }
-  EXPECT_EQ(out[1], out[0]);
-  for (size_t i = 0; i < scores[0].size(); ++i) EXPECT_EQ(bits(scores[1][i]), bits(scores[0][i])) << i;
-  EXPECT_EQ(out[1][0], 100);                                      // job 0, head 0: its first position
-  EXPECT_EQ(out[1][static_cast<size_t>(2 * stride + 2)], 7 + 2);  // job 1, head 0, entry 2
-  EXPECT_EQ(out[1][static_cast<size_t>(stride - 1)], -7) << "nothing past the budget";
 }
 
 TEST(CudaBackendMath, TheThreePassAttentionIsASoftmaxAverage) {
