@@ -4,6 +4,9 @@
 // f16 KV), a prefill of clustered random keys, then per step kvret_select alone and kvret_seq_attend (select +
 // fetch + attention) followed by kvret_synchronize. On the CUDA backend q, the prefill and out are device memory
 // (cudaMalloc), as an engine holds them. Prints the median microseconds of each, and the prefill + index build.
+// Then, per backend and index kind, a batch of n sequences (8k tokens down to 6k, so that they share one set of
+// passes on the CUDA backend): kvret_select_batch against n kvret_select calls on the same sequences and queries,
+// each followed by kvret_synchronize (section=backend_batch).
 //
 //   kvret-bench-backend [--quick] [--steps=N]
 #include <cuda_runtime_api.h>
@@ -88,13 +91,33 @@ const char* index_name(int kind) {
       return "pq";
     case KVRET_INDEX_PAGE:
       return "page";
+    case KVRET_INDEX_QUANT:
+      return "quant";
     default:
       return "?";
   }
 }
 
-void run(int32_t device_type, int index_kind, int tokens, int steps, int threads) {
-  std::mt19937_64 rng(7);
+/// A one-layer context of `index_kind` on `device_type`.
+kvret_context* make_context(int32_t device_type, int index_kind, int threads) {
+  kvret_config c;
+  BENCH_CHECK(kvret_config_init(&c));
+  c.n_layers = 1;
+  c.n_q_heads = kQHeads;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kHeadDim;
+  c.index_kind = index_kind;
+  c.n_threads = threads;
+  c.device_type = device_type;
+  kvret_context* ctx = nullptr;
+  BENCH_CHECK(kvret_create(&c, &ctx));
+  return ctx;
+}
+
+/// A sequence of ctx holding a prefill of `tokens` clustered random keys (64 centres) and random values, its index
+/// built; the milliseconds of the prefill and build in *build_ms.
+kvret_seq* prefilled(kvret_context* ctx, int32_t device_type, int tokens, uint64_t seed, double* build_ms) {
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
   const size_t kv_n = static_cast<size_t>(tokens) * kKvHeads * kHeadDim;
   std::vector<float> keys(kv_n), values(kv_n), centers(64 * kKvHeads * kHeadDim);
@@ -106,27 +129,22 @@ void run(int32_t device_type, int index_kind, int tokens, int steps, int threads
       values[static_cast<size_t>(t) * kKvHeads * kHeadDim + i] = n01(rng);
     }
   }
-  kvret_config c;
-  BENCH_CHECK(kvret_config_init(&c));
-  c.n_layers = 1;
-  c.n_q_heads = kQHeads;
-  c.n_kv_heads = kKvHeads;
-  c.head_dim = kHeadDim;
-  c.index_kind = index_kind;
-  c.n_threads = threads;
-  c.device_type = device_type;
-  kvret_context* ctx = nullptr;
   kvret_seq* seq = nullptr;
-  BENCH_CHECK(kvret_create(&c, &ctx));
   BENCH_CHECK(kvret_seq_open(ctx, &seq));
+  Tensor k({tokens, kKvHeads, kHeadDim}, device_type, &keys), v({tokens, kKvHeads, kHeadDim}, device_type, &values);
+  const auto t0 = std::chrono::steady_clock::now();
+  BENCH_CHECK(kvret_append_prefill(seq, 0, &k.t, &v.t));
+  BENCH_CHECK(kvret_wait_index(seq, -1));
+  *build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return seq;
+}
+
+void run(int32_t device_type, int index_kind, int tokens, int steps, int threads) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  kvret_context* ctx = make_context(device_type, index_kind, threads);
   double build_ms = 0;
-  {
-    Tensor k({tokens, kKvHeads, kHeadDim}, device_type, &keys), v({tokens, kKvHeads, kHeadDim}, device_type, &values);
-    const auto t0 = std::chrono::steady_clock::now();
-    BENCH_CHECK(kvret_append_prefill(seq, 0, &k.t, &v.t));
-    BENCH_CHECK(kvret_wait_index(seq, -1));
-    build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  kvret_seq* seq = prefilled(ctx, device_type, tokens, 7, &build_ms);
   int32_t budget = 0;
   BENCH_CHECK(kvret_seq_budget(seq, 0, &budget));
   std::vector<float> q_init(static_cast<size_t>(kQHeads * kHeadDim));
@@ -160,6 +178,58 @@ void run(int32_t device_type, int index_kind, int tokens, int steps, int threads
   BENCH_CHECK(kvret_destroy(ctx));
 }
 
+/// kvret_select_batch over n sequences (8192 tokens down to 6144) against n kvret_select calls, each then
+/// kvret_synchronize; the budget of the shortest sequence for all.
+void run_batch(int32_t device_type, int index_kind, int n, int steps, int threads) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  kvret_context* ctx = make_context(device_type, index_kind, threads);
+  std::vector<kvret_seq*> seqs;
+  double build_ms = 0;
+  for (int i = 0; i < n; ++i)
+    seqs.push_back(
+        prefilled(ctx, device_type, 8192 - 2048 * i / std::max(1, n - 1), 100 + static_cast<uint64_t>(i), &build_ms));
+  int32_t budget = 0;
+  BENCH_CHECK(kvret_seq_budget(seqs.back(), 0, &budget));
+  std::vector<float> q_init(static_cast<size_t>(n) * kQHeads * kHeadDim);
+  Tensor positions_f({n, kKvHeads, budget}, device_type, nullptr);  // storage for the selections (int32 view)
+  kvret_tensor positions = positions_f.t;
+  positions.dtype = {KVRET_DTYPE_INT, 32, 1};
+  std::vector<int32_t> counts(static_cast<size_t>(n));
+  std::vector<double> batch_us, singles_us;
+  for (int s = 0; s < steps + 3; ++s) {
+    for (auto& x : q_init) x = n01(rng);
+    Tensor q({n, kQHeads, kHeadDim}, device_type, &q_init);
+    auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(kvret_select_batch(ctx, n, seqs.data(), 0, &q.t, budget, &positions, counts.data()));
+    BENCH_CHECK(kvret_synchronize(ctx, nullptr));
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      const int64_t q_shape[2] = {kQHeads, kHeadDim}, out_shape[2] = {kKvHeads, budget};
+      kvret_tensor qi = q.t, oi = positions;
+      qi.ndim = oi.ndim = 2;
+      qi.shape = q_shape;
+      oi.shape = out_shape;
+      qi.data = static_cast<float*>(q.t.data) + static_cast<size_t>(i) * kQHeads * kHeadDim;
+      oi.data = static_cast<int32_t*>(positions.data) + static_cast<size_t>(i) * kKvHeads * budget;
+      BENCH_CHECK(kvret_select(seqs[static_cast<size_t>(i)], 0, &qi, budget, &oi, &counts[static_cast<size_t>(i)]));
+    }
+    BENCH_CHECK(kvret_synchronize(ctx, nullptr));
+    auto t2 = std::chrono::steady_clock::now();
+    if (s < 3) continue;  // warm-up: the device copies of the indexes are made at the first selects
+    batch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    singles_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+  }
+  std::printf(
+      "section=backend_batch backend=%s index=%s n=%d tokens=8192..6144 budget=%d threads=%d batch_us=%.1f "
+      "singles_us=%.1f singles_over_batch=%.2f\n",
+      device_type == KVRET_DEVICE_CUDA ? "cuda" : "cpu", index_name(index_kind), n, budget, threads, median(batch_us),
+      median(singles_us), median(singles_us) / median(batch_us));
+  std::fflush(stdout);
+  for (kvret_seq* seq : seqs) BENCH_CHECK(kvret_seq_close(seq));
+  BENCH_CHECK(kvret_destroy(ctx));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,5 +259,9 @@ int main(int argc, char** argv) {
   for (const int tokens : lengths)
     for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_EXACT})
       for (const int32_t device : {KVRET_DEVICE_CPU, KVRET_DEVICE_CUDA}) run(device, kind, tokens, steps, threads);
+  const std::vector<int> batches = quick ? std::vector<int>{4} : std::vector<int>{1, 4, 16};
+  for (const int n : batches)
+    for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_QUANT, KVRET_INDEX_EXACT, KVRET_INDEX_PAGE})
+      for (const int32_t device : {KVRET_DEVICE_CPU, KVRET_DEVICE_CUDA}) run_batch(device, kind, n, steps, threads);
   return 0;
 }
