@@ -1775,10 +1775,10 @@ class CudaBackend final : public Backend {
     // the candidates by the maximum over each group's heads, whatever the fold (QuantRetriever), ascending per head
     const int64_t candidates = fused_candidates(jobs.job(0));  // every job's (select_batch_on_device's sets)
     const DeviceArray<int32_t> cand(static_cast<size_t>(segments * candidates), stream);
-    if (tuned_topk_fits(jobs, segments, width, candidates)) {
+    if (tuned_topk_fits(segments, width, candidates, middles_end(jobs))) {
       const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
-      tuned_top(jobs, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group, middles(jobs, false),
-                middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
+      tuned_top(static_cast<int64_t>(jobs.size()), threads, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group,
+                middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
     } else {
       const DeviceArray<uint64_t> keys(cand.size(), stream);
       const DeviceArray<float> score(keys.size(), stream);
@@ -1808,7 +1808,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
                    dm::QuantExactLogits{q, exact_keys.get(), exact.get(), candidates, d, r.group, r.scale});
-    if (tuned_topk_fits(jobs, segments, candidates, r.budget)) {
+    if (tuned_topk_fits(segments, candidates, r.budget, middles_end(jobs))) {
       const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
       if (r.fold != KVRET_FOLD_MAX_LOGIT)
         for_each_index(stream, threads, rows, dm::QuantSoftmaxes{exact.get(), softmax.get(), candidates});
@@ -1853,26 +1853,32 @@ class CudaBackend final : public Backend {
                      stream);
     const int64_t candidates = quant->rerank() > 1 && job.count > 0 ? std::min(middle, job.count * quant->rerank()) : 0;
     std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
-    if (candidates > 0) {
-      const DeviceArray<float> folding(low.size(), stream);
-      with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
-        thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
-      });
-      SelectRequest r;
-      r.n_q_heads = static_cast<int32_t>(q_heads);
-      r.group = group;
-      r.scale = select_scale;
-      r.mid_begin = begin;
-      r.mid_end = end;
-      r.budget = candidates;
-      r.fold = KVRET_FOLD_MAX_LOGIT;  // select's candidates (QuantRetriever::low_bit_candidates)
-      r.n_threads = threads;
-      const DeviceArray<uint64_t> keys(cand.size(), stream);
-      const DeviceArray<float> score(cand.size(), stream);
-      top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+    if (candidates > 0) {  // select's candidates (QuantRetriever::low_bit_candidates): by the maximum logit
       const DeviceArray<int32_t> positions(cand.size(), stream);
-      for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
-                     dm::QuantPositions{keys.get(), positions.get()});
+      if (tuned_topk_fits(heads, middle, candidates, end)) {
+        const DeviceArray<float> folded(static_cast<size_t>(heads * middle), stream);
+        tuned_top(1, threads, heads, middle, candidates, KVRET_FOLD_MAX_LOGIT, group, {static_cast<int32_t>(middle)},
+                  {static_cast<int32_t>(begin)}, low.get(), nullptr, folded.get(), positions.get(), stream);
+      } else {
+        const DeviceArray<float> folding(low.size(), stream);
+        with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
+          thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
+        });
+        SelectRequest r;
+        r.n_q_heads = static_cast<int32_t>(q_heads);
+        r.group = group;
+        r.scale = select_scale;
+        r.mid_begin = begin;
+        r.mid_end = end;
+        r.budget = candidates;
+        r.fold = KVRET_FOLD_MAX_LOGIT;
+        r.n_threads = threads;
+        const DeviceArray<uint64_t> keys(cand.size(), stream);
+        const DeviceArray<float> score(cand.size(), stream);
+        top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
+        for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
+                       dm::QuantPositions{keys.get(), positions.get()});
+      }
       copy_bytes(cand.data(), positions.get(), cand.size() * sizeof(int32_t), stream, true);
     }
     // the rows read exactly: per head its slot map and its rows' keys (and values where exact), as attend_dense
@@ -1971,31 +1977,34 @@ class CudaBackend final : public Backend {
                 [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
   }
 
-  /// Whether the tuned top-k of kernels/topk_select selects `k` of the jobs' `segments` rows of `width` entries: on a
-  /// GPU (never on Thrust's host system, which has no kernels: top_tokens' reference passes select there) where the
-  /// rows, k and the positions fit its int32 fields.
-  static bool tuned_topk_fits(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t k) {
-    if (!KVRET_ON_GPU || width > INT32_MAX || segments > INT32_MAX || k > INT32_MAX) return false;
-    for (size_t i = 0; i < jobs.size(); ++i)
-      if (jobs.job(i).request.mid_end > INT32_MAX) return false;
-    return true;
+  /// Whether the tuned top-k of kernels/topk_select selects `k` of `segments` rows of `width` entries whose positions
+  /// end before `end`: on a GPU (never on Thrust's host system, which has no kernels: top_tokens' reference passes
+  /// select there) where the rows, k and the positions fit its int32 fields.
+  static bool tuned_topk_fits(int64_t segments, int64_t width, int64_t k, int64_t end) {
+    return KVRET_ON_GPU && width <= INT32_MAX && segments <= INT32_MAX && k <= INT32_MAX && end <= INT32_MAX;
   }
 
-  /// The best `k` entries of each of the jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k: the
+  /// The end of the jobs' last middle.
+  static int64_t middles_end(const FusedJobs& jobs) {
+    int64_t end = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) end = std::max(end, jobs.job(i).request.mid_end);
+    return end;
+  }
+
+  /// The best `k` entries of each of n_jobs jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k: the
   /// rows folded to the KV heads into `folded` [segments, width] (one pass over `logits`, `fold`: MAX_LOGIT the
   /// logits, SUM_PROB the softmax's terms with `softmax` per query head), then one launch selecting every (job, KV
   /// head) row's k entries into `out` [segments, k], ascending (a radix select over the order keys of
   /// kernels/math/topk_math.h: score descending, NaN lowest, ties to the lower entry, the CPU's order). Each job's
   /// rows are read to its `tokens[job]` entries, never into the padding; `offsets` (one per job, or empty) is added
   /// to every entry written.
-  void tuned_top(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t k, int32_t fold, int32_t group,
+  void tuned_top(int64_t n_jobs, int n_threads, int64_t segments, int64_t width, int64_t k, int32_t fold, int32_t group,
                  std::vector<int32_t> tokens, const std::vector<int32_t>& offsets, const float* logits,
                  const cuda::math::PageSoftmax* softmax, float* folded, int32_t* out, kvret_stream stream) {
 #if KVRET_ON_GPU
-    const auto n_jobs = static_cast<int64_t>(jobs.size());
     tokens.insert(tokens.end(), offsets.begin(), offsets.end());
     const Uploaded<int32_t> per_job(std::move(tokens), stream);  // tokens, then the offsets
-    for_each_index(stream, jobs.job(0).request.n_threads, segments * width,
+    for_each_index(stream, n_threads, segments * width,
                    dm::TokenFold{logits, softmax, folded, width, group, fold == KVRET_FOLD_MAX_LOGIT});
     cuda::TopkParams p;
     p.n_seqs = static_cast<int32_t>(n_jobs);
@@ -2011,8 +2020,8 @@ class CudaBackend final : public Backend {
     check_cuda(cuda::launch_topk_positions(p, cuda_stream(stream)), "launch_topk_positions");
     // the temporaries are freed in stream order after the launch
 #else
-    (void)jobs, (void)segments, (void)width, (void)k, (void)fold, (void)group, (void)tokens, (void)offsets,
-        (void)logits, (void)softmax, (void)folded, (void)out, (void)stream;
+    (void)n_jobs, (void)n_threads, (void)segments, (void)width, (void)k, (void)fold, (void)group, (void)tokens,
+        (void)offsets, (void)logits, (void)softmax, (void)folded, (void)out, (void)stream;
     throw Error(KVRET_ERR_INTERNAL, "the tuned top-k needs a GPU");  // tuned_topk_fits is false here
 #endif
   }
@@ -2035,7 +2044,7 @@ class CudaBackend final : public Backend {
     const SelectRequest& r = jobs.job(0).request;
     const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
     const DeviceArray<int32_t> index(static_cast<size_t>(segments * r.budget), stream);
-    tuned_top(jobs, segments, width, r.budget, r.fold, r.group,
+    tuned_top(static_cast<int64_t>(jobs.size()), r.n_threads, segments, width, r.budget, r.fold, r.group,
               tokens > 0 ? std::vector<int32_t>(jobs.size(), static_cast<int32_t>(tokens)) : middles(jobs, false), {},
               logits, softmax, folded.get(), index.get(), stream);
     for_each_index(stream, r.n_threads, segments * r.budget,
@@ -2047,7 +2056,7 @@ class CudaBackend final : public Backend {
   /// positions and scores written into each job's tensors.
   void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
-    if (tuned_topk_fits(jobs, segments, jobs.width(), r.budget)) {
+    if (tuned_topk_fits(segments, jobs.width(), r.budget, middles_end(jobs))) {
       const int64_t heads = segments / static_cast<int64_t>(jobs.size());
       const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
       if (r.fold != KVRET_FOLD_MAX_LOGIT)
@@ -2299,7 +2308,7 @@ class CudaBackend final : public Backend {
             stream, threads, rows,
             dm::PqTokenSums{layout, head.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group, pq4});
       }
-      if (tuned_topk_fits(jobs, segments, width, r.budget)) {
+      if (tuned_topk_fits(segments, width, r.budget, middles_end(jobs))) {
         tuned_top_write(jobs, segments, width, 0, logits.get(), softmax.get(), nullptr, stream);
         return;
       }
