@@ -1416,7 +1416,7 @@ class CudaBackend final : public Backend {
 
   /// EXACT's select on the device (exact_select_ops.hpp) for every job of `jobs` (EXACT selects of one budget and
   /// shape) in one set of passes, q already loaded ([jobs, n_q_heads, d]): every middle token's key read in place
-  /// from its store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of top_tokens, the
+  /// from its store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of select_top, the
   /// positions and scores written. The key bytes read over the bus count as each sequence's loaded bytes
   /// (stats.bytes_h2d).
   void exact_select(const FusedJobs& jobs, const float* q, kvret_stream stream) {
@@ -1749,7 +1749,7 @@ class CudaBackend final : public Backend {
 
   /// QUANT's select on the device for every job of `jobs` (QUANT selects of one budget, shape and candidate count;
   /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the low-bit logits,
-  /// the fold and top-k of top_tokens, the positions and scores written. With re-ranking (quant_rerank r > 1) the
+  /// the fold and top-k of select_top, the positions and scores written. With re-ranking (quant_rerank r > 1) the
   /// top r x budget by the low-bit logits are the candidates: their positions come back to the host (one wait for
   /// the batch), which reads their exact keys from the stores and copies them in (a second wait; counted as each
   /// sequence's loaded bytes), and the top of EXACT's logits over them is the selection.
@@ -1775,17 +1775,10 @@ class CudaBackend final : public Backend {
     // the candidates by the maximum over each group's heads, whatever the fold (QuantRetriever), ascending per head
     const int64_t candidates = fused_candidates(jobs.job(0));  // every job's (select_batch_on_device's sets)
     const DeviceArray<int32_t> cand(static_cast<size_t>(segments * candidates), stream);
-    if (tuned_topk_fits(segments, width, candidates, middles_end(jobs))) {
+    {
       const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
-      tuned_top(static_cast<int64_t>(jobs.size()), threads, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group,
-                middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
-    } else {
-      const DeviceArray<uint64_t> keys(cand.size(), stream);
-      const DeviceArray<float> score(keys.size(), stream);
-      SelectRequest low = r;
-      low.fold = KVRET_FOLD_MAX_LOGIT;
-      top_tokens(segments, width, candidates, low, logits.get(), nullptr, keys.get(), score.get(), stream, &jobs);
-      for_each_index(stream, threads, segments * candidates, dm::QuantPositions{keys.get(), cand.get()});
+      select_top(static_cast<int64_t>(jobs.size()), threads, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group,
+                 middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
     }
     std::vector<int32_t> host_cand(cand.size());
     copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
@@ -1808,18 +1801,10 @@ class CudaBackend final : public Backend {
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
                    dm::QuantExactLogits{q, exact_keys.get(), exact.get(), candidates, d, r.group, r.scale});
-    if (tuned_topk_fits(segments, candidates, r.budget, middles_end(jobs))) {
-      const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
-      if (r.fold != KVRET_FOLD_MAX_LOGIT)
-        for_each_index(stream, threads, rows, dm::QuantSoftmaxes{exact.get(), softmax.get(), candidates});
-      tuned_top_write(jobs, segments, candidates, candidates, exact.get(), softmax.get(), cand.get(), stream);
-      return;
-    }
-    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
-    const DeviceArray<float> top_score(top.size(), stream);
-    top_tokens(segments, candidates, r.budget, r, exact.get(), cand.get(), top.get(), top_score.get(), stream);
-    for_each_index(stream, threads, segments * r.budget,
-                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget, heads});
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
+      for_each_index(stream, threads, rows, dm::QuantSoftmaxes{exact.get(), softmax.get(), candidates});
+    top_write(jobs, segments, candidates, candidates, exact.get(), softmax.get(), cand.get(), stream);
   }
 
  public:
@@ -1855,30 +1840,9 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> cand(static_cast<size_t>(heads * candidates));
     if (candidates > 0) {  // select's candidates (QuantRetriever::low_bit_candidates): by the maximum logit
       const DeviceArray<int32_t> positions(cand.size(), stream);
-      if (tuned_topk_fits(heads, middle, candidates, end)) {
-        const DeviceArray<float> folded(static_cast<size_t>(heads * middle), stream);
-        tuned_top(1, threads, heads, middle, candidates, KVRET_FOLD_MAX_LOGIT, group, {static_cast<int32_t>(middle)},
-                  {static_cast<int32_t>(begin)}, low.get(), nullptr, folded.get(), positions.get(), stream);
-      } else {
-        const DeviceArray<float> folding(low.size(), stream);
-        with_policy(stream, threads, q_heads * middle, [&](const auto& policy) {
-          thrust::copy(policy, low.get(), low.get() + q_heads * middle, folding.get());
-        });
-        SelectRequest r;
-        r.n_q_heads = static_cast<int32_t>(q_heads);
-        r.group = group;
-        r.scale = select_scale;
-        r.mid_begin = begin;
-        r.mid_end = end;
-        r.budget = candidates;
-        r.fold = KVRET_FOLD_MAX_LOGIT;
-        r.n_threads = threads;
-        const DeviceArray<uint64_t> keys(cand.size(), stream);
-        const DeviceArray<float> score(cand.size(), stream);
-        top_tokens(heads, middle, candidates, r, folding.get(), nullptr, keys.get(), score.get(), stream);
-        for_each_index(stream, threads, static_cast<int64_t>(cand.size()),
-                       dm::QuantPositions{keys.get(), positions.get()});
-      }
+      const DeviceArray<float> folded(static_cast<size_t>(heads * middle), stream);
+      select_top(1, threads, heads, middle, candidates, KVRET_FOLD_MAX_LOGIT, group, {static_cast<int32_t>(middle)},
+                 {static_cast<int32_t>(begin)}, low.get(), nullptr, folded.get(), positions.get(), stream);
       copy_bytes(cand.data(), positions.get(), cand.size() * sizeof(int32_t), stream, true);
     }
     // the rows read exactly: per head its slot map and its rows' keys (and values where exact), as attend_dense
@@ -1944,89 +1908,70 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  /// The top k of n tokens per KV head by their folded logits [heads * group, n] (replaced by the softmax's terms
-  /// under SUM_PROB), ties to the lower token: keys [heads, k] = head << 32 | position (positions [heads, n], or
-  /// mid_begin + token without them), sorted (per head ascending), and the scores aligned with them. QUANT's and
-  /// EXACT's selects (gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens, bit for bit). With `jobs` (a fused
-  /// batch), `heads` counts every job's KV heads, job after job, and each job's row holds its n_of tokens (from its
-  /// base_of) and then padding, which is never taken.
-  void top_tokens(int64_t heads, int64_t n, int64_t k, const SelectRequest& r, float* logits, const int32_t* positions,
-                  uint64_t* keys, float* score, kvret_stream stream, const FusedJobs* jobs = nullptr) {
-    const int threads = r.n_threads;
-    const int64_t q_heads = heads * r.group, entries = heads * n;
-    // a fused batch: `heads` counts the KV heads of every job, each job's row n_of tokens and then padding
-    const int64_t per_job = jobs != nullptr ? heads / static_cast<int64_t>(jobs->size()) : heads;
-    const int64_t* n_of = jobs != nullptr ? jobs->n_of() : nullptr;
-    const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(q_heads), stream);
-    const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-    if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, threads, q_heads, dm::QuantSoftmaxes{logits, softmax.get(), n, n_of, per_job * r.group});
-    SelectRequest top = r;
-    top.budget = k;
-    take_passes(
-        heads, n, top, logits, softmax.get(), folded.get(), taken.get(), offset.get(),
-        [&](const int64_t*, int64_t* weight) {
-          for_each_index(stream, threads, entries, dm::QuantUnitWeights{weight});
-        },
-        stream);
-    for_each_index(stream, threads, entries,
-                   dm::QuantPick{taken.get(), offset.get(), folded.get(), positions, keys, score, n, k, r.mid_begin,
-                                 jobs != nullptr ? jobs->base_of() : nullptr, per_job});
-    with_policy(stream, threads, heads * k,
-                [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + heads * k, score); });
-  }
-
-  /// Whether the tuned top-k of kernels/topk_select selects `k` of `segments` rows of `width` entries whose positions
-  /// end before `end`: on a GPU (never on Thrust's host system, which has no kernels: top_tokens' reference passes
-  /// select there) where the rows, k and the positions fit its int32 fields.
-  static bool tuned_topk_fits(int64_t segments, int64_t width, int64_t k, int64_t end) {
-    return KVRET_ON_GPU && width <= INT32_MAX && segments <= INT32_MAX && k <= INT32_MAX && end <= INT32_MAX;
-  }
-
-  /// The end of the jobs' last middle.
-  static int64_t middles_end(const FusedJobs& jobs) {
-    int64_t end = 0;
-    for (size_t i = 0; i < jobs.size(); ++i) end = std::max(end, jobs.job(i).request.mid_end);
-    return end;
-  }
-
-  /// The best `k` entries of each of n_jobs jobs' `segments` rows of `width` (tuned_topk_fits) by the tuned top-k: the
-  /// rows folded to the KV heads into `folded` [segments, width] (one pass over `logits`, `fold`: MAX_LOGIT the
-  /// logits, SUM_PROB the softmax's terms with `softmax` per query head), then one launch selecting every (job, KV
-  /// head) row's k entries into `out` [segments, k], ascending (a radix select over the order keys of
-  /// kernels/math/topk_math.h: score descending, NaN lowest, ties to the lower entry, the CPU's order). Each job's
-  /// rows are read to its `tokens[job]` entries, never into the padding; `offsets` (one per job, or empty) is added
-  /// to every entry written.
-  void tuned_top(int64_t n_jobs, int n_threads, int64_t segments, int64_t width, int64_t k, int32_t fold, int32_t group,
-                 std::vector<int32_t> tokens, const std::vector<int32_t>& offsets, const float* logits,
-                 const cuda::math::PageSoftmax* softmax, float* folded, int32_t* out, kvret_stream stream) {
-#if KVRET_ON_GPU
+  /// The best `k` entries of each of n_jobs jobs' `segments` rows of `width` (per job segments / n_jobs rows):
+  /// the rows folded to the KV heads into `folded` [segments, width] (one pass over `logits` [segments x group,
+  /// width], `fold`: MAX_LOGIT the logits, SUM_PROB the softmax's terms with `softmax` per query head), then per row
+  /// its k best entries into `out` [segments, k], ascending, each plus its job's `offsets` entry (none where
+  /// empty): score descending, every NaN lowest, -0 as +0, ties to the lower entry (kernels/math/topk_math.h's order
+  /// keys: the CPU's order, gqa_fold.cpp's fold_logits and topk.hpp's take_top_tokens bit for bit). A job's rows are
+  /// read to its `tokens[job]` entries (>= k), never into the padding. On a GPU the top-k kernel of
+  /// kernels/topk_select selects, one launch for every row; elsewhere (Thrust's host system, or rows past its int32
+  /// fields) reference_top, the same contract in Thrust passes.
+  void select_top(int64_t n_jobs, int n_threads, int64_t segments, int64_t width, int64_t k, int32_t fold,
+                  int32_t group, std::vector<int32_t> tokens, const std::vector<int32_t>& offsets, const float* logits,
+                  const cuda::math::PageSoftmax* softmax, float* folded, int32_t* out, kvret_stream stream) {
     tokens.insert(tokens.end(), offsets.begin(), offsets.end());
     const Uploaded<int32_t> per_job(std::move(tokens), stream);  // tokens, then the offsets
+    const int32_t* offset_of = offsets.empty() ? nullptr : per_job.device.get() + n_jobs;
     for_each_index(stream, n_threads, segments * width,
                    dm::TokenFold{logits, softmax, folded, width, group, fold == KVRET_FOLD_MAX_LOGIT});
-    cuda::TopkParams p;
-    p.n_seqs = static_cast<int32_t>(n_jobs);
-    p.n_kv_heads = static_cast<int32_t>(segments / n_jobs);
-    p.scores = folded;
-    p.score_stride = width;
-    p.n_tokens = per_job.device.get();
-    p.k = static_cast<int32_t>(k);
-    p.position_offset = offsets.empty() ? nullptr : per_job.device.get() + n_jobs;
-    p.positions = out;
-    p.positions_stride = k;
-    note_pass();
-    check_cuda(cuda::launch_topk_positions(p, cuda_stream(stream)), "launch_topk_positions");
-    // the temporaries are freed in stream order after the launch
-#else
-    (void)n_jobs, (void)n_threads, (void)segments, (void)width, (void)k, (void)fold, (void)group, (void)tokens,
-        (void)offsets, (void)logits, (void)softmax, (void)folded, (void)out, (void)stream;
-    throw Error(KVRET_ERR_INTERNAL, "the tuned top-k needs a GPU");  // tuned_topk_fits is false here
+#if KVRET_ON_GPU
+    if (width <= INT32_MAX && segments <= INT32_MAX && k <= INT32_MAX) {
+      cuda::TopkParams p;
+      p.n_seqs = static_cast<int32_t>(n_jobs);
+      p.n_kv_heads = static_cast<int32_t>(segments / n_jobs);
+      p.scores = folded;
+      p.score_stride = width;
+      p.n_tokens = per_job.device.get();
+      p.k = static_cast<int32_t>(k);
+      p.position_offset = offset_of;
+      p.positions = out;
+      p.positions_stride = k;
+      note_pass();
+      check_cuda(cuda::launch_topk_positions(p, cuda_stream(stream)), "launch_topk_positions");
+      return;  // the temporaries are freed in stream order after the launch
+    }
 #endif
+    reference_top(n_threads, segments, width, k, segments / n_jobs, per_job.device.get(), offset_of, folded, out,
+                  stream);
   }
 
-  /// The jobs' middle lengths (first = false) or first positions (first = true), as the tuned top-k takes them.
+  /// The top-k kernel's contract (kernels/topk_select.h) in Thrust passes, select_top's reference: per row of
+  /// `width` folded scores (rows of a job `heads` in a row, read to its `tokens` entries) the order keys (padding
+  /// last), one sort of them with their entry, a stable sort by row (each row's entries best first), the first k of
+  /// each row, and a sort of those (ascending per row) into `out` [segments, k], plus the job's offset.
+  void reference_top(int n_threads, int64_t segments, int64_t width, int64_t k, int64_t heads, const int32_t* tokens,
+                     const int32_t* offsets, const float* folded, int32_t* out, kvret_stream stream) {
+    const int64_t entries = segments * width, picked = segments * k;
+    const DeviceArray<uint64_t> keys(static_cast<size_t>(entries), stream), pick(static_cast<size_t>(picked), stream);
+    const DeviceArray<int64_t> index(keys.size(), stream), row(keys.size(), stream);
+    for_each_index(stream, n_threads, entries,
+                   dm::TopkOrderKeys{folded, tokens, keys.get(), index.get(), width, heads});
+    with_policy(stream, n_threads, entries, [&](const auto& policy) {
+      thrust::sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
+    });
+    for_each_index(stream, n_threads, entries, dm::PageHeadOfIndex{index.get(), row.get(), width});
+    with_policy(stream, n_threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, row.get(), row.get() + entries, index.get());
+    });
+    for_each_index(stream, n_threads, picked, dm::TopkPick{index.get(), pick.get(), width, k});
+    with_policy(stream, n_threads, picked,
+                [&](const auto& policy) { thrust::sort(policy, pick.get(), pick.get() + picked); });
+    for_each_index(stream, n_threads, picked, dm::TopkEntries{pick.get(), offsets, out, heads});
+  }
+
+  /// The jobs' middle lengths (first = false) or first positions (first = true), as select_top takes them
+  /// (positions are int32 in every kvret tensor).
   static std::vector<int32_t> middles(const FusedJobs& jobs, bool first) {
     std::vector<int32_t> v;
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -2036,41 +1981,34 @@ class CudaBackend final : public Backend {
     return v;
   }
 
-  /// The request.budget best tokens of each of the jobs' `segments` rows of `width` logits (softmax as tuned_top
-  /// takes it) by the tuned top-k, and one pass writing each job's positions and folded scores (`positions`
-  /// [segments, width]: each entry's position; null: its job's middle start plus the entry).
-  void tuned_top_write(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t tokens, const float* logits,
-                       const cuda::math::PageSoftmax* softmax, const int32_t* positions, kvret_stream stream) {
+  /// The request.budget best tokens of each of the jobs' `segments` rows of `width` logits (`softmax` as select_top
+  /// takes it; each job's row read to its middle, or to `tokens` > 0 entries), and one pass writing each job's
+  /// positions and folded scores (`positions` [segments, width]: each entry's position; null: its job's middle
+  /// start plus the entry).
+  void top_write(const FusedJobs& jobs, int64_t segments, int64_t width, int64_t tokens, const float* logits,
+                 const cuda::math::PageSoftmax* softmax, const int32_t* positions, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
     const DeviceArray<float> folded(static_cast<size_t>(segments * width), stream);
     const DeviceArray<int32_t> index(static_cast<size_t>(segments * r.budget), stream);
-    tuned_top(static_cast<int64_t>(jobs.size()), r.n_threads, segments, width, r.budget, r.fold, r.group,
-              tokens > 0 ? std::vector<int32_t>(jobs.size(), static_cast<int32_t>(tokens)) : middles(jobs, false), {},
-              logits, softmax, folded.get(), index.get(), stream);
+    select_top(static_cast<int64_t>(jobs.size()), r.n_threads, segments, width, r.budget, r.fold, r.group,
+               tokens > 0 ? std::vector<int32_t>(jobs.size(), static_cast<int32_t>(tokens)) : middles(jobs, false), {},
+               logits, softmax, folded.get(), index.get(), stream);
     for_each_index(stream, r.n_threads, segments * r.budget,
                    dm::TopkWrite{index.get(), folded.get(), positions, jobs.base_of(), jobs.outs(), jobs.scores(),
                                  r.budget, segments / static_cast<int64_t>(jobs.size()), width});
   }
 
-  /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_tokens), their
-  /// positions and scores written into each job's tensors.
+  /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_write after the
+  /// softmax under SUM_PROB, which replaces the logits by its terms), their positions and scores written into each
+  /// job's tensors. EXACT's and QUANT's selects without re-ranking.
   void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
-    if (tuned_topk_fits(segments, jobs.width(), r.budget, middles_end(jobs))) {
-      const int64_t heads = segments / static_cast<int64_t>(jobs.size());
-      const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
-      if (r.fold != KVRET_FOLD_MAX_LOGIT)
-        for_each_index(stream, r.n_threads, segments * r.group,
-                       dm::QuantSoftmaxes{logits, softmax.get(), jobs.width(), jobs.n_of(), heads * r.group});
-      tuned_top_write(jobs, segments, jobs.width(), 0, logits, softmax.get(), nullptr, stream);
-      return;
-    }
-    const DeviceArray<uint64_t> top(static_cast<size_t>(segments * r.budget), stream);
-    const DeviceArray<float> top_score(top.size(), stream);
-    top_tokens(segments, jobs.width(), r.budget, r, logits, nullptr, top.get(), top_score.get(), stream, &jobs);
-    for_each_index(stream, r.n_threads, segments * r.budget,
-                   dm::TopWrite{top.get(), top_score.get(), jobs.outs(), jobs.scores(), r.budget,
-                                segments / static_cast<int64_t>(jobs.size())});
+    const int64_t heads = segments / static_cast<int64_t>(jobs.size());
+    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
+    if (r.fold != KVRET_FOLD_MAX_LOGIT)
+      for_each_index(stream, r.n_threads, segments * r.group,
+                     dm::QuantSoftmaxes{logits, softmax.get(), jobs.width(), jobs.n_of(), heads * r.group});
+    top_write(jobs, segments, jobs.width(), 0, logits, softmax.get(), nullptr, stream);
   }
 
   /// The KVCrush signatures' copy of (sequence, layer) brought up to `c`: the rows appended since the epoch it holds
@@ -2292,7 +2230,7 @@ class CudaBackend final : public Backend {
                    dm::PqLut{l.device.get(), q, lut.get(), r.n_q_heads, mk, r.group, r.scale});
     const dm::PqLayout* layout = l.device.get();
     if (first.cells == 0) {  // the per-token path
-      const int64_t width = max_tokens, entries = segments * width;
+      const int64_t width = max_tokens;
       const bool pq4 = first.m == 4 && first.k <= 64 && r.fold == KVRET_FOLD_SUM_PROB;
       const DeviceArray<float> logits(static_cast<size_t>(rows * width), stream);
       const DeviceArray<dm::PqTokenHead> head(static_cast<size_t>(rows), stream);
@@ -2308,19 +2246,7 @@ class CudaBackend final : public Backend {
             stream, threads, rows,
             dm::PqTokenSums{layout, head.get(), logits.get(), softmax.get(), width, r.n_q_heads, r.group, pq4});
       }
-      if (tuned_topk_fits(segments, width, r.budget, middles_end(jobs))) {
-        tuned_top_write(jobs, segments, width, 0, logits.get(), softmax.get(), nullptr, stream);
-        return;
-      }
-      const DeviceArray<float> folded(static_cast<size_t>(entries), stream);
-      const DeviceArray<int64_t> taken(static_cast<size_t>(entries), stream), offset(taken.size(), stream);
-      take_passes(
-          segments, width, r, logits.get(), softmax.get(), folded.get(), taken.get(), offset.get(),
-          [&](const int64_t*, int64_t* weight) { for_each_index(stream, threads, entries, dm::PqUnitWeights{weight}); },
-          stream);
-      for_each_index(stream, threads, entries,
-                     dm::PageWrite{taken.get(), offset.get(), folded.get(), jobs.outs(), jobs.scores(), jobs.base_of(),
-                                   width, heads, 1});
+      top_write(jobs, segments, width, 0, logits.get(), softmax.get(), nullptr, stream);
       return;
     }
     const int64_t items = first.cells + max_exact, entries = segments * items, tokens = segments * max_tokens;

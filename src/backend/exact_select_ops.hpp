@@ -7,12 +7,12 @@
 // EXACT keeps no device copy: the keys are read in place from the layer's KV store, whose pages are pinned,
 // device-mapped host memory on this backend (HostKvStore's layout: a page of kPageTokens tokens holds the keys of
 // every head, head after head, then the values). One select of one (sequence, layer), over the n middle tokens, is
-// these passes, around the token top-k that QUANT's select shares (cuda_backend.cu's top_tokens and top_and_write):
+// these passes, around the token top-k that QUANT's select shares (cuda_backend.cu's select_top and top_and_write):
 //   PageLoadQuery   q into f32 [n_q_heads, d]
 //   ExactLogits     per (KV head, middle token) its key read from its page (converted to f32), and the logit
 //                   scale * q . k of each query head of the group
-//   QuantSoftmaxes, PageFold, the sorts and scans with every token of weight 1, QuantPick, the sort by (head,
-//   position), TopWrite: the fold, the top-k, the positions ascending per head with their folded scores
+//   QuantSoftmaxes, TokenFold, the top-k (the tuned kernel, or its reference passes), TopkWrite: the fold, the
+//   top-k, the positions ascending per head with their folded scores
 #include <cstddef>
 #include <cstdint>
 

@@ -195,6 +195,47 @@ struct PageWrite {
   }
 };
 
+// The token top-k's reference passes (cuda_backend.cu's reference_top: the top-k kernel's contract,
+// kernels/topk_select.h, in Thrust passes), over rows of `width` folded scores, `heads` rows per job:
+
+/// Per entry its order key (page_order_key: score descending, NaN lowest, -0 as +0, ties to the lower entry), or the
+/// largest key past its job's tokens (so that the padding sorts last), and its own index.
+struct TopkOrderKeys {
+  const float* folded;    ///< [rows, width]
+  const int32_t* tokens;  ///< per job the entries of its rows
+  uint64_t* keys;
+  int64_t* index;
+  int64_t width, heads;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t row = i / width, e = i % width;
+    keys[i] = e < tokens[row / heads] ? pm::page_order_key(folded[i], static_cast<uint32_t>(e)) : ~uint64_t{0};
+    index[i] = i;
+  }
+};
+
+/// After the sort by key and the stable sort by row: the j-th best entry of each row as (row << 32 | entry).
+struct TopkPick {
+  const int64_t* index;  ///< [rows, width]: per row its entries best first
+  uint64_t* pick;        ///< [rows, k]
+  int64_t width, k;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t row = i / k, j = i % k;
+    pick[i] = static_cast<uint64_t>(row) << 32 | static_cast<uint32_t>(index[row * width + j] % width);
+  }
+};
+
+/// The sorted picks (per row ascending) as the kernel writes them: the entry plus its job's offset (none: 0).
+struct TopkEntries {
+  const uint64_t* pick;
+  const int32_t* offsets;  ///< per job, or null
+  int32_t* out;            ///< [rows, k]
+  int64_t heads;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const auto entry = static_cast<int32_t>(pick[i] & 0xffffffffu);
+    out[i] = offsets != nullptr ? entry + offsets[static_cast<int64_t>(pick[i] >> 32) / heads] : entry;
+  }
+};
+
 /// The entries the tuned top-k selected (per segment `budget` entries of its row of `width`, ascending) as positions
 /// (`positions[segment * width + entry]`, or without them the job's middle start plus the entry) with their folded
 /// scores into each job's tensors: per (segment, j < budget) out[job](head, j).

@@ -26,7 +26,7 @@
 //   PqTokenTerms    the softmax's terms in place of the logits: the m = 4 fold's products where every head of the
 //                   KV group has a finite reference, else e^(l - max)
 //   PqTokenSums     per query head the normaliser (eight double partial sums)
-//   PageFold, the sorts and scans (every token of weight 1: a top-k), PageWrite with pages of one token
+//   TokenFold, the token top-k and TopkWrite of page_select_ops.hpp (cuda_backend.cu's top_write)
 #include <cstddef>
 #include <cstdint>
 
@@ -300,12 +300,6 @@ struct PqTokenSums {
                    ? pm::pq_unweighted_normaliser(terms + row * width, layouts[row / q_heads].tokens)
                    : pm::PageSoftmax{};
   }
-};
-
-/// Every token weighs one (the per-token path's take is a top-k).
-struct PqUnitWeights {
-  int64_t* weight;
-  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
 };
 
 }  // namespace kvret::device_math

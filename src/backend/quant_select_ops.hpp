@@ -7,19 +7,17 @@
 // The device mirror of one (sequence, layer)'s copy (QuantLayout): per KV head its packed key blocks and their
 // per-channel (lo, hi), its packed value rows and their per-group (lo, hi), and its f16 residual window.
 //
-// One select of one (sequence, layer), over the n middle tokens, is these passes, around page_select_ops.hpp's
-// shared ones (the fold, the two stable sorts and the take, with every token a group of weight 1: the top-k):
+// One select of one (sequence, layer), over the n middle tokens, is these passes, around the token top-k of
+// page_select_ops.hpp (cuda_backend.cu's select_top and top_write):
 //   PageLoadQuery        q into f32 [n_q_heads, d]
 //   QuantBlockLogits     per (query head, key block) the low-bit logits of its `group` tokens from the codes
 //   QuantResidualLogits  per (query head, residual token) its logit from the f16 key
 //   QuantSoftmaxes       KVRET_FOLD_SUM_PROB: per query head the maximum, the terms and the inverse normaliser
-//   PageFold, sorts, QuantUnitWeights, scans, PageTake: the top per head
-//   QuantPick            per taken token the key (head, position) and its score
-//   (sort by key: per head the positions ascending)
-//   TopWrite             the positions and scores into the caller's tensors
-// With re-ranking (quant_rerank = r > 1) the first pick takes min(n, r x budget) candidates; their exact keys come
-// from the store (QuantExactLogits: scale * q . k, EXACT's logit), and the same fold/top-k passes over the
-// candidates take the budget.
+//   TokenFold, the top-k (the tuned kernel, or TopkOrderKeys, sorts, TopkPick, a sort, TopkEntries), TopkWrite:
+//                        the positions ascending per head with their folded scores into the caller's tensors
+// With re-ranking (quant_rerank = r > 1) the first top-k takes min(n, r x budget) candidates (by the maximum
+// logit); their exact keys come from the store (QuantExactLogits: scale * q . k, EXACT's logit), and the same
+// fold and top-k over the candidates take the budget.
 #include <cstddef>
 #include <cstdint>
 
@@ -175,43 +173,6 @@ struct QuantSoftmaxes {
   KVRET_BACKEND_HD void operator()(int64_t hq) const {
     out[hq] = qm::token_softmax_terms(logits + hq * width, n_of != nullptr ? n_of[hq / rows_per_job] : width);
   }
-};
-
-/// Every entry is a group of weight 1 (so the grouped take is the top-k). A fused batch's padding is never taken
-/// all the same: its logit is -inf, the lowest order key (with NaN), and it comes after its row's tokens, so it
-/// follows all of them in the order, and no job's budget passes its tokens.
-struct QuantUnitWeights {
-  int64_t* weight;
-  KVRET_BACKEND_HD void operator()(int64_t i) const { weight[i] = 1; }
-};
-
-/// Per (segment, entry u): when taken, its key segment << 32 | position (positions[segment * width + u], or its
-/// job's middle start + u without them) and its score, at its offset in the segment's row of `budget` entries.
-struct QuantPick {
-  const int64_t* taken;   ///< [segments, width]
-  const int64_t* offset;  ///< exclusive scan of taken per segment
-  const float* folded;
-  const int32_t* positions;  ///< [segments, width] or null
-  uint64_t* keys;            ///< [segments, budget]
-  float* score;              ///< [segments, budget]
-  int64_t width, budget, base;
-  const int64_t* base_of = nullptr;  ///< per job its middle's first position (null: base)
-  int64_t heads = 1;                 ///< segments per job
-  KVRET_BACKEND_HD void operator()(int64_t i) const {
-    if (taken[i] == 0) return;
-    const int64_t h = i / width, u = i % width;
-    const int64_t at = h * budget + offset[i];
-    const int64_t pos = positions != nullptr ? positions[i] : (base_of != nullptr ? base_of[h / heads] : base) + u;
-    keys[at] = static_cast<uint64_t>(h) << 32 | static_cast<uint32_t>(pos);
-    score[at] = folded[i];
-  }
-};
-
-/// The picked positions of each head, in key order (ascending), as i32 [n_kv_heads, budget].
-struct QuantPositions {
-  const uint64_t* keys;
-  int32_t* out;
-  KVRET_BACKEND_HD void operator()(int64_t i) const { out[i] = static_cast<int32_t>(keys[i] & 0xffffffffu); }
 };
 
 }  // namespace kvret::device_math
