@@ -1920,6 +1920,9 @@ class CudaBackend final : public Backend {
   void select_top(int64_t n_jobs, int n_threads, int64_t segments, int64_t width, int64_t k, int32_t fold,
                   int32_t group, std::vector<int32_t> tokens, const std::vector<int32_t>& offsets, const float* logits,
                   const cuda::math::PageSoftmax* softmax, float* folded, int32_t* out, kvret_stream stream) {
+    for (const int32_t n : tokens)  // every caller takes at most a row's tokens: a bug otherwise
+      if (n < k)
+        throw Error(KVRET_ERR_INTERNAL, "token top-k of " + std::to_string(k) + " from a row of " + std::to_string(n));
     tokens.insert(tokens.end(), offsets.begin(), offsets.end());
     const Uploaded<int32_t> per_job(std::move(tokens), stream);  // tokens, then the offsets
     const int32_t* offset_of = offsets.empty() ? nullptr : per_job.device.get() + n_jobs;
