@@ -11,6 +11,7 @@
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/zip_iterator.h>
 #include <thrust/scan.h>
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
@@ -1388,8 +1389,7 @@ class CudaBackend final : public Backend {
   static constexpr int kFusedExact = 1, kFusedPage = 2, kFusedQuant = 3, kFusedPq = 4, kFusedPqTokens = 5,
                        kFusedCluster = 6;
   /// The kind of a select the device can run (the request fits the index, which holds something to select; PQ's
-  /// two paths apart), the key by which select_batch_on_device fuses selects without KVCrush's representatives; 0
-  /// where the host must select.
+  /// two paths apart), the key by which select_batch_on_device fuses selects; 0 where the host must select.
   static int device_kind(const DeviceSelectJob& job) {
     const Retriever* index = job.retriever != nullptr ? job.retriever->selects_as() : nullptr;
     const SelectRequest& r = job.request;
@@ -1801,10 +1801,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
                    dm::QuantExactLogits{q, exact_keys.get(), exact.get(), candidates, d, r.group, r.scale});
-    const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(rows), stream);
-    if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, threads, rows, dm::QuantSoftmaxes{exact.get(), softmax.get(), candidates});
-    top_write(jobs, segments, candidates, candidates, exact.get(), softmax.get(), cand.get(), stream);
+    top_and_write(jobs, segments, exact.get(), stream, candidates, cand.get());
   }
 
  public:
@@ -1949,6 +1946,20 @@ class CudaBackend final : public Backend {
                   stream);
   }
 
+  /// Sorts each row of `width` entries of `keys` [rows x width] ascending: one sort of every key with its entry
+  /// index, then a stable sort by the index's row (`row`: scratch of the same size). Afterwards `keys` holds each
+  /// row's keys in order and `index` their entries' indexes; `index` comes in as the identity.
+  void sort_in_rows(uint64_t* keys, int64_t* index, int64_t* row, int64_t entries, int64_t width, int n_threads,
+                    kvret_stream stream) {
+    with_policy(stream, n_threads, entries,
+                [&](const auto& policy) { thrust::sort_by_key(policy, keys, keys + entries, index); });
+    for_each_index(stream, n_threads, entries, dm::PageHeadOfIndex{index, row, width});
+    with_policy(stream, n_threads, entries, [&](const auto& policy) {
+      thrust::stable_sort_by_key(policy, row, row + entries,
+                                 thrust::make_zip_iterator(thrust::make_tuple(keys, index)));
+    });
+  }
+
   /// The top-k kernel's contract (kernels/topk_select.h) in Thrust passes, select_top's reference: per row of
   /// `width` folded scores (rows of a job `heads` in a row, read to its `tokens` entries) the order keys (padding
   /// last), one sort of them with their entry, a stable sort by row (each row's entries best first), the first k of
@@ -1960,13 +1971,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<int64_t> index(keys.size(), stream), row(keys.size(), stream);
     for_each_index(stream, n_threads, entries,
                    dm::TopkOrderKeys{folded, tokens, keys.get(), index.get(), width, heads});
-    with_policy(stream, n_threads, entries, [&](const auto& policy) {
-      thrust::sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
-    });
-    for_each_index(stream, n_threads, entries, dm::PageHeadOfIndex{index.get(), row.get(), width});
-    with_policy(stream, n_threads, entries, [&](const auto& policy) {
-      thrust::stable_sort_by_key(policy, row.get(), row.get() + entries, index.get());
-    });
+    sort_in_rows(keys.get(), index.get(), row.get(), entries, width, n_threads, stream);
     for_each_index(stream, n_threads, picked, dm::TopkPick{index.get(), pick.get(), width, k});
     with_policy(stream, n_threads, picked,
                 [&](const auto& policy) { thrust::sort(policy, pick.get(), pick.get() + picked); });
@@ -2001,17 +2006,21 @@ class CudaBackend final : public Backend {
                                  r.budget, segments / static_cast<int64_t>(jobs.size()), width});
   }
 
-  /// The top request.budget tokens of each of the jobs' `segments` rows of jobs.width() logits (top_write after the
-  /// softmax under SUM_PROB, which replaces the logits by its terms), their positions and scores written into each
-  /// job's tensors. EXACT's and QUANT's selects without re-ranking.
-  void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream) {
+  /// The top request.budget tokens of each of the jobs' `segments` rows of logits (top_write after the softmax under
+  /// SUM_PROB, which replaces the logits by its terms), their positions and scores written into each job's tensors:
+  /// rows of jobs.width(), each job's read to its middle (EXACT's and QUANT's selects), or with `candidates` > 0
+  /// rows of that many entries whose positions are `positions` [segments, candidates] (QUANT's re-ranking).
+  void top_and_write(const FusedJobs& jobs, int64_t segments, float* logits, kvret_stream stream,
+                     int64_t candidates = 0, const int32_t* positions = nullptr) {
     const SelectRequest& r = jobs.job(0).request;
     const int64_t heads = segments / static_cast<int64_t>(jobs.size());
+    const int64_t width = candidates > 0 ? candidates : jobs.width();
     const DeviceArray<cuda::math::PageSoftmax> softmax(static_cast<size_t>(segments * r.group), stream);
     if (r.fold != KVRET_FOLD_MAX_LOGIT)
-      for_each_index(stream, r.n_threads, segments * r.group,
-                     dm::QuantSoftmaxes{logits, softmax.get(), jobs.width(), jobs.n_of(), heads * r.group});
-    top_write(jobs, segments, jobs.width(), 0, logits, softmax.get(), nullptr, stream);
+      for_each_index(
+          stream, r.n_threads, segments * r.group,
+          dm::QuantSoftmaxes{logits, softmax.get(), width, candidates > 0 ? nullptr : jobs.n_of(), heads * r.group});
+    top_write(jobs, segments, width, candidates, logits, softmax.get(), positions, stream);
   }
 
   /// The KVCrush signatures' copy of (sequence, layer) brought up to `c`: the rows appended since the epoch it holds
@@ -2094,15 +2103,9 @@ class CudaBackend final : public Backend {
         important_below(rep.size(), stream), rep_below(rep.size(), stream),
         none(static_cast<size_t>(rows * buckets), stream), missing(static_cast<size_t>(rows), stream);
     const DeviceArray<float> score(static_cast<size_t>(cells), stream);
-    // each job's middle in the grouping's order: the keys sorted, then regrouped by job (stable: in key order)
+    // each job's middle in the grouping's order
     for_each_index(stream, threads, entries, dm::CrushOrderKeys{cj, keys.get(), index.get(), width});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      thrust::sort_by_key(policy, keys.get(), keys.get() + entries, index.get());
-    });
-    for_each_index(stream, threads, entries, dm::PageHeadOfIndex{index.get(), job_of.get(), width});
-    with_policy(stream, threads, entries, [&](const auto& policy) {
-      thrust::stable_sort_by_key(policy, job_of.get(), job_of.get() + entries, keys.get());
-    });
+    sort_in_rows(keys.get(), index.get(), job_of.get(), entries, width, threads, stream);
     for_each_index(stream, threads, cells, dm::CrushClear{important.get(), chosen.get(), rep.get()});
     if (n_important > 0)
       for_each_index(stream, threads, rows * n_important,
