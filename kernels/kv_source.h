@@ -20,8 +20,21 @@ constexpr int64_t kv_row_bytes(const KvGeometry& geo) noexcept {
   return static_cast<int64_t>(geo.head_dim) * static_cast<int64_t>(elem_size(geo.elem_type));
 }
 
-/// The GPU block cache of one (sequence, layer): per KV head, n_slots slots of block_tokens rows each.
-/// Device memory. A null block_table means "no cache": every row comes from the host store.
+/// Which positions the device windows of one (sequence, layer) hold (math::window_slot finds a position's row):
+/// per KV head, sink_slots rows holding positions [0, sink_end) (position p in row p), then local_slots rows
+/// holding positions [local_begin, local_end) (position p in row sink_slots + p % local_slots). Invariants:
+/// 0 <= sink_end <= sink_slots, 0 <= local_begin <= local_end, local_end - local_begin <= local_slots.
+struct WindowRows {
+  int32_t sink_slots = 0;
+  int32_t sink_end = 0;
+  int32_t local_slots = 0;
+  int64_t local_begin = 0;
+  int64_t local_end = 0;
+};
+
+/// The GPU block cache of one (sequence, layer): per KV head, n_slots slots of block_tokens rows each, and the
+/// device windows (the sink and the most recent rows). Device memory. A null block_table means "no cached block";
+/// null window_k means "no windows": every other row comes from the host store.
 struct BlockCacheView {
   int32_t* block_table = nullptr;      ///< [n_kv_heads, max_blocks]: block (position / block_tokens) -> slot or -1
   int32_t* slot_block = nullptr;       ///< [n_kv_heads, n_slots]: slot -> block or -1 (empty)
@@ -31,6 +44,9 @@ struct BlockCacheView {
   void* v = nullptr;                   ///< same layout as k
   int32_t max_blocks = 0;              ///< entries of block_table per head
   int32_t n_slots = 0;
+  const void* window_k = nullptr;  ///< optional [n_kv_heads, window.sink_slots + window.local_slots, head_dim]
+  const void* window_v = nullptr;  ///< same layout as window_k
+  WindowRows window;               ///< the positions the windows hold (read before the block table)
 };
 
 /// The full KV of one (sequence, layer) in pinned host memory mapped into the device's address space

@@ -53,11 +53,17 @@ __global__ void __launch_bounds__(kThreads)
         q.out_positions[h * q.out_capacity + row] = static_cast<int32_t>(position);
       continue;
     }
+    const int window = q.cache.window_k != nullptr ? math::window_slot(q.cache.window, position) : -1;
     const int64_t block = position / geo.block_tokens;
-    const int slot = table != nullptr && block < q.cache.max_blocks ? table[block] : -1;
+    const int slot = window < 0 && table != nullptr && block < q.cache.max_blocks ? table[block] : -1;
     const char* key_src;
     const char* value_src;
-    if (slot >= 0) {
+    if (window >= 0) {
+      const int64_t offset =
+          (static_cast<int64_t>(h) * (q.cache.window.sink_slots + q.cache.window.local_slots) + window) * kRowBytes;
+      key_src = static_cast<const char*>(q.cache.window_k) + offset;
+      value_src = static_cast<const char*>(q.cache.window_v) + offset;
+    } else if (slot >= 0) {
       const int64_t offset = cache_row_offset(q.cache, h, slot, static_cast<int>(position - block * geo.block_tokens),
                                               geo.block_tokens, kRowBytes);
       key_src = static_cast<const char*>(q.cache.k) + offset;
@@ -78,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
       if (count) {
         const bool prefetched =
             slot >= 0 && q.cache.slot_prefetched != nullptr && q.cache.slot_prefetched[h * q.cache.n_slots + slot] != 0;
-        atomicAdd(&block_counts[slot >= 0 ? 0 : 1], 1u);
+        atomicAdd(&block_counts[slot >= 0 || window >= 0 ? 0 : 1], 1u);
         if (prefetched) atomicAdd(&block_counts[2], 1u);
       }
     }

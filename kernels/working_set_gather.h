@@ -1,6 +1,7 @@
 #pragma once
 // The working-set gather: for every KV head, the rows of its working set (sink + selected + local positions),
-// from the GPU block cache where their block is cached, else straight from mapped pinned host memory.
+// from the device windows where they hold the position, else from the GPU block cache where its block is cached,
+// else straight from mapped pinned host memory.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct WorkingSetGatherSeq {
   void* out_v = nullptr;
   int32_t* out_positions = nullptr;  ///< optional [n_kv_heads, out_capacity]: the position of each row
   int64_t out_capacity = 0;
-  unsigned long long* counters = nullptr;  ///< optional [3], added to: rows from the cache, rows from the host,
+  unsigned long long* counters = nullptr;  ///< optional [3], added to: rows from the cache (its windows
+                                           ///< or blocks), rows from the host,
                                            ///< rows from a block loaded by a prefetch and not used before
 };
 

@@ -56,4 +56,57 @@ KVRET_HD int32_t gather_clamp_rows(int32_t n_rows, int64_t out_capacity, int32_t
   return static_cast<int32_t>(clamp_i64(n_rows, 0, hi < 0 ? 0 : hi));
 }
 
+/// The row of the device windows holding `position` (WindowRows), or -1 when they do not hold it.
+KVRET_HD int32_t window_slot(const WindowRows& w, int64_t position) {
+  if (position >= 0 && position < w.sink_end) return static_cast<int32_t>(position);
+  if (position >= w.local_begin && position < w.local_end && w.local_slots > 0)
+    return w.sink_slots + static_cast<int32_t>(position % w.local_slots);
+  return -1;
+}
+
+/// What the windows must load for a layer of `size` tokens: positions [sink_from, sink_to) into the sink rows and
+/// [local_from, local_to) into the local rows, after which they hold `next`.
+struct WindowRefresh {
+  int64_t sink_from = 0, sink_to = 0;
+  int64_t local_from = 0, local_to = 0;
+  WindowRows next;
+};
+
+/// The refresh of windows that hold `held`, for a layer of `size` tokens: the sink rows are to hold the first
+/// min(sink_slots, size) positions; the local rows the last local_slots positions past the sink. Rows already held
+/// stay (and are not loaded again) while they are still wanted and contiguous with the new ones; a gap (the layer
+/// grew by more than local_slots since) loads the whole local window. Never more than sink_slots + local_slots rows.
+KVRET_HD WindowRefresh window_refresh(const WindowRows& held, int64_t size) {
+  WindowRefresh r;
+  r.next = held;
+  if (size < 0) size = 0;
+  r.sink_to = size < held.sink_slots ? size : held.sink_slots;
+  r.sink_from = held.sink_end < r.sink_to ? held.sink_end : r.sink_to;
+  r.next.sink_end = static_cast<int32_t>(r.sink_to);
+  if (held.local_slots <= 0) {
+    r.next.local_begin = r.next.local_end = 0;
+    return r;
+  }
+  const int64_t last = size - held.local_slots;
+  const int64_t wanted = last > r.sink_to ? last : r.sink_to;  // the first position the local rows are to hold
+  const bool keeps = held.local_begin < held.local_end && held.local_end >= wanted && held.local_end <= size;
+  r.local_from = keeps ? held.local_end : wanted;
+  r.local_to = size > r.local_from ? size : r.local_from;
+  r.next.local_begin = keeps && held.local_begin > wanted ? held.local_begin : wanted;
+  r.next.local_end = r.local_to;
+  if (r.next.local_begin > r.next.local_end) r.next.local_begin = r.next.local_end;
+  return r;
+}
+
+/// The windows after the rows at or past `from` changed (a truncate to `from`, a drop_front keeping `from` rows):
+/// they hold no position at or past it.
+KVRET_HD WindowRows window_drop_from(const WindowRows& held, int64_t from) {
+  WindowRows w = held;
+  if (from < 0) from = 0;
+  if (w.sink_end > from) w.sink_end = static_cast<int32_t>(from);
+  if (w.local_end > from) w.local_end = from;
+  if (w.local_begin > w.local_end) w.local_begin = w.local_end;
+  return w;
+}
+
 }  // namespace kvret::cuda::math

@@ -22,6 +22,7 @@
 
 #include "backend/device_math.hpp"
 #include "math/block_cache_math.h"
+#include "math/kv_math.h"
 
 namespace kvret::device_math {
 
@@ -39,9 +40,24 @@ struct CacheView {
   int32_t n_slots = 0;
   int32_t block_tokens = 0;
   int64_t row_bytes = 0;
+  std::byte* window_k = nullptr;  ///< [heads, window.sink_slots + window.local_slots, row_bytes], or null
+  std::byte* window_v = nullptr;  ///< same layout
+  cuda::WindowRows window;        ///< the positions the windows hold
 
-  /// The cached key (kv 0) or value (kv 1) row of (head, position), or null when its block is not cached.
+  /// Whether a gather may find rows here: a cached block or a held window row.
+  bool serves() const noexcept {
+    return (table != nullptr && max_blocks > 0) ||
+           (window_k != nullptr && (window.sink_end > 0 || window.local_end > window.local_begin));
+  }
+
+  /// The key (kv 0) or value (kv 1) row of (head, position) in device memory: the windows' row where they hold the
+  /// position, else the cached block's; null when neither holds it.
   KVRET_BACKEND_HD const std::byte* row(int kv, int64_t head, int64_t position) const {
+    if (window_k != nullptr) {
+      const int32_t w = cuda::math::window_slot(window, position);
+      if (w >= 0)
+        return (kv == 0 ? window_k : window_v) + (head * (window.sink_slots + window.local_slots) + w) * row_bytes;
+    }
     if (table == nullptr || position < 0) return nullptr;
     const int64_t block = position / block_tokens;
     if (block >= max_blocks) return nullptr;
@@ -52,7 +68,39 @@ struct CacheView {
   }
 };
 
-/// The gather of GatherRows reading cached rows from the cache: hit[r] = 1 where row r came from it.
+/// Element i (head h, the r-th of n positions from `from`, 16-bit or 32-bit unit u) of a load of the device
+/// windows: that unit of the key and the value row of position from + r, from the store's pages (HostKvStore's
+/// layout: keys of every head, then values) into the windows' row that window_slot gives in `next`.
+struct FillWindow {
+  std::byte* window_k;
+  std::byte* window_v;
+  cuda::WindowRows next;
+  const std::byte* const* pages;  ///< [n_pages] the pages' bases
+  int64_t heads, page_tokens, row_bytes, from, n;
+  int32_t units, unit_bytes;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t u = i % units;
+    const int64_t r = (i / units) % n;
+    const int64_t h = i / units / n;
+    const int64_t position = from + r;
+    const int32_t w = cuda::math::window_slot(next, position);
+    if (w < 0) return;
+    const std::byte* page = pages[position / page_tokens];
+    const int64_t key_offset = (h * page_tokens + position % page_tokens) * row_bytes + u * unit_bytes;
+    const int64_t value_offset = key_offset + heads * page_tokens * row_bytes;
+    const int64_t dst = (h * (next.sink_slots + next.local_slots) + w) * row_bytes + u * unit_bytes;
+    if (unit_bytes == 4) {
+      *reinterpret_cast<uint32_t*>(window_k + dst) = *reinterpret_cast<const uint32_t*>(page + key_offset);
+      *reinterpret_cast<uint32_t*>(window_v + dst) = *reinterpret_cast<const uint32_t*>(page + value_offset);
+    } else {
+      *reinterpret_cast<uint16_t*>(window_k + dst) = *reinterpret_cast<const uint16_t*>(page + key_offset);
+      *reinterpret_cast<uint16_t*>(window_v + dst) = *reinterpret_cast<const uint16_t*>(page + value_offset);
+    }
+  }
+};
+
+/// The gather of GatherRows reading rows the cache holds (its windows, its blocks) from it: hit[r] = 1 where row r
+/// came from it.
 struct GatherCachedRows {
   GatherRows gather;
   CacheView cache;

@@ -422,24 +422,34 @@ class BudgetShare {
   DeviceBudget& owner_;
 };
 
-/// The block cache of one (sequence, layer): per KV head n_slots slots of block_tokens rows, keys and values, and
-/// the table from blocks to slots (grown with the layer). Its device memory counts in the context's budget.
+/// The most rows each device window (the sink, the local rows) of a (sequence, layer) holds per KV head.
+constexpr int32_t kWindowRows = 4096;
+
+/// The block cache of one (sequence, layer): per KV head n_slots slots of block_tokens rows, keys and values, the
+/// table from blocks to slots (grown with the layer), and the device windows: the sink rows and the most recent
+/// rows (cuda::WindowRows), refreshed before each gather. Its device memory counts in the context's budget.
 class LayerCache {
  public:
   /// Throws KVRET_ERR_CAPACITY (over config.device_bytes_limit) or std::bad_alloc (the device is full).
-  LayerCache(int heads, int32_t n_slots, int32_t block_tokens, size_t row_bytes, DeviceBudget& budget,
-             kvret_stream stream, int n_threads)
+  LayerCache(int heads, int32_t n_slots, int32_t block_tokens, size_t row_bytes, int32_t sink_rows, int32_t local_rows,
+             DeviceBudget& budget, kvret_stream stream, int n_threads)
       : heads_(heads),
         n_slots_(n_slots),
         block_tokens_(block_tokens),
         row_bytes_(static_cast<int64_t>(row_bytes)),
-        share_(slot_bytes(heads, n_slots, block_tokens, row_bytes), budget),
+        share_(
+            slot_bytes(heads, n_slots, block_tokens, row_bytes) + window_bytes(heads, sink_rows, local_rows, row_bytes),
+            budget),
         k_(static_cast<size_t>(heads) * n_slots * block_tokens * row_bytes),
         v_(k_.size()),
         slot_block_(static_cast<size_t>(heads) * n_slots),
         stamp_(slot_block_.size()),
         prefetched_(slot_block_.size()),
+        window_k_(window_bytes(heads, sink_rows, local_rows, row_bytes) / 2),
+        window_v_(window_k_.size()),
         budget_(budget) {
+    window_.sink_slots = sink_rows;
+    window_.local_slots = local_rows;
     for_each_index(stream, n_threads, static_cast<int64_t>(slot_block_.size()),
                    dm::ClearSlots{slot_block_.get(), stamp_.get(), prefetched_.get()});
   }
@@ -449,6 +459,32 @@ class LayerCache {
     return 2 * slots * static_cast<size_t>(block_tokens) * row_bytes +
            slots * (sizeof(int32_t) + sizeof(uint32_t) + sizeof(uint8_t));
   }
+  /// The device bytes of the windows (keys and values).
+  static size_t window_bytes(int heads, int32_t sink_rows, int32_t local_rows, size_t row_bytes) {
+    return 2 * static_cast<size_t>(heads) * (static_cast<size_t>(sink_rows) + static_cast<size_t>(local_rows)) *
+           row_bytes;
+  }
+  /// Loads into the windows, on `stream`, the rows of a layer of `store.size()` tokens they are to hold and do not
+  /// (cuda::math::window_refresh); returns the bytes copied.
+  int64_t refresh_windows(const HostKvStore& store, kvret_stream stream, int n_threads) {
+    const cuda::math::WindowRefresh r = cuda::math::window_refresh(window_, store.size());
+    const int64_t n = (r.sink_to - r.sink_from) + (r.local_to - r.local_from);
+    if (n > 0) {
+      const PageTable pages(store, pages_for(store.size()), stream);
+      const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
+      const auto units = static_cast<int32_t>(row_bytes_ / unit_bytes);
+      for (const auto& [from, to] : {std::pair{r.sink_from, r.sink_to}, std::pair{r.local_from, r.local_to}}) {
+        if (to > from)
+          for_each_index(stream, n_threads, heads_ * (to - from) * units,
+                         dm::FillWindow{window_k_.get(), window_v_.get(), r.next, pages.get(), heads_,
+                                        HostKvStore::kPageTokens, row_bytes_, from, to - from, units, unit_bytes});
+      }
+    }
+    window_ = r.next;  // the page table is freed in stream order after the loads
+    return 2 * heads_ * n * row_bytes_;
+  }
+  /// After the rows at or past `from` changed: the windows hold none of them (the cached blocks: DropFrom).
+  void drop_windows_from(int64_t from) noexcept { window_ = cuda::math::window_drop_from(window_, from); }
   int64_t bytes() const noexcept {
     return static_cast<int64_t>(share_.bytes() + (table_share_ ? table_share_->bytes() : 0));
   }
@@ -484,6 +520,11 @@ class LayerCache {
     c.n_slots = n_slots_;
     c.block_tokens = block_tokens_;
     c.row_bytes = row_bytes_;
+    if (window_.sink_slots + window_.local_slots > 0) {
+      c.window_k = window_k_.get();
+      c.window_v = window_v_.get();
+      c.window = window_;
+    }
     return c;
   }
   int heads() const noexcept { return heads_; }
@@ -500,6 +541,8 @@ class LayerCache {
   DeviceArray<int32_t> slot_block_;
   DeviceArray<uint32_t> stamp_;
   DeviceArray<uint8_t> prefetched_;
+  DeviceArray<std::byte> window_k_, window_v_;
+  cuda::WindowRows window_;
   DeviceBudget& budget_;
   std::unique_ptr<BudgetShare> table_share_;
   std::unique_ptr<DeviceArray<int32_t>> table_;
@@ -806,7 +849,9 @@ class CudaBackend final : public Backend {
         block_tokens_(config.block_tokens),
         n_slots_(static_cast<int32_t>(
             std::min<int64_t>(config.cache_capacity_tokens / config.block_tokens, cuda::math::kBlockCacheSlots))),
-        policy_(config.cache_policy) {
+        policy_(config.cache_policy),
+        sink_rows_(std::min(config.n_sink, kWindowRows)),
+        local_rows_(std::min(config.n_local, kWindowRows)) {
 #if KVRET_ON_GPU
     int pageable = 0;
     if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_id_) != cudaSuccess) {
@@ -930,7 +975,7 @@ class CudaBackend final : public Backend {
     check_kernel_access(out.positions);
     if (served_by_sources != nullptr) *served_by_sources = 0;
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
-    LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
+    LayerCache* cache = gather_cache_of(store, sequence, layer, stream, n_threads);
     const int64_t hits = gather_rows(store, mid_begin, mid_end, selected, count, rows, out, n_threads, cache, stream);
     if (served_by_sources != nullptr) *served_by_sources = hits;
     if (cache != nullptr && count > 0)
@@ -981,7 +1026,7 @@ class CudaBackend final : public Backend {
       GatherJob& j = jobs[fused[f]];
       j.served_by_sources = 0;
       j.rows = j.mid_begin + j.count + (j.store->size() - j.mid_end);
-      caches[f] = cache_of(*j.store, j.sequence, j.layer, stream, n_threads);
+      caches[f] = gather_cache_of(*j.store, j.sequence, j.layer, stream, n_threads);
     }
     gather_fused(jobs, fused, caches, n_threads, stream);
     for (size_t f = 0; f < fused.size(); ++f) {
@@ -1011,7 +1056,7 @@ class CudaBackend final : public Backend {
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
     const int64_t entries = heads * rows;
     if (entries == 0) return rows;
-    LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
+    LayerCache* cache = gather_cache_of(store, sequence, layer, stream, n_threads);
     // the rows' sources, made on the device from the positions and the store's pages
     const int64_t page_tokens = HostKvStore::kPageTokens;
     const PageTable device_pages(store, pages_for(store.size()), stream);
@@ -1027,7 +1072,7 @@ class CudaBackend final : public Backend {
                                 store.head_dim()};
     const int64_t n = entries * store.head_dim();
     note_gather_pass();
-    if (cache == nullptr || cache->view().max_blocks == 0) {
+    if (cache == nullptr || !cache->view().serves()) {
       for_each_index(stream, n_threads, n, gather);
     } else {  // the cache's rows, and their count added on the device
       const DeviceArray<uint8_t> hit(static_cast<size_t>(entries), stream);
@@ -1096,6 +1141,7 @@ class CudaBackend final : public Backend {
           const dm::CacheView c = it->second->view();
           for_each_index(nullptr, 0, static_cast<int64_t>(it->second->heads()) * c.n_slots, dm::DropFrom{c, from});
           synchronize_device();
+          it->second->drop_windows_from(from);
         } catch (...) {
           kept = false;  // the cache may be half changed: it goes
         }
@@ -2387,8 +2433,8 @@ class CudaBackend final : public Backend {
     if (cache == nullptr) {
       std::unique_ptr<LayerCache> made;
       try {
-        made = std::make_unique<LayerCache>(store.n_kv_heads(), n_slots_, block_tokens_, store.row_bytes(), budget_,
-                                            stream, n_threads);
+        made = std::make_unique<LayerCache>(store.n_kv_heads(), n_slots_, block_tokens_, store.row_bytes(), sink_rows_,
+                                            local_rows_, budget_, stream, n_threads);
       } catch (const std::bad_alloc&) {
         return nullptr;
       } catch (const Error& e) {
@@ -2399,6 +2445,27 @@ class CudaBackend final : public Backend {
       cache = (caches_[{sequence, layer}] = std::move(made)).get();
     }
     cache->cover(store.size() / block_tokens_, stream, n_threads);
+    return cache;
+  }
+
+  /// cache_of for a gather: the cache's windows loaded with the rows they are to hold (their bytes added to the
+  /// sequence's loaded bytes). A failure takes the cache (its windows may be half loaded); out of device memory
+  /// the gather runs without one.
+  LayerCache* gather_cache_of(const HostKvStore& store, const void* sequence, int32_t layer, kvret_stream stream,
+                              int n_threads) {
+    LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
+    if (cache == nullptr) return nullptr;
+    try {
+      const int64_t bytes = cache->refresh_windows(store, stream, n_threads);
+      std::lock_guard<std::mutex> lock(caches_mutex_);
+      if (bytes > 0) loaded_[sequence] += bytes;
+    } catch (const std::bad_alloc&) {
+      forget(sequence, layer);
+      return nullptr;
+    } catch (...) {
+      forget(sequence, layer);
+      throw;
+    }
     return cache;
   }
 
@@ -2547,7 +2614,7 @@ class CudaBackend final : public Backend {
                                 store.head_dim()};
     const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
     note_gather_pass();
-    if (cache == nullptr || cache->view().max_blocks == 0) {
+    if (cache == nullptr || !cache->view().serves()) {
       for_each_index(stream, n_threads, n, gather);
       return 0;  // device_copies is freed in stream order after the gather
     }
@@ -2591,7 +2658,7 @@ class CudaBackend final : public Backend {
       }
       ends[f] = static_cast<int64_t>(copies.size());
       views[f] = {device_tensor(j.out->k), device_tensor(j.out->v), device_tensor(j.out->positions), {}};
-      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+      if (caches[f] != nullptr && caches[f]->view().serves()) {
         views[f].cache = caches[f]->view();
         cached = true;
       }
@@ -2709,9 +2776,12 @@ class CudaBackend final : public Backend {
       seq.out_v = j.out->v.data();
       seq.out_positions = reinterpret_cast<int32_t*>(j.out->positions.data());
       seq.out_capacity = j.out->k.dim(1);
-      if (caches[f] != nullptr && caches[f]->view().max_blocks > 0) {
+      if (caches[f] != nullptr && caches[f]->view().serves()) {
         const dm::CacheView c = caches[f]->view();
-        seq.cache.block_table = c.table;
+        seq.cache.window_k = c.window_k;
+        seq.cache.window_v = c.window_v;
+        seq.cache.window = c.window;
+        seq.cache.block_table = c.max_blocks > 0 ? c.table : nullptr;
         seq.cache.slot_block = c.slot_block;
         seq.cache.slot_stamp = c.stamp;
         seq.cache.slot_prefetched = c.prefetched;
@@ -2850,6 +2920,7 @@ class CudaBackend final : public Backend {
   int32_t block_tokens_;
   int32_t n_slots_;  // per (sequence, layer, KV head): cache_capacity_tokens / block_tokens, at most 2048
   int32_t policy_;
+  int32_t sink_rows_, local_rows_;  // rows of each device window per (sequence, layer, KV head)
   std::mutex caches_mutex_;
   std::map<std::pair<const void*, int32_t>, std::unique_ptr<LayerCache>> caches_;  // by (sequence, layer)
   std::map<std::pair<const void*, int32_t>, IndexMirror> mirrors_;  // PAGE bounds or clusters, by (sequence, layer)

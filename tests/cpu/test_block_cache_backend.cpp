@@ -2,7 +2,8 @@
 // in CI the build on Thrust's OpenMP host system): working sets bit for bit equal to a context without a cache
 // over appends, truncates, drop_fronts and forks; hits + misses = rows fetched; a prefetch loads the blocks of its
 // selection; LRU and LFU victims as a host model of the rule in kernels/block_cache.h predicts; the last, growing
-// block never cached; device_bytes counting the cache under config.device_bytes_limit.
+// block never cached; device_bytes counting the cache under config.device_bytes_limit; the device windows of the
+// sink and local rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,17 +173,24 @@ TEST_F(BlockCache, WorkingSetsEqualAContextWithoutOneUnderEveryChange) {
   }
 }
 
-/// Which rows of a working set (sink, selected, local per head) lie in `cached` blocks of their head.
+/// Which rows of a working set (sink, selected, local per head) the cache serves: the device windows' (after a
+/// fetch's refresh of a layer that only grew: the first n_sink positions and the last n_local) and those in `cached`
+/// blocks of their head.
 int64_t rows_in(const std::vector<std::set<int64_t>>& cached, const kvret_config& c, int64_t length,
                 const std::vector<int32_t>& sel, int64_t count) {
   int64_t n = 0;
   const int64_t mid_end = length - c.n_local;
+  const int64_t sink_end = std::min<int64_t>(c.n_sink, length);
+  const int64_t local_begin = std::max(sink_end, length - c.n_local);
   for (int h = 0; h < kHeads; ++h) {
     std::vector<int64_t> rows;
     for (int64_t p = 0; p < c.n_sink; ++p) rows.push_back(p);
     for (int64_t i = 0; i < count; ++i) rows.push_back(sel[static_cast<size_t>(h * count + i)]);
     for (int64_t p = mid_end; p < length; ++p) rows.push_back(p);
-    for (const int64_t p : rows) n += cached[static_cast<size_t>(h)].count(p / kBlock);
+    for (const int64_t p : rows) {
+      const bool windowed = p < sink_end || p >= local_begin;
+      n += windowed || cached[static_cast<size_t>(h)].count(p / kBlock) != 0 ? 1 : 0;
+    }
   }
   return n;
 }
@@ -340,8 +348,8 @@ TEST_F(BlockCache, VictimsFollowTheRuleUnderLruAndLfu) {
   }
 }
 
-/// The last block of a layer, still growing, is never cached however often it is selected; once appends complete
-/// it, a fetch admits it and the next one hits it.
+/// The last block of a layer, still growing, is never cached however often it is selected (only the sink rows, from
+/// the device window, are hits); once appends complete it, a fetch admits it and the next one hits it.
 TEST_F(BlockCache, TheLastGrowingBlockIsNeverCached) {
   kvret_config c = cache_config(8);
   c.n_local = 0;
@@ -355,26 +363,27 @@ TEST_F(BlockCache, TheLastGrowingBlockIsNeverCached) {
   for (int i = 0; i < 3; ++i) {
     const kvret_stats before = stats_of(seq);
     fetch(seq, 0, sel, 6);
-    EXPECT_EQ(stats_of(seq).cache_hits, before.cache_hits) << "fetch " << i;
+    EXPECT_EQ(stats_of(seq).cache_hits, before.cache_hits + c.n_sink * kHeads) << "fetch " << i;
     append_tokens(seq, 1, 3, 40 + static_cast<uint64_t>(i));  // 9, 12, 15 tokens: still incomplete
   }
   append_tokens(seq, 1, 1, 60);  // complete: 16 tokens
   fetch(seq, 0, sel, 6);         // admits it
   const kvret_stats before = stats_of(seq);
   fetch(seq, 0, sel, 6);
-  EXPECT_EQ(stats_of(seq).cache_hits - before.cache_hits, 6 * kHeads) << "the completed block is cached";
+  EXPECT_EQ(stats_of(seq).cache_hits - before.cache_hits, (6 + c.n_sink) * kHeads) << "the completed block is cached";
   test::expect_ok(kvret_seq_close(seq));
 }
 
-/// stats.device_bytes counts the caches a sequence holds; a layer whose cache would pass config.device_bytes_limit
-/// runs without one (every row from the host store, the fetch succeeds) and the limit holds.
+/// stats.device_bytes counts the caches a sequence holds (slots, table, windows); a layer whose cache would pass
+/// config.device_bytes_limit runs without one (every row from the host store, the fetch succeeds) and the limit holds.
 TEST_F(BlockCache, DeviceBytesCountTheCacheAndTheLimitHolds) {
   constexpr int kSlots = 4;
   const int64_t row_bytes = kDim * 4;
   const int64_t slots_bytes = 2 * kHeads * kSlots * kBlock * row_bytes + kHeads * kSlots * 9;
   const int64_t table_bytes = kHeads * 64 * 4;  // the table covers at least 64 blocks
-  const int64_t one_layer = slots_bytes + table_bytes;
   kvret_config c = cache_config(kSlots);
+  const int64_t window_bytes = 2 * kHeads * (c.n_sink + c.n_local) * row_bytes;
+  const int64_t one_layer = slots_bytes + table_bytes + window_bytes;
   c.device_bytes_limit = one_layer + one_layer / 2;  // room for one layer's cache, not two
   auto ctx = test::make_context(c);
   kvret_seq* seq = nullptr;
@@ -402,6 +411,63 @@ TEST_F(BlockCache, DeviceBytesCountTheCacheAndTheLimitHolds) {
   fetch(other, 0, sel, 20);
   EXPECT_EQ(stats_of(other).device_bytes, one_layer);
   test::expect_ok(kvret_seq_close(other));
+}
+
+/// The device windows serve every sink and local row of a fetch from device memory and load only the rows they
+/// lack: all of them at the layer's first fetch, the new one after a decode, none when nothing changed, the whole
+/// local window after a jump past it; after a truncate they keep the rows below the cut (the others come from host
+/// memory until appends catch up), after a drop_front the sink; working sets equal a context without a cache.
+TEST_F(BlockCache, TheWindowsServeTheSinkAndLocalRowsAndLoadOnlyWhatTheyLack) {
+  for (const int kv : {KVRET_KV_F32, KVRET_KV_F16}) {
+    SCOPED_TRACE(kv);
+    kvret_config on = cache_config(4), off = on;
+    on.kv_dtype = off.kv_dtype = kv;
+    off.cache_capacity_tokens = 0;
+    const int64_t row_bytes = kDim * (kv == KVRET_KV_F32 ? 4 : 2);
+    const int64_t sink = on.n_sink, local = on.n_local;
+    auto ctx_on = test::make_context(on), ctx_off = test::make_context(off);
+    kvret_seq *a = nullptr, *b = nullptr;
+    test::twin::open_both(ctx_on.get(), ctx_off.get(), a, b);
+    const auto append = [&](int64_t tokens, uint64_t seed) {
+      append_tokens(a, 1, tokens, seed);
+      append_tokens(b, 1, tokens, seed);
+    };
+    // one fetch of the sink and local rows only (no selection: no block is admitted); `hits` rows of each head
+    // from the device, `loaded` rows per head copied into the windows
+    const auto step = [&](int64_t hits, int64_t loaded, const char* what) {
+      SCOPED_TRACE(what);
+      const kvret_stats before = stats_of(a);
+      const Fetched x = fetch(a, 0, {}, 0), y = fetch(b, 0, {}, 0);
+      const kvret_stats after = stats_of(a);
+      ASSERT_EQ(x.rows, sink + local);
+      EXPECT_EQ(x.positions, y.positions);
+      EXPECT_EQ(x.k, y.k);
+      EXPECT_EQ(x.v, y.v);
+      const int64_t misses = (x.rows - hits) * kHeads;
+      EXPECT_EQ(after.cache_hits - before.cache_hits, hits * kHeads);
+      EXPECT_EQ(after.cache_misses - before.cache_misses, misses);
+      EXPECT_EQ(after.bytes_h2d - before.bytes_h2d, 2 * row_bytes * (misses + loaded * kHeads));
+    };
+    append(300, 1);
+    step(sink + local, sink + local, "the first fetch loads the windows");
+    append(1, 2);
+    step(sink + local, 1, "a decode: the new row");
+    step(sink + local, 0, "nothing changed");
+    append(3 * local, 3);
+    step(sink + local, local, "past the local window: all of it");
+    test::expect_ok(kvret_seq_truncate(a, length_of(a) - 5));
+    test::expect_ok(kvret_seq_truncate(b, length_of(b) - 5));
+    step(sink + local - 5, 0, "after a cut: the rows below it");
+    append(5, 4);
+    step(sink + local, 5, "appends catch up");
+    test::expect_ok(kvret_seq_drop_front(a, sink, 7));
+    test::expect_ok(kvret_seq_drop_front(b, sink, 7));
+    step(sink + local, local, "after a drop_front: the sink stays");
+    EXPECT_EQ(stats_of(a).device_bytes, 2 * kHeads * 4 * kBlock * row_bytes + kHeads * 4 * 9 + kHeads * 64 * 4 +
+                                            2 * kHeads * (sink + local) * row_bytes);
+    test::expect_ok(kvret_seq_close(a));
+    test::expect_ok(kvret_seq_close(b));
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// launch_working_set_gather: every gathered row equals the bytes of its source — the block cache where the
-// row's block is cached, else the mapped pinned host store — and the hit/miss/prefetch counters add up.
+// launch_working_set_gather: every gathered row equals the bytes of its source — the device windows where they
+// hold the row's position, else the block cache where the row's block is cached, else the mapped pinned host
+// store — and the hit/miss/prefetch counters add up.
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -7,6 +8,7 @@
 
 #include "gpu_test_util.h"
 #include "kv_test_store.h"
+#include "math/kv_math.h"
 #include "working_set_gather.h"
 
 namespace kvret::cuda::testing {
@@ -32,9 +34,25 @@ struct GatherSeqSetup {
   std::vector<std::vector<int32_t>> slot_of_block;  // per head, per block: slot or -1
   std::vector<unsigned char> cache_k;               // host mirror of the cache arrays
   std::vector<unsigned char> cache_v;
+  WindowRows window;                    // the positions the windows hold (none without windows)
+  std::vector<unsigned char> window_k;  // host mirror of the windows
+  std::vector<unsigned char> window_v;
 };
 
-void run_case(int head_dim, ElemType type, bool sentinel_cache) {
+/// Windows holding `window`'s positions, their bytes a pattern no store or cache row has (a row from them is
+/// recognised as such).
+void make_windows(GatherSeqSetup& setup, const WindowRows& window, int heads, int64_t row_bytes, int seed) {
+  setup.window = window;
+  const size_t bytes = static_cast<size_t>(heads) * (window.sink_slots + window.local_slots) * row_bytes;
+  setup.window_k.resize(bytes);
+  setup.window_v.resize(bytes);
+  for (size_t i = 0; i < bytes; ++i) {
+    setup.window_k[i] = static_cast<unsigned char>(i * 13 + seed);
+    setup.window_v[i] = static_cast<unsigned char>(i * 29 + seed * 3);
+  }
+}
+
+void run_case(int head_dim, ElemType type, bool sentinel_cache, bool windows = false) {
   const KvGeometry geo{4, head_dim, type, kBlockTokens};
   const int64_t row_bytes = kv_row_bytes(geo);
   const int64_t out_capacity = 400;
@@ -88,8 +106,27 @@ void run_case(int head_dim, ElemType type, bool sentinel_cache) {
     setup1.positions.back().push_back(3005);
   }
 
+  // The windows: sequence 0's sink holds 10 of its 16 sink positions (the rest come from cached block 0) and its
+  // local rows 40 of the last 64 (the rest from cached block 38); sequence 1's hold every sink and local row.
+  std::vector<DeviceBuffer<unsigned char>> d_windows;
+  if (windows) {
+    WindowRows w0;
+    w0.sink_slots = 16;
+    w0.sink_end = 10;
+    w0.local_slots = 64;
+    w0.local_begin = 5000 - 40;
+    w0.local_end = 5000;
+    make_windows(setup0, w0, geo.n_kv_heads, row_bytes, 5);
+    WindowRows w1;
+    w1.sink_slots = 16;
+    w1.sink_end = 16;
+    w1.local_slots = 64;
+    w1.local_begin = 3000 - 64;
+    w1.local_end = 3000;
+    make_windows(setup1, w1, geo.n_kv_heads, row_bytes, 9);
+  }
   const HostKvStore* stores[2] = {&store0, &store1};
-  const GatherSeqSetup* setups[2] = {&setup0, &setup1};
+  GatherSeqSetup* setups[2] = {&setup0, &setup1};
   std::vector<DeviceBuffer<int32_t>> d_positions;
   std::vector<DeviceBuffer<unsigned char>> d_out_k;
   std::vector<DeviceBuffer<unsigned char>> d_out_v;
@@ -113,6 +150,13 @@ void run_case(int head_dim, ElemType type, bool sentinel_cache) {
     d_out_positions.back().fill_bytes(0xff);
     WorkingSetGatherSeq& q = seqs[s];
     if (s == 0) q.cache = cache0.view();
+    if (windows) {
+      d_windows.emplace_back(setups[s]->window_k);
+      q.cache.window_k = d_windows.back().get();
+      d_windows.emplace_back(setups[s]->window_v);
+      q.cache.window_v = d_windows.back().get();
+      q.cache.window = setups[s]->window;
+    }
     q.host = stores[s]->view();
     q.positions = d_positions.back().get();
     q.positions_stride = n_rows;
@@ -142,8 +186,15 @@ void run_case(int head_dim, ElemType type, bool sentinel_cache) {
         const unsigned char* want_k = zeros.data();
         const unsigned char* want_v = zeros.data();
         if (position < stores[s]->n_tokens()) {
+          const WindowRows& w = setups[s]->window;
+          const int window = windows ? math::window_slot(w, position) : -1;
           const int slot = s == 0 ? setups[s]->slot_of_block[h][position / kBlockTokens] : -1;
-          if (slot >= 0) {
+          if (window >= 0) {
+            const size_t offset = static_cast<size_t>((h * (w.sink_slots + w.local_slots) + window) * row_bytes);
+            want_k = &setups[s]->window_k[offset];
+            want_v = &setups[s]->window_v[offset];
+            ++hits;
+          } else if (slot >= 0) {
             const size_t offset =
                 static_cast<size_t>(((h * 6 + slot) * kBlockTokens + position % kBlockTokens) * row_bytes);
             want_k = &setups[s]->cache_k[offset];
@@ -181,6 +232,10 @@ TEST_F(WorkingSetGatherTest, CachedRowsComeFromTheCache) { run_case(128, ElemTyp
 TEST_F(WorkingSetGatherTest, F32HeadDim64) { run_case(64, ElemType::kF32, true); }
 TEST_F(WorkingSetGatherTest, Bf16HeadDim256) { run_case(256, ElemType::kBF16, false); }
 TEST_F(WorkingSetGatherTest, F32HeadDim256OneKilobyteRows) { run_case(256, ElemType::kF32, true); }
+TEST_F(WorkingSetGatherTest, WindowRowsComeFromTheWindowsBeforeTheCache) {
+  run_case(128, ElemType::kF16, true, true);
+  run_case(64, ElemType::kBF16, false, true);
+}
 
 }  // namespace
 }  // namespace kvret::cuda::testing
