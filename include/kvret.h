@@ -255,8 +255,11 @@ typedef struct kvret_config {
                                       layer whose cache does not fit runs without one). Fetches serve rows of
                                       cached blocks from it (stats.cache_hits) and admit the complete blocks
                                       holding the most selected rows; the still-growing last block is never
-                                      cached. Results are the same with and without it. Ignored by the CPU
-                                      backend, whose KV is already in host memory; default 4096; >= 0 */
+                                      cached. With it come the device windows: the first n_sink and the last
+                                      n_local rows (each at most 4096) in device memory, loaded as the layer grows,
+                                      from which fetches serve their sink and local rows. Results are the same
+                                      with and without it. Ignored by the CPU backend, whose KV is already in host
+                                      memory; default 4096; >= 0 */
 
   /* runtime */
   int32_t n_threads;        /**< CPU threads for scoring and builds; 0 = all cores; default 0 */
@@ -789,7 +792,8 @@ typedef struct kvret_stats {
   int64_t sequences;     /**< open sequences (context stats) or 1 */
   int64_t tokens_stored; /**< tokens over all layers */
   int64_t host_bytes;    /**< KV bytes in host memory */
-  int64_t device_bytes;  /**< bytes in GPU memory now (kvret_seq_attend's working set, the block caches) */
+  int64_t device_bytes;  /**< bytes in GPU memory now (kvret_seq_attend's working set, the block caches and
+                              their windows) */
   int64_t disk_bytes;    /**< bytes of the session store's files in the disk tier (context stats) */
   int64_t index_bytes;   /**< bytes of the index (wherever it lives) */
   int64_t index_builds;  /**< completed layer builds */
@@ -797,11 +801,12 @@ typedef struct kvret_stats {
   int64_t selections;    /**< select calls (per sequence and layer) */
   int64_t fetches;       /**< fetch calls */
   int64_t fetched_rows;  /**< working-set rows written */
-  int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache, row sources) */
+  int64_t cache_hits;    /**< working-set rows served before the host store (the GPU block cache and its sink
+                              and local windows, row sources) */
   int64_t cache_misses;  /**< rows read from host memory (cache_hits + cache_misses = fetched_rows) */
   int64_t prefetch_hits; /**< fetched middle rows that the layer's last kvret_prefetch_async had selected */
   int64_t bytes_h2d;     /**< bytes moved host to device: rows fetched from host memory, keys and values,
-                              blocks copied into the block cache, QUANT's low-bit copy sent to the device and its
+                              blocks and window rows copied into the block cache, QUANT's low-bit copy sent to the device and its
                               re-ranking's candidate keys, and the keys EXACT's device select reads in place (CUDA
                               backend; 0 on the CPU backend). The device copies of PAGE, CLUSTER and PQ indexes
                               are not counted (docs/cuda_backend.md) */

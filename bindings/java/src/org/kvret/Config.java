@@ -249,8 +249,10 @@ public final class Config {
    * keys and values in device memory, made at the layer's first fetch or prefetch, counted in
    * stats.device_bytes and under device_bytes_limit (a layer whose cache does not fit runs without
    * one). Fetches serve rows of cached blocks from it (stats.cache_hits) and admit the complete
-   * blocks holding the most selected rows; the still-growing last block is never cached. Results
-   * are the same with and without it. Ignored by the CPU backend, whose KV is already in host
+   * blocks holding the most selected rows; the still-growing last block is never cached. With it
+   * come the device windows: the first n_sink and the last n_local rows (each at most 4096) in
+   * device memory, loaded as the layer grows, from which fetches serve their sink and local rows.
+   * Results are the same with and without it. Ignored by the CPU backend, whose KV is already in host
    * memory; default 4096; >= 0
    */
   public long cacheCapacityTokens() {
@@ -739,7 +741,9 @@ public final class Config {
      * counted in stats.device_bytes and under device_bytes_limit (a layer whose cache does not fit
      * runs without one). Fetches serve rows of cached blocks from it (stats.cache_hits) and admit
      * the complete blocks holding the most selected rows; the still-growing last block is never
-     * cached. Results are the same with and without it. Ignored by the CPU backend, whose KV is
+     * cached. With it come the device windows: the first n_sink and the last n_local rows (each at
+     * most 4096) in device memory, loaded as the layer grows, from which fetches serve their sink
+     * and local rows. Results are the same with and without it. Ignored by the CPU backend, whose KV is
      * already in host memory; default 4096; >= 0
      */
     public Builder cacheCapacityTokens(long value) {
