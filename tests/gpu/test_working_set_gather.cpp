@@ -110,20 +110,8 @@ void run_case(int head_dim, ElemType type, bool sentinel_cache, bool windows = f
   // local rows 40 of the last 64 (the rest from cached block 38); sequence 1's hold every sink and local row.
   std::vector<DeviceBuffer<unsigned char>> d_windows;
   if (windows) {
-    WindowRows w0;
-    w0.sink_slots = 16;
-    w0.sink_end = 10;
-    w0.local_slots = 64;
-    w0.local_begin = 5000 - 40;
-    w0.local_end = 5000;
-    make_windows(setup0, w0, geo.n_kv_heads, row_bytes, 5);
-    WindowRows w1;
-    w1.sink_slots = 16;
-    w1.sink_end = 16;
-    w1.local_slots = 64;
-    w1.local_begin = 3000 - 64;
-    w1.local_end = 3000;
-    make_windows(setup1, w1, geo.n_kv_heads, row_bytes, 9);
+    make_windows(setup0, WindowRows{16, 10, 64, 5000 - 40, 5000}, geo.n_kv_heads, row_bytes, 5);
+    make_windows(setup1, WindowRows{16, 16, 64, 3000 - 64, 3000}, geo.n_kv_heads, row_bytes, 9);
   }
   const HostKvStore* stores[2] = {&store0, &store1};
   GatherSeqSetup* setups[2] = {&setup0, &setup1};

@@ -391,8 +391,8 @@ impl Config {
     /// (stats.cache_hits) and admit the complete blocks holding the most selected rows; the still-growing
     /// last block is never cached. With it come the device windows: the first n_sink and the last n_local
     /// rows (each at most 4096) in device memory, loaded as the layer grows, from which fetches serve their
-    /// sink and local rows. Results are the same with and without it. Ignored by the CPU backend,
-    /// whose KV is already in host memory; default 4096; >= 0
+    /// sink and local rows. Results are the same with and without it. Ignored by the CPU backend, whose KV
+    /// is already in host memory; default 4096; >= 0
     pub fn cache_capacity_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cache_capacity_tokens = self.int_field("cache_capacity_tokens", value);
         self

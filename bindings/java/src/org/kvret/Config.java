@@ -252,8 +252,8 @@ public final class Config {
    * blocks holding the most selected rows; the still-growing last block is never cached. With it
    * come the device windows: the first n_sink and the last n_local rows (each at most 4096) in
    * device memory, loaded as the layer grows, from which fetches serve their sink and local rows.
-   * Results are the same with and without it. Ignored by the CPU backend, whose KV is already in host
-   * memory; default 4096; >= 0
+   * Results are the same with and without it. Ignored by the CPU backend, whose KV is already in
+   * host memory; default 4096; >= 0
    */
   public long cacheCapacityTokens() {
     return fields.getCache_capacity_tokens();
@@ -743,8 +743,8 @@ public final class Config {
      * the complete blocks holding the most selected rows; the still-growing last block is never
      * cached. With it come the device windows: the first n_sink and the last n_local rows (each at
      * most 4096) in device memory, loaded as the layer grows, from which fetches serve their sink
-     * and local rows. Results are the same with and without it. Ignored by the CPU backend, whose KV is
-     * already in host memory; default 4096; >= 0
+     * and local rows. Results are the same with and without it. Ignored by the CPU backend, whose
+     * KV is already in host memory; default 4096; >= 0
      */
     public Builder cacheCapacityTokens(long value) {
       fields.setCache_capacity_tokens(value);
