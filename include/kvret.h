@@ -525,12 +525,14 @@ KVRET_API kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t 
  *  see the tokens that entered the middle since (select again at each decode step for those). On the CUDA backend
  *  the positions are checked on the host (read from device memory after the work on the legacy default stream)
  *  and the gather is ordered on `stream`: *out is valid after that stream's work (kvret_synchronize). There the
- *  rows of blocks in the layer's block cache (config.cache_capacity_tokens) are read from device memory, the others
- *  from host memory, and after the gather, on the same stream, the cache admits the complete blocks holding the
- *  most selected rows (the rows are the same either way; with row sources, e.g. ClusterKV's reuse, the cache is not
- *  used). The call waits for the device to count the rows the cache served and the blocks it admitted (it copies
- *  device positions to the host to check them; kvret_seq_attend is the path that keeps them on the device). On the
- *  CPU backend the copy is complete, and *out valid, when the call returns. */
+ *  sink and local rows and the rows of blocks in the layer's block cache (config.cache_capacity_tokens) are read
+ *  from device memory, the others from host memory, and after the gather, on the same stream, the cache admits the
+ *  complete blocks holding the most selected rows (the rows are the same either way; with row sources, e.g.
+ *  ClusterKV's reuse, the cache is not used). The rows the cache served and the bytes it loaded are counted on the
+ *  device and added to the stats when they are read (kvret_seq_stats then waits for the device), so the call
+ *  waits for the device only to copy positions in device memory to the host to check them (none for positions in
+ *  pinned host memory; kvret_seq_attend is the path that keeps them on the device). On the CPU backend the copy is
+ *  complete, and *out valid, when the call returns. */
 KVRET_API kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                          const kvret_working_set* out, int64_t* out_rows, kvret_stream stream);
 
@@ -840,7 +842,8 @@ typedef struct kvret_stats {
 
 /** Sets struct_size and zeroes the rest. */
 KVRET_API kvret_status kvret_stats_init(kvret_stats* stats);
-/** Statistics of one sequence. */
+/** Statistics of one sequence. On the CUDA backend with a block cache this waits for the device's work of the
+ *  sequence's fetches, whose cache counts (cache_hits, cache_misses, bytes_h2d) are kept on the device. */
 KVRET_API kvret_status kvret_seq_stats(const kvret_seq* seq, kvret_stats* out);
 /** Statistics of the context: the sum over open sequences plus what closed sequences contributed. */
 KVRET_API kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats* out);

@@ -138,7 +138,10 @@ class Backend {
                          int32_t layer, int64_t* served_by_sources, kvret_stream stream) = 0;
   /// The block cache of a backend that keeps one (the CUDA backend; the CPU backend reads host memory and keeps
   /// none, so these do nothing there). Caches are per (sequence, layer), keyed by the `sequence` pointer gather
-  /// receives; gather serves cached rows (counted in *served_by_sources) and then admits blocks.
+  /// receives; gather serves the rows the cache holds and then admits blocks. Where counts_fetches_on_device, the
+  /// rows a cache served and the bytes loaded into it are counted on the device (device_fetch_counts reads them),
+  /// not in *served_by_sources, so that a gather needs no host wait.
+  virtual bool counts_fetches_on_device() const noexcept { return false; }
   ///
   /// prefetch: admits the blocks that the `count` ascending selected middle positions per head touch (the update's
   /// rule), ordered on `stream`. Never throws for want of device memory (the layer then has no cache).
@@ -193,10 +196,11 @@ class Backend {
     (void)stream;
     return -1;
   }
-  /// What the gathers from device positions (gather_device_selected) of `sequence` counted on the device since it
-  /// opened: the rows its block caches served, and the stats.bytes_h2d those gathers moved beyond the bytes_to_device
-  /// of every row they wrote (the blocks loaded, less the bytes of the rows the caches served). Waits for the work
-  /// enqueued before it. All zero when there were none, or when the counts cannot be read (a device error).
+  /// What the gathers (gather, gather_batch, gather_device_selected) and prefetches of `sequence` counted on the
+  /// device since it opened: the rows its block caches served, and the stats.bytes_h2d those gathers moved beyond the
+  /// bytes_to_device of every row they wrote (the blocks loaded, less the bytes of the rows the caches served). Waits
+  /// for the work enqueued before it. All zero when there were none, or when the counts cannot be read (a device
+  /// error).
   struct DeviceFetchCounts {
     int64_t cache_hits = 0;
     int64_t bytes_h2d = 0;

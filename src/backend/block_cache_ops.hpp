@@ -386,6 +386,20 @@ struct AddLast {
   KVRET_BACKEND_HD void operator()(int64_t) const { *counter += scanned[n - 1]; }
 };
 
+/// One element: adds each job's count (counts[j * stride]) to its counter (*targets[j]; none where null), one job
+/// after another, since jobs of one sequence share its counter.
+template <class Count>
+struct AddJobCounts {
+  const Count* counts;
+  int64_t stride;
+  int64_t* const* targets;
+  int64_t n;
+  KVRET_BACKEND_HD void operator()(int64_t) const {
+    for (int64_t j = 0; j < n; ++j)
+      if (targets[j] != nullptr) *targets[j] += static_cast<int64_t>(counts[j * stride]);
+  }
+};
+
 /// One element: adds the bytes of the blocks an update admitted (A per head, keys and values) to *counter.
 struct AddAdmittedBytes {
   const int32_t* admit;

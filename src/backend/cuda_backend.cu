@@ -945,6 +945,7 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_id_);
     copy_bytes(t.data(), host.data(), t.extent_bytes(), nullptr, true);
   }
+  bool counts_fetches_on_device() const noexcept override { return n_slots_ > 0; }
   int64_t bytes_to_device(int64_t rows, size_t row_bytes) const noexcept override {
     return 2 * rows * static_cast<int64_t>(row_bytes);  // the gather reads keys and values from mapped pages
   }
@@ -973,11 +974,11 @@ class CudaBackend final : public Backend {
     check_kernel_access(out.k);
     check_kernel_access(out.v);
     check_kernel_access(out.positions);
-    if (served_by_sources != nullptr) *served_by_sources = 0;
+    if (served_by_sources != nullptr) *served_by_sources = 0;  // the cache's rows are counted on the device
     const int64_t rows = mid_begin + count + (store.size() - mid_end);
+    int64_t* counters = counters_of(sequence, store, stream, n_threads);
     LayerCache* cache = gather_cache_of(store, sequence, layer, stream, n_threads);
-    const int64_t hits = gather_rows(store, mid_begin, mid_end, selected, count, rows, out, n_threads, cache, stream);
-    if (served_by_sources != nullptr) *served_by_sources = hits;
+    gather_rows(store, mid_begin, mid_end, selected, count, rows, out, n_threads, cache, counters, stream);
     if (cache != nullptr && count > 0)
       update(store, selected, count, sequence, layer, *cache, false, stream, n_threads);
     return rows;
@@ -1022,13 +1023,16 @@ class CudaBackend final : public Backend {
       check_kernel_access(out.positions);
     }
     std::vector<LayerCache*> caches(fused.size(), nullptr);
+    std::vector<int64_t*> hit_counters(fused.size(), nullptr);
     for (size_t f = 0; f < fused.size(); ++f) {
       GatherJob& j = jobs[fused[f]];
-      j.served_by_sources = 0;
+      j.served_by_sources = 0;  // the caches' rows are counted on the device
       j.rows = j.mid_begin + j.count + (j.store->size() - j.mid_end);
+      hit_counters[f] = counters_of(j.sequence, *j.store, stream, n_threads);
       caches[f] = gather_cache_of(*j.store, j.sequence, j.layer, stream, n_threads);
+      if (caches[f] == nullptr) hit_counters[f] = nullptr;
     }
-    gather_fused(jobs, fused, caches, n_threads, stream);
+    gather_fused(jobs, fused, caches, hit_counters, n_threads, stream);
     for (size_t f = 0; f < fused.size(); ++f) {
       GatherJob& j = jobs[fused[f]];
       if (caches[f] != nullptr && j.count > 0)
@@ -1076,13 +1080,8 @@ class CudaBackend final : public Backend {
       for_each_index(stream, n_threads, n, gather);
     } else {  // the cache's rows, and their count added on the device
       const DeviceArray<uint8_t> hit(static_cast<size_t>(entries), stream);
-      const DeviceArray<int64_t> scanned(static_cast<size_t>(entries), stream);
       for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
-      with_policy(stream, n_threads, entries, [&](const auto& policy) {
-        const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
-        thrust::inclusive_scan(policy, as_i64, as_i64 + entries, scanned.get());
-      });
-      for_each_index(stream, n_threads, 1, dm::AddLast{scanned.get(), entries, counters});
+      add_hits(hit.get(), entries, counters, stream, n_threads);
     }
     if (cache != nullptr && count > 0) {
       try {
@@ -2469,6 +2468,22 @@ class CudaBackend final : public Backend {
     return cache;
   }
 
+  /// The device counters (fetch_counters) where `sequence`'s gathers may use a block cache; null otherwise.
+  int64_t* counters_of(const void* sequence, const HostKvStore& store, kvret_stream stream, int n_threads) {
+    if (n_slots_ <= 0 || sequence == nullptr) return nullptr;
+    return fetch_counters(sequence, store.row_bytes(), stream, n_threads);
+  }
+
+  /// Adds the rows a gather served from a cache (hit[0, n), 1 each) to *counter on the device, without a host wait.
+  void add_hits(const uint8_t* hit, int64_t n, int64_t* counter, kvret_stream stream, int n_threads) {
+    const DeviceArray<int64_t> scanned(static_cast<size_t>(n), stream);
+    with_policy(stream, n_threads, n, [&](const auto& policy) {
+      const auto as_i64 = thrust::make_transform_iterator(hit, dm::HitAsI64{});
+      thrust::inclusive_scan(policy, as_i64, as_i64 + n, scanned.get());
+    });
+    for_each_index(stream, n_threads, 1, dm::AddLast{scanned.get(), n, counter});
+  }  // scanned is freed in stream order after the passes
+
   /// The device counters of `sequence`'s gathers from device positions ([0] rows served by its caches, [1] bytes
   /// loaded into them), made zero at its first use.
   int64_t* fetch_counters(const void* sequence, size_t row_bytes, kvret_stream stream, int n_threads) {
@@ -2507,10 +2522,8 @@ class CudaBackend final : public Backend {
         std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
       const DeviceArray<int32_t> device_items(items.size(), stream);
       copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
-      const int64_t bytes =
-          update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, nullptr);
-      std::lock_guard<std::mutex> lock(caches_mutex_);
-      loaded_[sequence] += bytes;
+      int64_t* counters = fetch_counters(sequence, store.row_bytes(), stream, n_threads);
+      update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, counters + 1);
     } catch (const std::bad_alloc&) {
       forget(sequence, layer);
     } catch (...) {
@@ -2582,16 +2595,14 @@ class CudaBackend final : public Backend {
     return 2 * blocks * c.block_tokens * c.row_bytes;  // the temporaries are freed in stream order
   }
 
-  /// The working set's rows: cached rows from the cache, the others from the host store; returns the rows served
-  /// from the cache.
-  int64_t gather_rows(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
-                      int64_t count, int64_t rows, const WorkingSetViews& out, int n_threads, LayerCache* cache,
-                      kvret_stream stream) {
+  /// The working set's rows: the rows the cache holds from it (their count added to *hits on the device), the
+  /// others from the host store.
+  void gather_rows(const HostKvStore& store, int64_t mid_begin, int64_t mid_end, const int32_t* const* selected,
+                   int64_t count, int64_t rows, const WorkingSetViews& out, int n_threads, LayerCache* cache,
+                   int64_t* hits, kvret_stream stream) {
     const int heads = store.n_kv_heads();
 #if KVRET_ON_GPU
-    int64_t tuned_hits = 0;
-    if (tuned_gather(store, mid_begin, mid_end, selected, count, rows, out, cache, &tuned_hits, stream))
-      return tuned_hits;
+    if (tuned_gather(store, mid_begin, mid_end, selected, count, rows, out, cache, hits, stream)) return;
 #endif
     std::vector<dm::RowCopy> copies;
     copies.reserve(static_cast<size_t>(heads * rows));
@@ -2603,7 +2614,7 @@ class CudaBackend final : public Backend {
         copies.push_back({store.key_row(h, p), store.value_row(h, p), h, r, p});
       }
     }
-    if (copies.empty()) return 0;
+    if (copies.empty()) return;
     const DeviceArray<dm::RowCopy> device_copies(copies.size(), stream);
     copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
     const dm::GatherRows gather{device_copies.get(),
@@ -2614,26 +2625,21 @@ class CudaBackend final : public Backend {
                                 store.head_dim()};
     const int64_t n = static_cast<int64_t>(copies.size()) * store.head_dim();
     note_gather_pass();
-    if (cache == nullptr || !cache->view().serves()) {
+    if (cache == nullptr || hits == nullptr || !cache->view().serves()) {
       for_each_index(stream, n_threads, n, gather);
-      return 0;  // device_copies is freed in stream order after the gather
+      return;  // device_copies is freed in stream order after the gather
     }
     const DeviceArray<uint8_t> hit(copies.size(), stream);
     for_each_index(stream, n_threads, n, dm::GatherCachedRows{gather, cache->view(), hit.get()});
-    int64_t hits = 0;
-    with_policy(stream, n_threads, static_cast<int64_t>(copies.size()), [&](const auto& policy) {
-      hits = static_cast<int64_t>(thrust::count(policy, hit.get(), hit.get() + copies.size(), uint8_t{1}));
-      note_wait();  // the count comes back to the host
-    });
-    return hits;
+    add_hits(hit.get(), static_cast<int64_t>(copies.size()), hits, stream, n_threads);
   }
 
-  /// The rows of the `fused` jobs (rows set, caches from cache_of) in one gather pass; sets each job's
-  /// served_by_sources to the rows its cache served.
+  /// The rows of the `fused` jobs (rows set, caches from cache_of) in one gather pass; the rows each job's cache
+  /// served are added on the device to its counter (hits[f]; the job of a cache has one).
   void gather_fused(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
-                    int n_threads, kvret_stream stream) {
+                    const std::vector<int64_t*>& hits, int n_threads, kvret_stream stream) {
 #if KVRET_ON_GPU
-    if (tuned_gather_batch(jobs, fused, caches, stream)) return;
+    if (tuned_gather_batch(jobs, fused, caches, hits, stream)) return;
 #endif
     const HostKvStore& first = *jobs[fused[0]].store;
     const int heads = first.n_kv_heads();
@@ -2658,7 +2664,7 @@ class CudaBackend final : public Backend {
       }
       ends[f] = static_cast<int64_t>(copies.size());
       views[f] = {device_tensor(j.out->k), device_tensor(j.out->v), device_tensor(j.out->positions), {}};
-      if (caches[f] != nullptr && caches[f]->view().serves()) {
+      if (caches[f] != nullptr && hits[f] != nullptr && caches[f]->view().serves()) {
         views[f].cache = caches[f]->view();
         cached = true;
       }
@@ -2677,7 +2683,7 @@ class CudaBackend final : public Backend {
                    dm::GatherBatchRows{device_copies.get(), device_jobs_of_rows.get(), device_views.get(),
                                        static_cast<int32_t>(first.dtype()), d, hit.get()});
     if (!cached) return;  // the temporaries are freed in stream order after the gather
-    // the rows each job's cache served: a scan of the hits, each job's share of it, read back in one copy
+    // the rows each job's cache served: a scan of the hits, each job's share of it, added to its counter
     const DeviceArray<int64_t> scanned(copies.size(), stream);
     const DeviceArray<int64_t> device_ends(ends.size(), stream);
     const DeviceArray<int64_t> device_hits(ends.size(), stream);
@@ -2688,9 +2694,17 @@ class CudaBackend final : public Backend {
     });
     for_each_index(stream, n_threads, static_cast<int64_t>(ends.size()),
                    dm::JobHits{scanned.get(), device_ends.get(), device_hits.get()});
-    std::vector<int64_t> hits(ends.size());
-    copy_bytes(hits.data(), device_hits.get(), hits.size() * sizeof(int64_t), stream, true);
-    for (size_t f = 0; f < fused.size(); ++f) jobs[fused[f]].served_by_sources = hits[f];
+    add_job_counts(device_hits.get(), 1, hits, stream, n_threads);
+  }  // the temporaries are freed in stream order after the passes
+
+  /// Adds counts[f * stride] to *targets[f] (none where null) on the device, in one pass after the work before it.
+  template <class Count>
+  void add_job_counts(const Count* counts, int64_t stride, const std::vector<int64_t*>& targets, kvret_stream stream,
+                      int n_threads) {
+    const DeviceArray<int64_t*> device_targets(targets.size(), stream);
+    copy_bytes(device_targets.get(), targets.data(), targets.size() * sizeof(int64_t*), stream, false);
+    for_each_index(stream, n_threads, 1,
+                   dm::AddJobCounts<Count>{counts, stride, device_targets.get(), static_cast<int64_t>(targets.size())});
   }
 
 #if KVRET_ON_GPU
@@ -2717,9 +2731,10 @@ class CudaBackend final : public Backend {
   }
 
   /// The fused jobs of gather_batch in one launch of the tuned gather (one WorkingSetGatherSeq per job), where it
-  /// takes every one of them (tuned_fits); false (nothing enqueued) otherwise. Sets each job's served_by_sources.
+  /// takes every one of them (tuned_fits); false (nothing enqueued) otherwise. The rows each job's cache served are
+  /// added on the device to hits[f].
   bool tuned_gather_batch(GatherJob* jobs, const std::vector<size_t>& fused, const std::vector<LayerCache*>& caches,
-                          kvret_stream stream) {
+                          const std::vector<int64_t*>& hits, kvret_stream stream) {
     int64_t max_rows = 0;
     for (const size_t i : fused) {
       if (!tuned_fits(*jobs[i].store, jobs[i].rows, *jobs[i].out)) return false;
@@ -2776,7 +2791,7 @@ class CudaBackend final : public Backend {
       seq.out_v = j.out->v.data();
       seq.out_positions = reinterpret_cast<int32_t*>(j.out->positions.data());
       seq.out_capacity = j.out->k.dim(1);
-      if (caches[f] != nullptr && caches[f]->view().serves()) {
+      if (caches[f] != nullptr && hits[f] != nullptr && caches[f]->view().serves()) {
         const dm::CacheView c = caches[f]->view();
         seq.cache.window_k = c.window_k;
         seq.cache.window_v = c.window_v;
@@ -2804,11 +2819,8 @@ class CudaBackend final : public Backend {
         cuda::launch_working_set_gather(device_seqs.get(), static_cast<int32_t>(fused.size()),
                                         static_cast<int32_t>(max_rows), tuned_geometry(first), cuda_stream(stream)),
         "launch_working_set_gather");
-    std::vector<unsigned long long> counts(3 * fused.size(), 0);
     if (cached)  // rows from the caches (each job's first counter), after the gather
-      copy_bytes(counts.data(), counters.get(), counts.size() * sizeof(unsigned long long), stream, true);
-    for (size_t f = 0; f < fused.size(); ++f)
-      jobs[fused[f]].served_by_sources = seqs[f].counters != nullptr ? static_cast<int64_t>(counts[3 * f]) : 0;
+      add_job_counts(counters.get(), 3, hits, stream, 0);
     return true;  // the device arrays are freed in stream order after the gather
   }
 
@@ -2827,9 +2839,7 @@ class CudaBackend final : public Backend {
     job.count = count;
     job.out = &out;
     job.rows = rows;
-    if (!tuned_gather_batch(&job, {0}, {cache}, stream)) return false;
-    *hits = job.served_by_sources;
-    return true;
+    return tuned_gather_batch(&job, {0}, {cache}, {hits}, stream);
   }
 #endif
 

@@ -709,6 +709,7 @@ void Sequence::finish_fetch(PreparedFetch& p) noexcept {
   stats_.cache_hits += from_sources;  // rows a source before the host store served
   stats_.cache_misses += rows * c.n_kv_heads - from_sources;
   stats_.bytes_h2d += ctx_.backend().bytes_to_device(rows * c.n_kv_heads - from_sources, p.job.store->row_bytes());
+  if (ctx_.backend().counts_fetches_on_device()) device_counted_ = true;  // the cache's rows: fold_device_counts
   note_cache_use();
 }
 
@@ -835,7 +836,7 @@ void Sequence::fold_device_counts() const noexcept {
   const int64_t hits = d.cache_hits - folded_hits_.exchange(d.cache_hits);
   const int64_t bytes = d.bytes_h2d - folded_bytes_.exchange(d.bytes_h2d);
   stats_.cache_hits += hits;
-  stats_.cache_misses -= hits;  // counted as misses by attend_on_device
+  stats_.cache_misses -= hits;  // counted as misses by finish_fetch and attend_on_device
   stats_.bytes_h2d += bytes;
 }
 
@@ -916,6 +917,7 @@ void Sequence::prefetch(int32_t layer, const kvret_tensor* q_guess, int32_t budg
   }
   // a backend with a block cache loads the blocks of the guessed selection now (the CPU backend: nothing)
   ctx_.backend().prefetch(layer_at(layer).store(), kept_rows.data(), count, this, layer, stream);
+  if (ctx_.backend().counts_fetches_on_device()) device_counted_ = true;  // the bytes it loaded: fold_device_counts
   note_cache_use();
   if (prefetched_.empty()) prefetched_.resize(static_cast<size_t>(c.n_layers));
   prefetched_[static_cast<size_t>(layer)] = std::move(kept);  // no throw from here

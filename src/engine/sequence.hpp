@@ -169,8 +169,8 @@ class Sequence {
   /// The layer's KVCrush select state (null unless config.hamming_fraction > 0). For tests.
   const KvCrushLayer* crush(int32_t layer) const;
 
-  /// The counters, with what kvret_seq_attend's gathers from device positions counted on the device folded in
-  /// first (a wait for the device, only after such a gather).
+  /// The counters, with what the gathers and prefetches of a backend that counts them on the device (the CUDA
+  /// backend's block cache) counted there folded in first (a wait for the device, only after such a gather).
   const StatCounters& stats() const noexcept {
     fold_device_counts();
     return stats_;

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "c_api/handles.hpp"
 #include "device_twin.hpp"
+#include "engine/context.hpp"
 #include "kvret.h"
 #include "test_util.hpp"
 
@@ -468,6 +470,75 @@ TEST_F(BlockCache, TheWindowsServeTheSinkAndLocalRowsAndLoadOnlyWhatTheyLack) {
     test::expect_ok(kvret_seq_close(a));
     test::expect_ok(kvret_seq_close(b));
   }
+}
+
+/// kvret_fetch_async and kvret_fetch_batch_async with a block cache make no host wait when the positions are in
+/// pinned host memory: the rows the caches serve (windows and blocks) and the bytes loaded into them are counted on
+/// the device, and reading the stats (which waits for the device) folds them in, equal to a host model's counts.
+TEST_F(BlockCache, FetchesWithACacheMakeNoHostWait) {
+  const kvret_config c = cache_config(8);
+  auto ctx = test::make_context(c);
+  const Backend& backend = context_from_handle(ctx.get())->backend();
+  kvret_seq *a = nullptr, *b = nullptr;
+  test::expect_ok(kvret_seq_open(ctx.get(), &a));
+  test::expect_ok(kvret_seq_open(ctx.get(), &b));
+  append_tokens(a, 1, 500, 31);
+  append_tokens(b, 1, 420, 32);
+  std::vector<ModelCache> model_a(kHeads, ModelCache(8, KVRET_CACHE_LRU));
+  std::mt19937_64 rng(23);
+  constexpr int32_t kCount = 24;
+  int64_t waits = 0, expected_hits = 0;
+  for (int step = 0; step < 12; ++step) {
+    append_tokens(a, 1, 1, 100 + static_cast<uint64_t>(step));
+    append_tokens(b, 1, 1, 200 + static_cast<uint64_t>(step));
+    const int64_t len_a = length_of(a), len_b = length_of(b);
+    const std::vector<int32_t> sel_a = random_selection(c, len_a, kCount, rng);
+    const std::vector<int32_t> sel_b = random_selection(c, len_b, kCount, rng);
+    std::vector<std::set<int64_t>> cached;
+    for (const ModelCache& m : model_a) cached.push_back(m.blocks());
+    expected_hits += rows_in(cached, c, len_a, sel_a, kCount);
+    // pinned host positions: [2, kHeads, kCount] for the batch, whose first entry is the single fetch's
+    I32 positions({2, kHeads, kCount});
+    std::copy(sel_a.begin(), sel_a.end(), positions.data.begin());
+    std::copy(sel_b.begin(), sel_b.end(), positions.data.begin() + kHeads * kCount);
+    positions.refresh();
+    positions.t.device = {KVRET_DEVICE_CUDA_HOST, 0};
+    int64_t capacity_a = 0, capacity_b = 0;
+    test::expect_ok(kvret_working_set_capacity(a, 0, kCount, &capacity_a));
+    test::expect_ok(kvret_working_set_capacity(b, 0, kCount, &capacity_b));
+    F32 ka({kHeads, capacity_a, kDim}), va({kHeads, capacity_a, kDim}), kb({kHeads, capacity_b, kDim}),
+        vb({kHeads, capacity_b, kDim});
+    I32 pa({kHeads, capacity_a}), pb({kHeads, capacity_b});
+    const kvret_working_set outs[2] = {{ka.t, va.t, pa.t}, {kb.t, vb.t, pb.t}};
+    kvret_tensor single = positions.t;  // the first entry: [kHeads, kCount]
+    single.ndim = 2;
+    single.shape = positions.t.shape + 1;
+    single.strides = nullptr;  // row-major, as positions
+    const int64_t before = backend.host_waits();
+    int64_t rows = 0;
+    if (step % 2 == 0) {
+      test::expect_ok(kvret_fetch_async(a, 0, &single, kCount, &outs[0], &rows, nullptr));
+    } else {
+      kvret_seq* seqs[2] = {a, b};
+      const int32_t counts[2] = {kCount, kCount};
+      int64_t row_counts[2] = {0, 0};
+      test::expect_ok(kvret_fetch_batch_async(ctx.get(), 2, seqs, 0, &positions.t, counts, outs, row_counts, nullptr));
+    }
+    waits += backend.host_waits() - before;
+    for (int h = 0; h < kHeads; ++h) {
+      std::vector<int32_t> items(sel_a.begin() + h * kCount, sel_a.begin() + (h + 1) * kCount);
+      model_a[static_cast<size_t>(h)].apply(items, false, static_cast<uint32_t>(step + 1), 8 / 4, len_a);
+    }
+  }
+  EXPECT_EQ(waits, 0) << "fetches with a cache, positions in pinned host memory";
+  const int64_t before = backend.host_waits();
+  const kvret_stats s = stats_of(a);
+  EXPECT_GT(backend.host_waits(), before) << "reading the stats reads the device's counts";
+  EXPECT_EQ(s.cache_hits, expected_hits);
+  EXPECT_EQ(s.cache_hits + s.cache_misses, s.fetched_rows);
+  EXPECT_GT(s.cache_hits, 12 * (c.n_sink + c.n_local) * kHeads) << "blocks served rows too";
+  test::expect_ok(kvret_seq_close(a));
+  test::expect_ok(kvret_seq_close(b));
 }
 
 }  // namespace
