@@ -584,7 +584,7 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  backend, where q is labelled KVRET_DEVICE_CUDA and the layer's select runs on the device (and without
  *  quant_attention, accumulated importance, row sources, ClusterKV's reuse or a pending prefetch of the layer), the
  *  selected positions stay on the device from select to attention: the gather, the block cache's update and the
- *  attention make no host wait (some selects still do, docs/cuda_backend.md), and the cache's hits, misses and
+ *  attention make no host wait (a select with config.check_finite waits once), and the cache's hits, misses and
  *  bytes are counted on the device and added to the stats when they are read. Never run on a GPU. */
 KVRET_API kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                                         float scale, const kvret_tensor* out, kvret_stream stream);

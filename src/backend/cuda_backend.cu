@@ -1664,7 +1664,7 @@ class CudaBackend final : public Backend {
       layouts.push_back(l);
     }
     const DeviceArray<float> pending_keys(pending.size(), stream);
-    if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, true);
+    if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, false);
     for (size_t i = 0; i < layouts.size(); ++i) layouts[i].pending_keys = pending_keys.get() + pending_at[i];
     const Uploaded<dm::ClusterLayout> l(std::move(layouts), stream);
 
@@ -1795,9 +1795,9 @@ class CudaBackend final : public Backend {
   /// QUANT's select on the device for every job of `jobs` (QUANT selects of one budget, shape and candidate count;
   /// `mirrors` their copies) in one set of passes, q already loaded ([jobs, n_q_heads, d]): the low-bit logits,
   /// the fold and top-k of select_top, the positions and scores written. With re-ranking (quant_rerank r > 1) the
-  /// top r x budget by the low-bit logits are the candidates: their positions come back to the host (one wait for
-  /// the batch), which reads their exact keys from the stores and copies them in (a second wait; counted as each
-  /// sequence's loaded bytes), and the top of EXACT's logits over them is the selection.
+  /// top r x budget by the low-bit logits are the candidates: their exact keys are read on the device from the
+  /// stores' pinned pages (counted as each sequence's loaded bytes), and the top of EXACT's logits over them is the
+  /// selection; no host wait.
   void quant_select(const FusedJobs& jobs, const std::vector<const IndexMirror*>& mirrors, const float* q,
                     kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
@@ -1825,23 +1825,28 @@ class CudaBackend final : public Backend {
       select_top(static_cast<int64_t>(jobs.size()), threads, segments, width, candidates, KVRET_FOLD_MAX_LOGIT, r.group,
                  middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
     }
-    std::vector<int32_t> host_cand(cand.size());
-    copy_bytes(host_cand.data(), cand.get(), host_cand.size() * sizeof(int32_t), stream, true);
-    // their exact keys from the stores, EXACT's logits, the top of them
-    std::vector<float> host_keys(static_cast<size_t>(segments * candidates * d));
-    for (int64_t s = 0; s < segments; ++s) {
-      const HostKvStore& store = *jobs.job(static_cast<size_t>(s / heads)).store;
-      for (int64_t i = 0; i < candidates; ++i) {
-        const int32_t t = host_cand[static_cast<size_t>(s * candidates + i)];
-        store.keys_f32(static_cast<int>(s % heads), t, t + 1, host_keys.data() + (s * candidates + i) * d);
-      }
+    // their exact keys, read from the stores' pages on the device; EXACT's logits; the top of them
+    std::vector<const std::byte*> pages;
+    std::vector<int64_t> page_at;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const HostKvStore& store = *jobs.job(i).store;
+      page_at.push_back(static_cast<int64_t>(pages.size()));
+      const std::vector<const std::byte*> own = device_page_addresses(store, pages_for(store.size()));
+      pages.insert(pages.end(), own.begin(), own.end());
     }
-    const DeviceArray<float> exact_keys(host_keys.size(), stream);
-    copy_bytes(exact_keys.get(), host_keys.data(), host_keys.size() * sizeof(float), stream, true);
+    const HostKvStore& first = *jobs.job(0).store;
+    const Uploaded<const std::byte*> device_pages(std::move(pages), stream);
+    const Uploaded<int64_t> device_page_at(std::move(page_at), stream);
+    const DeviceArray<float> exact_keys(static_cast<size_t>(segments * candidates * d), stream);
+    for_each_index(
+        stream, threads, segments * candidates * d,
+        dm::QuantCandidateKeys{cand.get(), device_pages.device.get(), device_page_at.device.get(), exact_keys.get(),
+                               candidates, heads, HostKvStore::kPageTokens, static_cast<int64_t>(first.row_bytes()), d,
+                               static_cast<int32_t>(first.dtype())});
     {
       std::lock_guard<std::mutex> lock(caches_mutex_);
       for (size_t i = 0; i < jobs.size(); ++i)
-        loaded_[jobs.job(i).sequence] += heads * candidates * d * static_cast<int64_t>(sizeof(float));
+        loaded_[jobs.job(i).sequence] += heads * candidates * static_cast<int64_t>(first.row_bytes());
     }
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
@@ -1851,8 +1856,9 @@ class CudaBackend final : public Backend {
 
  public:
   /// Quantized attention on the device (quant_attend_ops.hpp), attend_dense's rule: the low-bit logits from the
-  /// device copy, the candidates by select's passes, the exact rows (sink, local, selected) and candidate keys read
-  /// by the host from the store and copied in, then the logits, weights and weighted sums in double on the device.
+  /// device copy, the candidates by select's passes (their positions copied to the host, which maps the exact
+  /// rows), the exact rows (sink, local, selected) and candidate keys read on the device from the store's pinned
+  /// pages, then the logits, weights and weighted sums in double on the device.
   bool attend_quantized_on_device(const QuantAttendJob& job, int64_t* key_rows, kvret_stream stream) override {
     const auto* quant =
         dynamic_cast<const QuantRetriever*>(job.retriever != nullptr ? job.retriever->selects_as() : nullptr);
@@ -1908,8 +1914,8 @@ class CudaBackend final : public Backend {
       for (int64_t t = 0; t < n; ++t) exact += k[t] != 0;
       rows = std::max(rows, exact);
     }
-    std::vector<float> keys(static_cast<size_t>(heads * rows * d)), values(keys.size());
     std::vector<uint8_t> exact_value(static_cast<size_t>(heads * rows), 0);
+    std::vector<dm::RowCopy> copies;  // the exact rows, read from the pinned pages on the device
     for (int64_t h = 0; h < heads; ++h) {
       int32_t next = 0;
       for (int64_t t = 0; t < n; ++t) {
@@ -1918,24 +1924,22 @@ class CudaBackend final : public Backend {
           slot[static_cast<size_t>(h * n + t)] = -1;
           continue;
         }
-        const int64_t at = h * rows + next;
+        exact_value[static_cast<size_t>(h * rows + next)] = k == 2 ? 1 : 0;
+        copies.push_back({store.key_row(static_cast<int>(h), t), store.value_row(static_cast<int>(h), t), h, next,
+                          static_cast<int32_t>(t)});
         slot[static_cast<size_t>(h * n + t)] = next++;
-        load_row_f32(store.key_row(static_cast<int>(h), t), store.dtype(), keys.data() + at * d,
-                     static_cast<size_t>(d));
-        if (k == 2) {
-          load_row_f32(store.value_row(static_cast<int>(h), t), store.dtype(), values.data() + at * d,
-                       static_cast<size_t>(d));
-          exact_value[static_cast<size_t>(at)] = 1;
-        }
       }
     }
     const DeviceArray<int32_t> slot_d(slot.size(), stream);
     const DeviceArray<uint8_t> exact_value_d(exact_value.size(), stream);
-    const DeviceArray<float> keys_d(keys.size(), stream), values_d(values.size(), stream);
+    const DeviceArray<float> keys_d(static_cast<size_t>(heads * rows * d), stream), values_d(keys_d.size(), stream);
+    const DeviceArray<dm::RowCopy> copies_d(copies.size(), stream);
     copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
     copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
-    copy_bytes(keys_d.get(), keys.data(), keys.size() * sizeof(float), stream, false);
-    copy_bytes(values_d.get(), values.data(), values.size() * sizeof(float), stream, true);
+    copy_bytes(copies_d.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    for_each_index(stream, threads, static_cast<int64_t>(copies.size()) * d,
+                   dm::QuantExactLoad{copies_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows,
+                                      static_cast<int32_t>(store.dtype()), d});
     const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows};
     // the logits, the weights and the output
     const DeviceArray<double> logits(static_cast<size_t>(q_heads * n), stream), z(static_cast<size_t>(q_heads), stream);
@@ -2218,20 +2222,21 @@ class CudaBackend final : public Backend {
         const auto e = static_cast<int64_t>(pq.exact_positions(h).size());
         exacts[static_cast<size_t>(h)] = static_cast<int32_t>(e);
         if (!items.empty()) {
-          pq.items(h, m.pq.tokens, n, items.data());
+          pq.items(h, m.pq.tokens, n, items.data());  // (a copy from pageable memory returns once its bytes are
+                                                      // staged, so the host array may change or go)
           copy_bytes(const_cast<int32_t*>(l.items) + h * l.capacity + m.pq.tokens, items.data(), items.size() * 4,
-                     stream, true);
+                     stream, false);
         }
         const int64_t sent = m.pq.exacts[static_cast<size_t>(h)];
         if (e > sent) {
           const std::vector<float> keys = pq.exact_keys_f32(h, sent);
           copy_bytes(const_cast<float*>(l.exact_keys) + (h * l.exact_capacity + sent) * l.d, keys.data(),
-                     keys.size() * 4, stream, true);
+                     keys.size() * 4, stream, false);
         }
         m.pq.exacts[static_cast<size_t>(h)] = e;
       }
-      if (!counts.empty()) copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, true);
-      copy_bytes(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream, true);
+      if (!counts.empty()) copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, false);
+      copy_bytes(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream, false);
       m.pq.tokens = n;
       m.pq.layout_version = pq.layout_version();
     });

@@ -6,8 +6,9 @@
 // One call over the n tokens of a (sequence, layer), the middle [begin, end), is these passes:
 //   PageLoadQuery, QuantBlockLogits, QuantResidualLogits   q and the low-bit logits at select's scale (quant_select)
 //   (the candidates, with re-ranking: select's candidate passes, the maximum over each group, over a copy of those
-//   logits) QuantAttendLogits    per (query head, token) its logit in double: the rescaled low-bit logit, or the exact
-//   one
+//   logits)
+//   QuantExactLoad       the exact rows' keys (and values where exact), read from the store's pinned pages in f32
+//   QuantAttendLogits    per (query head, token) its logit in double: the rescaled low-bit logit, or the exact one
 //                        from the token's exact key (the sink, local, selected and candidate tokens)
 //   QuantAttendWeights   per query head the maximum, then e^(l - max) in place, and the normaliser, in token order
 //   QuantAttendOutput    per (query head, element) the weighted sum of the values in token order (the exact value of
@@ -27,6 +28,26 @@ struct QuantExactRows {
   const float* keys;
   const float* values;
   int64_t rows;
+};
+
+/// Element i of the exact rows' load (row i / head_dim of `copies`, element i % head_dim): its key, and its value
+/// where exact_value marks it, converted to f32 into keys / values [heads, rows, head_dim] at (head, row); a row
+/// read for its key only moves no value bytes.
+struct QuantExactLoad {
+  const RowCopy* copies;
+  const uint8_t* exact_value;
+  float* keys;
+  float* values;
+  int64_t rows;
+  int32_t src_type, head_dim;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const RowCopy& c = copies[i / head_dim];
+    const int64_t e = i % head_dim;
+    const int64_t row = c.head * rows + c.row;
+    copy_element(c.k_src, src_type, reinterpret_cast<std::byte*>(keys + row * head_dim), kF32, e);
+    if (exact_value[row] != 0)
+      copy_element(c.v_src, src_type, reinterpret_cast<std::byte*>(values + row * head_dim), kF32, e);
+  }
 };
 
 struct QuantAttendLogits {

@@ -159,6 +159,27 @@ struct QuantExactLogits {
   }
 };
 
+/// Element i (row = i / d: segment s = job * heads + head and candidate u = row % n; element e = i % d) of the
+/// re-ranking's key load: the stored key of position cand[row] of the segment's head, converted to f32 into keys
+/// [segments, n, d], read from the job's store pages (pages[page_at[job] + page]; HostKvStore's layout, keys of
+/// every head first).
+struct QuantCandidateKeys {
+  const int32_t* cand;
+  const std::byte* const* pages;
+  const int64_t* page_at;
+  float* keys;
+  int64_t n, heads, page_tokens, row_bytes;
+  int32_t d, src_type;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    const int64_t row = i / d, e = i % d;
+    const int64_t s = row / n, h = s % heads;
+    const int64_t t = cand[row];
+    const std::byte* page = pages[page_at[s / heads] + t / page_tokens];
+    copy_element(page + (h * page_tokens + t % page_tokens) * row_bytes, src_type,
+                 reinterpret_cast<std::byte*>(keys + row * d), kF32, e);
+  }
+};
+
 // The token top-k below runs over `segments` rows (the KV heads of one select, or of every select of a fused
 // batch, job after job: segment = job * heads + head) of `width` entries each. In a fused batch a job's row holds
 // its n_of[job] tokens and then padding up to the batch's widest row; without n_of every entry is a token.

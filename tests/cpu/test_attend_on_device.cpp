@@ -214,7 +214,7 @@ TEST_P(AttendOnDevice, EqualsTheHostPathAndTheCpuBackend) {
     }
     EXPECT_GT(attends, 10);
     EXPECT_TRUE(hits) << "the block cache served rows";
-    // select + fetch waits for the positions it checks and the cache's admitted counts; the device path does not
+    // select + fetch waits for the select's outputs and the positions it checks; the device path does not
     if (kind != KVRET_INDEX_QUANT || crush == 0.0f) {  // QUANT adds no representatives on the device: host path
       EXPECT_LE(dev_waits + attends, split_waits) << "the device path ran";
     }
@@ -238,39 +238,44 @@ INSTANTIATE_TEST_SUITE_P(Kinds, AttendOnDevice,
                          });
 
 /// A steady decode step of kvret_seq_attend (the index's device copy and the block cache warm) makes no host wait
-/// on a PAGE context, whose select runs on the device without one; nor does the same step with q in pinned host
-/// memory (the host select reads q in place, and the gather from host positions counts the block cache's rows on
-/// the device). Reading the stats afterwards waits, and folds the device's counts in.
+/// for PAGE, QUANT (re-ranking its candidates by keys read on the device), PQ, CLUSTER and EXACT, whose selects run
+/// on the device without one (AttendOnDevice.EqualsTheHostPathAndTheCpuBackend checks that the device path runs);
+/// nor does the same step with q in pinned host memory (the host select reads q in place, and the gather from host
+/// positions counts the block cache's rows on the device). Reading the stats afterwards waits, and folds the
+/// device's counts in.
 TEST_F(AttendOnDevice, SteadyDecodeStepMakesNoHostWait) {
-  kvret_config c = twin_config(KVRET_INDEX_PAGE, KVRET_DEVICE_CUDA, KVRET_KV_F16);
-  Twin dev{test::make_context(c)};
-  test::expect_ok(kvret_seq_open(dev.ctx.get(), &dev.seq));
-  append(dev, 1200, 3);
-  const int32_t budget = 64;
-  for (int step = 0; step < 12; ++step) {
-    append(dev, 1, 100 + static_cast<uint64_t>(step));
-    for (int32_t layer = 0; layer < 2; ++layer) {
-      const std::vector<float> q = test::random_vector(kQHeads * kDim, 7, 2.0f);  // one query: the same blocks
-      const int64_t before = waits(dev.ctx.get());
-      attend(dev, layer, q, budget, 0.0f);
-      if (step >= 2) {
-        EXPECT_EQ(waits(dev.ctx.get()) - before, 0) << "step " << step << " layer " << layer;
+  for (const int kind : {KVRET_INDEX_PAGE, KVRET_INDEX_QUANT, KVRET_INDEX_PQ, KVRET_INDEX_CLUSTER, KVRET_INDEX_EXACT}) {
+    SCOPED_TRACE(kind);
+    kvret_config c = twin_config(kind, KVRET_DEVICE_CUDA, KVRET_KV_F16);
+    Twin dev{test::make_context(c)};
+    test::expect_ok(kvret_seq_open(dev.ctx.get(), &dev.seq));
+    append(dev, 1200, 3);
+    const int32_t budget = 64;
+    for (int step = 0; step < 12; ++step) {
+      append(dev, 1, 100 + static_cast<uint64_t>(step));
+      for (int32_t layer = 0; layer < 2; ++layer) {
+        const std::vector<float> q = test::random_vector(kQHeads * kDim, 7, 2.0f);  // one query: the same blocks
+        const int64_t before = waits(dev.ctx.get());
+        attend(dev, layer, q, budget, 0.0f);
+        if (step >= 2) {
+          EXPECT_EQ(waits(dev.ctx.get()) - before, 0) << "step " << step << " layer " << layer;
+        }
+        dev.q_device = KVRET_DEVICE_CUDA_HOST;  // the path through host positions
+        const int64_t host_before = waits(dev.ctx.get());
+        attend(dev, layer, q, budget, 0.0f);
+        if (step >= 2) {
+          EXPECT_EQ(waits(dev.ctx.get()) - host_before, 0) << "step " << step << " layer " << layer << ", host path";
+        }
+        dev.q_device = KVRET_DEVICE_CUDA;
       }
-      dev.q_device = KVRET_DEVICE_CUDA_HOST;  // the path through host positions
-      const int64_t host_before = waits(dev.ctx.get());
-      attend(dev, layer, q, budget, 0.0f);
-      if (step >= 2) {
-        EXPECT_EQ(waits(dev.ctx.get()) - host_before, 0) << "step " << step << " layer " << layer << ", host path";
-      }
-      dev.q_device = KVRET_DEVICE_CUDA;
     }
+    const int64_t before = waits(dev.ctx.get());
+    const kvret_stats s = stats_of(dev.seq);
+    EXPECT_GT(waits(dev.ctx.get()), before) << "reading the stats reads the device's counts";
+    EXPECT_GT(s.cache_hits, 0);
+    EXPECT_EQ(s.cache_hits + s.cache_misses, s.fetched_rows);
+    test::expect_ok(kvret_seq_close(dev.seq));
   }
-  const int64_t before = waits(dev.ctx.get());
-  const kvret_stats s = stats_of(dev.seq);
-  EXPECT_GT(waits(dev.ctx.get()), before) << "reading the stats reads the device's counts";
-  EXPECT_GT(s.cache_hits, 0);
-  EXPECT_EQ(s.cache_hits + s.cache_misses, s.fetched_rows);
-  test::expect_ok(kvret_seq_close(dev.seq));
 }
 
 }  // namespace
