@@ -68,34 +68,27 @@ struct CacheView {
   }
 };
 
-/// Element i (head h, the r-th of n positions from `from`, 16-bit or 32-bit unit u) of a load of the device
-/// windows: that unit of the key and the value row of position from + r, from the store's pages (HostKvStore's
-/// layout: keys of every head, then values) into the windows' row that window_slot gives in `next`.
+/// Element i (head h, the r-th of n positions from `from`, element e) of a load of the device windows: that
+/// element of the key and the value row of position from + r, from the store's pages (HostKvStore's layout: keys of
+/// every head, then values) into the windows' row that window_slot gives in `next`.
 struct FillWindow {
   std::byte* window_k;
   std::byte* window_v;
   cuda::WindowRows next;
   const std::byte* const* pages;  ///< [n_pages] the pages' bases
   int64_t heads, page_tokens, row_bytes, from, n;
-  int32_t units, unit_bytes;
+  int32_t type, head_dim;  ///< the store's element type, elements per row
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t u = i % units;
-    const int64_t r = (i / units) % n;
-    const int64_t h = i / units / n;
+    const int64_t e = i % head_dim;
+    const int64_t r = (i / head_dim) % n;
+    const int64_t h = i / head_dim / n;
     const int64_t position = from + r;
     const int32_t w = cuda::math::window_slot(next, position);
     if (w < 0) return;
-    const std::byte* page = pages[position / page_tokens];
-    const int64_t key_offset = (h * page_tokens + position % page_tokens) * row_bytes + u * unit_bytes;
-    const int64_t value_offset = key_offset + heads * page_tokens * row_bytes;
-    const int64_t dst = (h * (next.sink_slots + next.local_slots) + w) * row_bytes + u * unit_bytes;
-    if (unit_bytes == 4) {
-      *reinterpret_cast<uint32_t*>(window_k + dst) = *reinterpret_cast<const uint32_t*>(page + key_offset);
-      *reinterpret_cast<uint32_t*>(window_v + dst) = *reinterpret_cast<const uint32_t*>(page + value_offset);
-    } else {
-      *reinterpret_cast<uint16_t*>(window_k + dst) = *reinterpret_cast<const uint16_t*>(page + key_offset);
-      *reinterpret_cast<uint16_t*>(window_v + dst) = *reinterpret_cast<const uint16_t*>(page + value_offset);
-    }
+    const std::byte* key = pages[position / page_tokens] + (h * page_tokens + position % page_tokens) * row_bytes;
+    const int64_t dst = (h * (next.sink_slots + next.local_slots) + w) * row_bytes;
+    copy_element(key, type, window_k + dst, type, e);
+    copy_element(key + heads * page_tokens * row_bytes, type, window_v + dst, type, e);
   }
 };
 
@@ -329,7 +322,7 @@ struct FillSlots {
   const int32_t* admit;
   const std::byte* const* pages;  ///< [n_pages] the pages' bases
   int64_t heads, page_tokens;
-  int32_t most;  ///< the largest A over the heads
+  int32_t most;  ///< the most blocks any head may admit (a head's blocks past its A are skipped)
   int32_t units;
   int32_t unit_bytes;
   KVRET_BACKEND_HD void operator()(int64_t i) const {

@@ -471,13 +471,12 @@ class LayerCache {
     const int64_t n = (r.sink_to - r.sink_from) + (r.local_to - r.local_from);
     if (n > 0) {
       const PageTable pages(store, pages_for(store.size()), stream);
-      const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
-      const auto units = static_cast<int32_t>(row_bytes_ / unit_bytes);
       for (const auto& [from, to] : {std::pair{r.sink_from, r.sink_to}, std::pair{r.local_from, r.local_to}}) {
         if (to > from)
-          for_each_index(stream, n_threads, heads_ * (to - from) * units,
-                         dm::FillWindow{window_k_.get(), window_v_.get(), r.next, pages.get(), heads_,
-                                        HostKvStore::kPageTokens, row_bytes_, from, to - from, units, unit_bytes});
+          for_each_index(
+              stream, n_threads, heads_ * (to - from) * store.head_dim(),
+              dm::FillWindow{window_k_.get(), window_v_.get(), r.next, pages.get(), heads_, HostKvStore::kPageTokens,
+                             row_bytes_, from, to - from, static_cast<int32_t>(store.dtype()), store.head_dim()});
       }
     }
     window_ = r.next;  // the page table is freed in stream order after the loads
@@ -1464,29 +1463,48 @@ class CudaBackend final : public Backend {
   /// from its store's pinned, mapped pages (no device copy), the logits, the fold and the top-k of select_top, the
   /// positions and scores written. The key bytes read over the bus count as each sequence's loaded bytes
   /// (stats.bytes_h2d).
+  /// Every job's key pages up to the one holding its last middle token, as the device addresses them: one table of
+  /// page addresses and one dm::ExactKeyPages per job, in device memory (EXACT's logits, QUANT's re-ranked keys).
+  class JobKeyPages {
+   public:
+    JobKeyPages(const FusedJobs& jobs, kvret_stream stream)
+        : table_(addresses(jobs), stream), views_(views(jobs, table_.device.get()), stream) {}
+    const dm::ExactKeyPages* get() const noexcept { return views_.device.get(); }
+
+   private:
+    static std::vector<const std::byte*> addresses(const FusedJobs& jobs) {
+      std::vector<const std::byte*> pages;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const std::vector<const std::byte*> own =
+            device_page_addresses(*jobs.job(i).store, pages_for(jobs.job(i).request.mid_end));
+        pages.insert(pages.end(), own.begin(), own.end());
+      }
+      return pages;
+    }
+    static std::vector<dm::ExactKeyPages> views(const FusedJobs& jobs, const std::byte* const* table) {
+      std::vector<dm::ExactKeyPages> out;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const HostKvStore& store = *jobs.job(i).store;
+        out.push_back({table, HostKvStore::kPageTokens, static_cast<int64_t>(store.row_bytes()),
+                       static_cast<int32_t>(store.dtype())});
+        table += pages_for(jobs.job(i).request.mid_end);
+      }
+      return out;
+    }
+    Uploaded<const std::byte*> table_;
+    Uploaded<dm::ExactKeyPages> views_;
+  };
+
   void exact_select(const FusedJobs& jobs, const float* q, kvret_stream stream) {
     const SelectRequest& r = jobs.job(0).request;
     const HostKvStore& first = *jobs.job(0).store;
     const int64_t heads = first.n_kv_heads(), width = jobs.width(),
                   segments = heads * static_cast<int64_t>(jobs.size());
     const int threads = r.n_threads;
-    // every job's pages up to the one holding its last middle token, as the device addresses them, in one table
-    std::vector<const std::byte*> pages;
-    std::vector<dm::ExactKeyPages> keys(jobs.size());
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const HostKvStore& store = *jobs.job(i).store;
-      const std::vector<const std::byte*> own = device_page_addresses(store, pages_for(jobs.job(i).request.mid_end));
-      keys[i] = {reinterpret_cast<const std::byte* const*>(pages.size()), HostKvStore::kPageTokens,
-                 static_cast<int64_t>(store.row_bytes()), static_cast<int32_t>(store.dtype())};
-      pages.insert(pages.end(), own.begin(), own.end());
-    }
-    const Uploaded<const std::byte*> device_pages(std::move(pages), stream);
-    for (dm::ExactKeyPages& k : keys)  // the offsets into the table made its addresses
-      k.pages = device_pages.device.get() + reinterpret_cast<size_t>(k.pages);
-    const Uploaded<dm::ExactKeyPages> device_keys(std::move(keys), stream);
+    const JobKeyPages keys(jobs, stream);
     const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
     for_each_index(stream, threads, segments * width,
-                   dm::ExactLogits{device_keys.device.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
+                   dm::ExactLogits{keys.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
                                    first.head_dim(), r.group, r.scale});
     top_and_write(jobs, segments, logits.get(), stream);
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1826,27 +1844,14 @@ class CudaBackend final : public Backend {
                  middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
     }
     // their exact keys, read from the stores' pages on the device; EXACT's logits; the top of them
-    std::vector<const std::byte*> pages;
-    std::vector<int64_t> page_at;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const HostKvStore& store = *jobs.job(i).store;
-      page_at.push_back(static_cast<int64_t>(pages.size()));
-      const std::vector<const std::byte*> own = device_page_addresses(store, pages_for(store.size()));
-      pages.insert(pages.end(), own.begin(), own.end());
-    }
-    const HostKvStore& first = *jobs.job(0).store;
-    const Uploaded<const std::byte*> device_pages(std::move(pages), stream);
-    const Uploaded<int64_t> device_page_at(std::move(page_at), stream);
+    const JobKeyPages pages(jobs, stream);
     const DeviceArray<float> exact_keys(static_cast<size_t>(segments * candidates * d), stream);
-    for_each_index(
-        stream, threads, segments * candidates * d,
-        dm::QuantCandidateKeys{cand.get(), device_pages.device.get(), device_page_at.device.get(), exact_keys.get(),
-                               candidates, heads, HostKvStore::kPageTokens, static_cast<int64_t>(first.row_bytes()), d,
-                               static_cast<int32_t>(first.dtype())});
+    for_each_index(stream, threads, segments * candidates * d,
+                   dm::QuantCandidateKeys{cand.get(), pages.get(), exact_keys.get(), candidates, heads, d});
     {
       std::lock_guard<std::mutex> lock(caches_mutex_);
       for (size_t i = 0; i < jobs.size(); ++i)
-        loaded_[jobs.job(i).sequence] += heads * candidates * static_cast<int64_t>(first.row_bytes());
+        loaded_[jobs.job(i).sequence] += heads * candidates * static_cast<int64_t>(jobs.job(i).store->row_bytes());
     }
     const DeviceArray<float> exact(static_cast<size_t>(rows * candidates), stream);
     for_each_index(stream, threads, rows * candidates,
@@ -2538,12 +2543,12 @@ class CudaBackend final : public Backend {
   }
 
   /// The update's passes over `items`, device memory [heads, stride] holding `count` ascending positions per head.
-  /// With `loaded` null the host waits for the admitted counts and returns the bytes loaded; else the bytes are
-  /// added to *loaded on the device (no wait; the copy into the slots then covers the most any head may admit).
-  int64_t update_passes(const HostKvStore& store, const int32_t* items, int64_t stride, int64_t count,
-                        LayerCache& cache, bool prefetch, kvret_stream stream, int n_threads, int64_t* loaded) {
+  /// The bytes loaded are added to *loaded on the device, with no host wait: the copy into the slots covers the most
+  /// any head may admit and skips the rest.
+  void update_passes(const HostKvStore& store, const int32_t* items, int64_t stride, int64_t count, LayerCache& cache,
+                     bool prefetch, kvret_stream stream, int n_threads, int64_t* loaded) {
     const dm::CacheView c = cache.view();
-    if (c.max_blocks == 0) return 0;  // no complete block yet
+    if (c.max_blocks == 0) return;  // no complete block yet
     const int64_t heads = store.n_kv_heads();
     const int64_t n_blocks = heads * c.max_blocks;
     const int64_t n_slot_entries = heads * c.n_slots;
@@ -2577,28 +2582,17 @@ class CudaBackend final : public Backend {
     });
     for_each_index(stream, n_threads, n_blocks,
                    dm::Install{c, marks.get(), ranks.get(), victims.get(), policy_, step, prefetch, loads.get()});
-    int32_t most = max_admit;
-    int64_t blocks = 0;
-    if (loaded != nullptr) {
-      for_each_index(stream, n_threads, 1,
-                     dm::AddAdmittedBytes{admit.get(), heads, c.block_tokens * c.row_bytes, loaded});
-    } else {
-      std::vector<int32_t> admitted(static_cast<size_t>(heads));
-      copy_bytes(admitted.data(), admit.get(), admitted.size() * sizeof(int32_t), stream, true);
-      most = *std::max_element(admitted.begin(), admitted.end());
-      for (const int32_t a : admitted) blocks += a;
-    }
-    if (most == 0) return 0;
-    // the admitted blocks' rows, from the store's pages into their slots
+    for_each_index(stream, n_threads, 1,
+                   dm::AddAdmittedBytes{admit.get(), heads, c.block_tokens * c.row_bytes, loaded});
+    // the admitted blocks' rows, from the store's pages into their slots (max_admit per head, the rest skipped)
     const int64_t page_tokens = HostKvStore::kPageTokens;
     const PageTable device_pages(store, pages_for(store.size()), stream);
     const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
     const auto units = static_cast<int32_t>(c.row_bytes / unit_bytes);
-    for_each_index(
-        stream, n_threads, heads * most * c.block_tokens * units,
-        dm::FillSlots{c, loads.get(), admit.get(), device_pages.get(), heads, page_tokens, most, units, unit_bytes});
-    return 2 * blocks * c.block_tokens * c.row_bytes;  // the temporaries are freed in stream order
-  }
+    for_each_index(stream, n_threads, heads * max_admit * c.block_tokens * units,
+                   dm::FillSlots{c, loads.get(), admit.get(), device_pages.get(), heads, page_tokens, max_admit, units,
+                                 unit_bytes});
+  }  // the temporaries are freed in stream order
 
   /// The working set's rows: the rows the cache holds from it (their count added to *hits on the device), the
   /// others from the host store.

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "backend/cluster_select_ops.hpp"
+#include "backend/exact_select_ops.hpp"
 #include "backend/page_select_ops.hpp"
 #include "math/quant_math.h"
 
@@ -160,23 +161,18 @@ struct QuantExactLogits {
 };
 
 /// Element i (row = i / d: segment s = job * heads + head and candidate u = row % n; element e = i % d) of the
-/// re-ranking's key load: the stored key of position cand[row] of the segment's head, converted to f32 into keys
-/// [segments, n, d], read from the job's store pages (pages[page_at[job] + page]; HostKvStore's layout, keys of
-/// every head first).
+/// re-ranking's key load: the stored key of position cand[row] of the segment's head, read from its job's pages
+/// (`pages`, one per job) and converted to f32 into out [segments, n, d].
 struct QuantCandidateKeys {
   const int32_t* cand;
-  const std::byte* const* pages;
-  const int64_t* page_at;
-  float* keys;
-  int64_t n, heads, page_tokens, row_bytes;
-  int32_t d, src_type;
+  const ExactKeyPages* pages;
+  float* out;
+  int64_t n, heads;
+  int32_t d;
   KVRET_BACKEND_HD void operator()(int64_t i) const {
-    const int64_t row = i / d, e = i % d;
-    const int64_t s = row / n, h = s % heads;
-    const int64_t t = cand[row];
-    const std::byte* page = pages[page_at[s / heads] + t / page_tokens];
-    copy_element(page + (h * page_tokens + t % page_tokens) * row_bytes, src_type,
-                 reinterpret_cast<std::byte*>(keys + row * d), kF32, e);
+    const int64_t row = i / d, s = row / n;
+    const ExactKeyPages& p = pages[s / heads];
+    copy_element(p.key_row(s % heads, cand[row]), p.type, reinterpret_cast<std::byte*>(out + row * d), kF32, i % d);
   }
 };
 
