@@ -9,6 +9,24 @@
 
 namespace kvret {
 
+namespace {
+
+/// `url` with the password of its user part (scheme://[user]:PASSWORD@host...) replaced by "***"; the rest as
+/// given. The authority ends at the first '/' or '?', as parse_redis_url reads it.
+std::string url_without_password(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const size_t start = scheme + 3;
+  const size_t end = std::min(url.find('/', start), url.find('?', start));
+  const size_t at = url.rfind('@', end == std::string::npos ? std::string::npos : end - 1);
+  if (at == std::string::npos || at < start) return url;
+  const size_t colon = url.find(':', start);
+  const size_t secret = colon != std::string::npos && colon < at ? colon + 1 : start;  // no ':': all of it
+  return url.substr(0, secret) + "***" + url.substr(at);
+}
+
+}  // namespace
+
 Context::Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend,
                  std::string shared_url)
     : config_(config),
@@ -21,7 +39,8 @@ Context::Context(const kvret_config& config, std::string disk_path, std::unique_
     throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.index_kind: unknown value " + std::to_string(config.index_kind));
   kind_ = with_cluster_builder(kind_, backend_->cluster_builder());  // CLUSTER built on the backend's device
   config_.disk_path = disk_path_.empty() ? nullptr : disk_path_.c_str();
-  config_.session_shared_url = shared_url_.empty() ? nullptr : shared_url_.c_str();
+  shown_url_ = url_without_password(shared_url_);
+  config_.session_shared_url = shown_url_.empty() ? nullptr : shown_url_.c_str();
 }
 
 Context::~Context() {

@@ -20,7 +20,7 @@ class Context {
  public:
   /// `config` must have passed read_config.
   /// `backend` null: make_backend(config). config().disk_path and config().session_shared_url point at the copies
-  /// `disk_path` and `shared_url` (null when empty).
+  /// `disk_path` and `shared_url` (null when empty; the URL's password masked).
   Context(const kvret_config& config, std::string disk_path, std::unique_ptr<Backend> backend = nullptr,
           std::string shared_url = {});
   ~Context();  ///< closes every open sequence (waiting for their builds)
@@ -29,7 +29,8 @@ class Context {
 
   const kvret_config& config() const noexcept { return config_; }
   const std::string& disk_path() const noexcept { return disk_path_; }
-  /// The URL of the session store's shared tier (config.session_shared_url); empty for none.
+  /// The URL of the session store's shared tier, with its password; empty for none. config().session_shared_url is
+  /// this URL with the password replaced by "***" (a config that is logged does not log the secret).
   const std::string& shared_url() const noexcept { return shared_url_; }
   int threads() const noexcept { return threads_; }
   BuildQueue& builds() noexcept { return builds_; }
@@ -68,6 +69,7 @@ class Context {
   std::unique_ptr<Backend> backend_;  // outlives the sequences: ~Context closes them in its body
   std::string disk_path_;
   std::string shared_url_;
+  std::string shown_url_;  // shared_url_ without its password: what config_.session_shared_url points at
   int threads_;
   std::atomic<int64_t> host_bytes_{0};
   std::shared_ptr<const std::vector<std::shared_ptr<const RowSource>>> row_sources_;  // guarded by mu_

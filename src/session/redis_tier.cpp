@@ -12,8 +12,10 @@
 
 #if KVRET_WITH_HIREDIS
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -221,6 +223,13 @@ constexpr uint32_t kFormat = 1;
 constexpr int kReadAttempts = 5;
 constexpr size_t kMaxChunkBytes = size_t{512} << 20;
 constexpr size_t kPipelineBytes = size_t{16} << 20;  // bytes of chunks in flight on one connection
+// The largest head this tier writes or reads (a blob of up to about a million chunks): a longer reply to a head's
+// GET is refused as it arrives instead of being buffered whole.
+constexpr size_t kMaxHeadBytes = size_t{4} << 20;
+constexpr size_t kSmallReply = size_t{64} << 10;  // a status, an integer or an error
+constexpr size_t kBulkFraming = 32;               // "$<length>\r\n" and "\r\n" around a bulk string
+constexpr size_t kReadSlack = size_t{64} << 10;   // bytes of the next pipelined replies one read may bring along
+using Clock = std::chrono::steady_clock;
 
 // The head value: little-endian fields, then the CRC-32 of everything before it.
 struct Head {
@@ -350,15 +359,62 @@ struct RedisTier::Connection {
     if (redisAppendCommandArgv(ctx, n, argv, argl) != REDIS_OK) link_failed("sending a command");
   }
 
-  Reply reply(const char* doing) {
-    void* raw = nullptr;
-    if (redisGetReply(ctx, &raw) != REDIS_OK || raw == nullptr) link_failed(doing);
-    return Reply(static_cast<redisReply*>(raw));
+  [[noreturn]] void timed_out(const char* doing) const {
+    throw Error(KVRET_ERR_IO, "shared session tier " + where + ": " + doing + ": timed out after " +
+                                  std::to_string(timeout_ms) + " ms (the whole reply)");
   }
 
-  Reply command(std::initializer_list<std::string_view> args, const char* doing) {
+  // Milliseconds left until `deadline` (at least 1); past it, the call has timed out.
+  int left_ms(Clock::time_point deadline, const char* doing) const {
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) timed_out(doing);
+    return static_cast<int>(std::min<int64_t>(left, timeout_ms));
+  }
+
+  // The next reply, whole within timeout_ms of asking for it (a server that trickles its bytes does not extend it),
+  // and at most `limit` bytes long: a longer one is refused as it arrives (`too_long`: KVRET_ERR_CORRUPT for the
+  // tier's own values, whose sizes are known, KVRET_ERR_IO for anything else). hiredis's blocking read would apply
+  // the timeout to each read(2) and buffer a reply of any length; this loop reads through its reader instead.
+  Reply reply(const char* doing, size_t limit = kSmallReply, kvret_status too_long = KVRET_ERR_IO) {
+    const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    size_t received = 0;
+    bool sent = false;
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(ctx, &raw) != REDIS_OK) link_failed(doing);
+      if (raw != nullptr) return Reply(static_cast<redisReply*>(raw));
+      if (!sent) {  // the commands appended since the last reply; a blocking write bounded by the time left
+        int done = 0;
+        while (done == 0) {
+          const int ms = left_ms(deadline, doing);
+          const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+          if (::setsockopt(ctx->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+            throw Error(KVRET_ERR_IO, "shared session tier " + where + ": " + doing + ": " + std::strerror(errno));
+          if (redisBufferWrite(ctx, &done) != REDIS_OK) link_failed(doing);
+        }
+        sent = true;
+      }
+      pollfd p{ctx->fd, POLLIN, 0};
+      int rc = 0;
+      do {
+        rc = ::poll(&p, 1, left_ms(deadline, doing));
+      } while (rc < 0 && errno == EINTR);
+      if (rc < 0)
+        throw Error(KVRET_ERR_IO, "shared session tier " + where + ": " + doing + ": " + std::strerror(errno));
+      if (rc == 0) timed_out(doing);
+      const size_t before = ctx->reader->len;
+      if (redisBufferRead(ctx) != REDIS_OK) link_failed(doing);
+      received += ctx->reader->len - before;
+      if (received > limit + kReadSlack)
+        throw Error(too_long, "shared session tier " + where + ": " + doing + ": the reply is longer than the " +
+                                  std::to_string(limit) + " bytes it can have");
+    }
+  }
+
+  Reply command(std::initializer_list<std::string_view> args, const char* doing, size_t limit = kSmallReply,
+                kvret_status too_long = KVRET_ERR_IO) {
     append(args);
-    return reply(doing);
+    return reply(doing, limit, too_long);
   }
 
   // A reply of the server that is an error: KVRET_ERR_CAPACITY when it is out of memory, else KVRET_ERR_IO.
@@ -464,6 +520,9 @@ void RedisTier::put(const std::string& key, const std::byte* data, size_t size, 
     head.size = size;
     head.chunk_bytes = chunk_bytes_;
     const size_t n = (size + chunk_bytes_ - 1) / chunk_bytes_;
+    require(n <= (kMaxHeadBytes - 44) / 4, KVRET_ERR_CAPACITY,
+            "redis tier: a blob of " + std::to_string(size) + " bytes needs more than " +
+                std::to_string((kMaxHeadBytes - 44) / 4) + " chunks of " + std::to_string(chunk_bytes_) + " bytes");
     head.crcs.resize(n);
     std::vector<std::string> keys(n);
     const std::string chunk_px = std::to_string(ttl_ms > 0 ? ttl_ms : kOrphanGuardMs);
@@ -538,7 +597,8 @@ void RedisTier::put(const std::string& key, const std::byte* data, size_t size, 
         }
       }
     }
-    const Reply exec = c.reply("committing the head");
+    // EXEC: an integer per PERSIST and the replaced head
+    const Reply exec = c.reply("committing the head", kMaxHeadBytes + kBulkFraming * (queued + 2));
     if (!is_status(*multi, "OK")) c.server_error(*multi, "starting the commit");
     if (queue_failure) throw *queue_failure;
     if (exec->type != REDIS_REPLY_ARRAY || exec->elements != queued) c.server_error(*exec, "committing the head");
@@ -577,7 +637,7 @@ std::optional<std::vector<std::byte>> RedisTier::get_once(Connection& c, const s
   retry = false;
   const std::string hkey = head_key(key);
   const auto read_head = [&]() -> std::optional<Head> {
-    const Reply r = c.command({"GET", hkey}, "reading the head");
+    const Reply r = c.command({"GET", hkey}, "reading the head", kMaxHeadBytes + kBulkFraming, KVRET_ERR_CORRUPT);
     if (r->type == REDIS_REPLY_NIL) return std::nullopt;
     if (r->type != REDIS_REPLY_STRING) c.server_error(*r, "reading the head");
     std::optional<Head> h = decode_head(r->str, r->len);
@@ -587,7 +647,9 @@ std::optional<std::vector<std::byte>> RedisTier::get_once(Connection& c, const s
   const std::optional<Head> head = read_head();
   if (!head) return std::nullopt;
   const size_t n = head->crcs.size();
-  std::vector<std::byte> out(head->size);
+  // filled as the chunks arrive: a damaged head that claims a huge size costs nothing until its bytes come
+  std::vector<std::byte> out;
+  out.reserve(static_cast<size_t>(std::min<uint64_t>(head->size, kPipelineBytes)));
   const size_t window = std::max<size_t>(1, kPipelineBytes / head->chunk_bytes);
   size_t sent = 0;
   size_t answered = 0;
@@ -595,7 +657,7 @@ std::optional<std::vector<std::byte>> RedisTier::get_once(Connection& c, const s
   std::optional<Error> corrupt;
   const auto take_reply = [&] {
     const size_t i = answered++;
-    const Reply r = c.reply("reading a chunk");
+    const Reply r = c.reply("reading a chunk", head->chunk_size(i) + kBulkFraming, KVRET_ERR_CORRUPT);
     if (r->type == REDIS_REPLY_NIL) {
       missing = true;
       return;
@@ -608,7 +670,9 @@ std::optional<std::vector<std::byte>> RedisTier::get_once(Connection& c, const s
                                        "' fails its " + (r->len != head->chunk_size(i) ? "size" : "checksum"));
       return;
     }
-    if (r->len > 0) std::memcpy(out.data() + i * head->chunk_bytes, r->str, r->len);
+    if (!missing)
+      out.insert(out.end(), reinterpret_cast<const std::byte*>(r->str),
+                 reinterpret_cast<const std::byte*>(r->str) + r->len);
   };
   for (size_t i = 0; i < n; ++i) {
     c.append({"GET", chunk_key(key, head->version, i)});
@@ -648,7 +712,7 @@ bool RedisTier::remove(const std::string& key) {
   const std::lock_guard lock(mutex_);
   try {
     Connection& c = connection();
-    const Reply r = c.command({"GETDEL", head_key(key)}, "removing the head");
+    const Reply r = c.command({"GETDEL", head_key(key)}, "removing the head", kMaxHeadBytes + kBulkFraming);
     if (r->type == REDIS_REPLY_NIL) return false;
     if (r->type != REDIS_REPLY_STRING) c.server_error(*r, "removing the head");
     if (const std::optional<Head> h = decode_head(r->str, r->len)) {

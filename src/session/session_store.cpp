@@ -731,7 +731,7 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
     std::unique_lock<std::mutex> wlock(wmu_);
     wcv_.wait(wlock, [&] { return pending_bytes_ < static_cast<uint64_t>(c.session_dram_bytes) || wstop_; });
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   expire_now();
   std::unique_ptr<Sequence> copy = seq.fork();  // waits for the builds; shares the pages
   const uint64_t bytes = session_bytes(*copy);
@@ -781,58 +781,92 @@ void SessionStore::save(Sequence& seq, const std::string& id) {
       queued = queue_write(m, wcopy, bytes);
     } catch (...) {
     }
-    if (queued) {
-      m.shared = kSharedBehind;  // until the writer is done, the local copy is the newer
+    m.shared = kSharedBehind;  // until the write-through is done, the local copy is the newer
+    if (queued) return;
+    // Done here, without the store's lock (other threads' session calls do not wait for the round trips).
+    const Meta saved = m;
+    lock.unlock();
+    SharedWrite job;  // not queued: nothing marks it dropped; its cleanup failure is kept below
+    uint64_t generation = 0;
+    std::exception_ptr failure;
+    try {
+      generation = write_shared(seq, saved, &job);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    lock.lock();
+    if (job.cleanup) keep_failure(job.cleanup, "session store cleanup (shared tier)");
+    if (failure) {
+      ++counters_.write_failures;
+      keep_failure(failure, "kvret_session_save: the write-through to the shared tier");
       return;
     }
-    try {
-      m.shared = write_shared(seq, m);
-      ++counters_.shared_writes;
-    } catch (...) {
-      m.shared = kSharedBehind;
-      ++counters_.write_failures;
-      keep_failure(std::current_exception(), "kvret_session_save: the write-through to the shared tier");
-    }
+    ++counters_.shared_writes;
+    if (const auto i = ids_.find(id); i != ids_.end())
+      if (const auto s = meta_.find(i->second); s != meta_.end() && s->second.save_serial == saved.save_serial)
+        s->second.shared = generation;  // the shared tier names this very save
   }
 }
 
 std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  expire_now();
-  const auto it = ids_.find(id);
-  if (it == ids_.end() || placement_.where(it->second) == Tier::miss) {
-    if (shared_) {
-      try {
-        std::unique_ptr<Sequence> seq = read_shared(id);
-        ++counters_.hits_shared;
-        return seq;
-      } catch (const Error& e) {
-        if (e.status() == KVRET_ERR_NOT_FOUND) ++counters_.misses;
-        throw;
+  // The shared tier's round trips run without the store's lock; the local state is looked at again after them.
+  std::unique_lock<std::mutex> lock(mu_);
+  SessionId sid = 0;
+  for (int pass = 0;; ++pass) {
+    expire_now();
+    const auto it = ids_.find(id);
+    if (it == ids_.end() || placement_.where(it->second) == Tier::miss) {
+      if (shared_) {
+        lock.unlock();
+        try {
+          std::unique_ptr<Sequence> seq = read_shared(id);
+          lock.lock();
+          ++counters_.hits_shared;
+          return seq;
+        } catch (const Error& e) {
+          if (e.status() == KVRET_ERR_NOT_FOUND) {
+            lock.lock();
+            ++counters_.misses;
+          }
+          throw;
+        }
       }
+      ++counters_.misses;
+      throw Error(KVRET_ERR_NOT_FOUND, "kvret_session_open: no saved session '" + id + "'");
     }
-    ++counters_.misses;
-    throw Error(KVRET_ERR_NOT_FOUND, "kvret_session_open: no saved session '" + id + "'");
-  }
-  const SessionId sid = it->second;
-  if (shared_ && meta_.at(sid).shared != kSharedBehind) {
+    sid = it->second;
+    if (!shared_ || meta_.at(sid).shared == kSharedBehind || pass == 2) break;
     // Another node may have saved a later turn: the local copy serves only when the shared tier names the same
     // save (or has none, or cannot be asked).
+    const uint64_t local_generation = meta_.at(sid).shared;
+    const uint64_t serial = meta_.at(sid).save_serial;
+    lock.unlock();
     std::optional<SharedManifest> current;
     try {
       current = shared_manifest(id);
     } catch (const Error&) {
     }
-    if (current && current->same_config && current->generation != meta_.at(sid).shared) {
+    std::unique_ptr<Sequence> newer;
+    if (current && current->same_config && current->generation != local_generation) {
       try {
-        std::unique_ptr<Sequence> seq = read_shared(id);
-        if (meta_.at(sid).shared != kSharedUnknown) drop_session(sid);  // a copy of an older save
-        ++counters_.hits_shared;
-        return seq;
+        newer = read_shared(id);
       } catch (const Error& e) {
         if (e.status() != KVRET_ERR_NOT_FOUND) throw;  // gone meanwhile: the local copy serves
       }
     }
+    lock.lock();
+    expire_now();
+    const auto again = ids_.find(id);
+    const auto meta = again == ids_.end() ? meta_.end() : meta_.find(again->second);
+    const bool same = meta != meta_.end() && again->second == sid && meta->second.save_serial == serial &&
+                      placement_.where(sid) != Tier::miss;  // the local copy asked about is still there
+    if (newer) {
+      if (same && meta->second.shared != kSharedUnknown) drop_session(sid);  // a copy of an older save
+      ++counters_.hits_shared;
+      return newer;
+    }
+    if (same) break;
+    // saved, dropped or evicted meanwhile: look again (the last pass serves the local copy without asking)
   }
   if (placement_.where(sid) == Tier::dram) {
     std::unique_ptr<Sequence> seq = dram_.at(sid)->fork();
@@ -863,11 +897,10 @@ std::unique_ptr<Sequence> SessionStore::open(const std::string& id) {
 }
 
 void SessionStore::drop(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   expire_now();
   const auto it = ids_.find(id);
   const bool local = it != ids_.end() && placement_.where(it->second) != Tier::miss;
-  bool shared = false;
   std::vector<std::shared_ptr<SharedWrite>> cancelled;  // freed after the lock
   if (shared_) {
     // The writer's jobs of this id: the queued ones go, the running one writes no manifest (or has written it,
@@ -885,16 +918,23 @@ void SessionStore::drop(const std::string& id) {
     if (writing_ && writing_->id == id) writing_->dropped = true;
   }
   if (!cancelled.empty()) wcv_.notify_all();
-  if (shared_) {
-    try {
-      shared = remove_shared(id);
-    } catch (...) {
-      if (!local) throw;  // the shared tier was all there was to drop
-      keep_failure(std::current_exception(), "kvret_session_drop: the shared tier");
-    }
+  if (local) drop_session(it->second);
+  if (!shared_) {
+    require(local, KVRET_ERR_NOT_FOUND, "kvret_session_drop: no saved session '" + id + "'");
+    return;
+  }
+  // The local copy is gone; the shared tier's copy goes without the store's lock (its round trips).
+  lock.unlock();
+  bool shared = false;
+  try {
+    shared = remove_shared(id);
+  } catch (...) {
+    if (!local) throw;  // the shared tier was all there was to drop
+    lock.lock();
+    keep_failure(std::current_exception(), "kvret_session_drop: the shared tier");
+    return;
   }
   require(local || shared, KVRET_ERR_NOT_FOUND, "kvret_session_drop: no saved session '" + id + "'");
-  if (local) drop_session(it->second);
 }
 
 void SessionStore::schedule(const std::vector<std::string>& ids) {
@@ -934,7 +974,7 @@ void SessionStore::schedule(const std::vector<std::string>& ids) {
 }
 
 kvret_session_tier SessionStore::where(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   expire_now();
   const auto it = ids_.find(id);
   if (it != ids_.end()) {
@@ -945,6 +985,7 @@ kvret_session_tier SessionStore::where(const std::string& id) {
     if (tier == Tier::disk) return evicting_.count(it->second) != 0 ? KVRET_TIER_DRAM : KVRET_TIER_DISK;
   }
   if (shared_) {
+    lock.unlock();  // the round trip runs without the store's lock
     try {
       const std::optional<SharedManifest> m = shared_manifest(id);
       if (m && m->same_config) return KVRET_TIER_SHARED;
@@ -1253,16 +1294,27 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta, Share
       sizes.push_back(blob.size());
     }
     const std::vector<std::byte> manifest = manifest_bytes(meta, DiskRecord{stem, generation}, sizes);
-    if (job != nullptr) {
-      std::lock_guard<std::mutex> wlock(wmu_);  // a drop of this id marks the job under it
-      dropped = job->dropped;
-      if (!dropped) shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
-    } else {
+    const auto was_dropped = [&] {  // a drop of this id marks the job under wmu_ before it removes the manifest
+      std::lock_guard<std::mutex> wlock(wmu_);
+      return job->dropped;
+    };
+    dropped = was_dropped();
+    if (!dropped) {
       shared_->put(manifest_key(stem), manifest.data(), manifest.size(), ttl());
+      // A drop that came during the put may have read the manifest before it was in: this save takes it back.
+      if (was_dropped()) {
+        dropped = true;
+        try {
+          const std::optional<SharedManifest> now = shared_manifest(meta.id);
+          if (now && now->generation == generation) shared_->remove(manifest_key(stem));
+        } catch (...) {
+          job->cleanup = std::current_exception();
+        }
+      }
     }
   } catch (...) {
     remove_written();
-    if (job != nullptr) {
+    {
       std::lock_guard<std::mutex> wlock(wmu_);
       if (job->dropped) return 0;  // not a failure: the session was dropped meanwhile
     }
@@ -1277,10 +1329,7 @@ uint64_t SessionStore::write_shared(const Sequence& seq, const Meta& meta, Share
       try {
         shared_->remove(shared_layer_key(stem, old->generation, static_cast<int32_t>(l)));
       } catch (...) {
-        if (job == nullptr)
-          keep_failure(std::current_exception(), "session store cleanup (shared tier)");
-        else if (!job->cleanup)
-          job->cleanup = std::current_exception();
+        if (!job->cleanup) job->cleanup = std::current_exception();
       }
     }
   return generation;
@@ -1322,12 +1371,15 @@ std::unique_ptr<Sequence> SessionStore::read_shared(const std::string& id) {
       return seq;
     } catch (const Error& e) {
       if (e.status() == KVRET_ERR_CORRUPT) {  // dropped, as a local one is: the next open is a miss
-        ++counters_.corrupt;
+        std::exception_ptr cleanup;
         try {
           remove_shared(id);
         } catch (...) {
-          keep_failure(std::current_exception(), "session store cleanup (shared tier)");
+          cleanup = std::current_exception();
         }
+        std::lock_guard<std::mutex> lock(mu_);
+        ++counters_.corrupt;
+        if (cleanup) keep_failure(cleanup, "session store cleanup (shared tier)");
       }
       throw;
     }
@@ -1351,6 +1403,7 @@ bool SessionStore::remove_shared(const std::string& id) {
       try {
         shared_->remove(shared_layer_key(stem, m->generation, static_cast<int32_t>(l)));
       } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
         keep_failure(std::current_exception(), "session store cleanup (shared tier)");
       }
     }

@@ -8,8 +8,10 @@
 // loader thread (a LayerLoad) brings in, in layer order; the sequence's calls on a layer wait for it. The layer
 // blobs a loader reads are pinned: removing them (a re-save, an eviction, a drop) is deferred until it ends.
 //
-// Every public call takes the store's lock and has the strong guarantee. The files of a session a decision puts on
-// disk (one it evicts from DRAM, or the saved one when it is not larger than the DRAM tier) are written by the
+// Every public call takes the store's lock and has the strong guarantee; no call holds it across a round trip to
+// the shared tier (open, where, drop and a save's write-through in the call release it and look at the local state
+// again after), so a slow Redis server never holds up the calls on local sessions. The files of a session a decision
+// puts on disk (one it evicts from DRAM, or the saved one when it is not larger than the DRAM tier) are written by the
 // background writer from a DRAM copy, which serves the session until its manifest is written (under the lock, so a
 // drop or a re-save meanwhile never races it); where() reports DRAM until then. A failed write leaves the session
 // on that copy and is queued again by the next save or schedule, kEvictionTries writes in all. A saved session
@@ -17,10 +19,10 @@
 // undone. flush waits for the writer and reports its failures and the cleanups'.
 //
 // The shared tier (config.session_shared_url: a RedisTier; docs/redis.md) is outside placement: a save writes the
-// session through to it once the local tiers hold it (synchronously, before the save returns; a failure there is
-// kept for flush, the local save stands), and open, where and drop look there on a local miss. Its keys depend on
-// the session id only (the hex of its bytes), so every node finds them; each save writes its layers under a random
-// generation and then the manifest naming it.
+// session through to it once the local tiers hold it (by the background writer, or in the call when the writer cannot
+// be had; a failure is kept for flush, the local save stands), and open, where and drop look there on a local miss. Its
+// keys depend on the session id only (the hex of its bytes), so every node finds them; each save writes its layers
+// under a random generation and then the manifest naming it.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -205,9 +207,9 @@ class SessionStore {
   std::optional<SharedManifest> shared_manifest(const std::string& id);
   /// Writes `seq` (saved as `meta`) to the shared tier: layers under a new generation, then the manifest; then
   /// removes the replaced save's layers. Returns the generation. On failure the shared tier's old copy stays.
-  /// With `job` (the writer's, the store's lock not held): no manifest when the job was dropped meanwhile (returns
-  /// 0), and a cleanup failure goes to job->cleanup.
-  uint64_t write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job = nullptr);
+  /// The store's lock is not held. No manifest stays when `job` was dropped meanwhile (returns 0); a cleanup
+  /// failure goes to job->cleanup.
+  uint64_t write_shared(const Sequence& seq, const Meta& meta, SharedWrite* job);
   /// Queues the write-through of `copy` as the save `meta` (the lock held); false when the writer cannot start.
   bool queue_write(const Meta& meta, std::unique_ptr<Sequence>& copy, uint64_t bytes);
   /// The writer thread: runs the queued evictions and write-throughs in order until stopped with nothing queued.

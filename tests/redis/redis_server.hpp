@@ -1,21 +1,26 @@
 #pragma once
 // A redis-server child process on loopback for the Redis tier's tests and benchmark: a free port, its own temporary
 // directory (removed at the end), no snapshots, optionally the append-only file; killed with the process that
-// started it. And a raw hiredis connection to look at (and tamper with) the keys.
+// started it. A raw hiredis connection to look at (and tamper with) the keys. And a slow loopback proxy that passes
+// the client's bytes on at once but trickles the server's back, one byte at a time.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -235,6 +240,97 @@ class RedisServer {
   int port_ = 0;
   bool started_once_ = false;
   pid_t pid_ = -1;
+};
+
+// A TCP proxy on a free loopback port in front of 127.0.0.1:`upstream`: what a client sends goes on at once, what
+// the server answers comes back one byte every `delay` (a slow link, or a server that stalls mid-reply). One thread
+// per connection; the destructor ends them all.
+class SlowProxy {
+ public:
+  SlowProxy(int upstream, std::chrono::milliseconds delay) : upstream_(upstream), delay_(delay) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listen_fd_, 16) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return;
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~SlowProxy() {
+    stop_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::thread& t : links_) t.join();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+  SlowProxy(const SlowProxy&) = delete;
+  SlowProxy& operator=(const SlowProxy&) = delete;
+
+  int port() const { return port_; }  // 0: it could not listen
+  std::string url(const std::string& tail = "") const { return "redis://127.0.0.1:" + std::to_string(port_) + tail; }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      links_.emplace_back([this, client] { relay(client); });
+    }
+  }
+
+  void relay(int client) {
+    const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(upstream_));
+    if (server < 0 || ::connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      if (server >= 0) ::close(server);
+      ::close(client);
+      return;
+    }
+    std::string pending;  // the server's bytes not yet passed on
+    auto next_byte = Clock::now();
+    char buf[65536];
+    bool open = true;
+    while (!stop_ && open) {
+      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      ::poll(p, 2, 10);
+      if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        const ssize_t n = ::recv(client, buf, sizeof buf, 0);
+        if (n <= 0 || ::send(server, buf, static_cast<size_t>(n), MSG_NOSIGNAL) != n) open = false;
+      }
+      if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        const ssize_t n = ::recv(server, buf, sizeof buf, 0);
+        if (n <= 0)
+          open = false;
+        else
+          pending.append(buf, static_cast<size_t>(n));
+      }
+      if (!pending.empty() && Clock::now() >= next_byte) {
+        if (::send(client, pending.data(), 1, MSG_NOSIGNAL) != 1) open = false;
+        pending.erase(0, 1);
+        next_byte = Clock::now() + delay_;
+      }
+    }
+    ::close(server);
+    ::close(client);
+  }
+
+  int upstream_;
+  std::chrono::milliseconds delay_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> links_;
 };
 
 }  // namespace kvret_test

@@ -3,7 +3,10 @@
 // the PATH those tests are skipped. The URL tests need no server.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -526,6 +529,120 @@ TEST_F(RedisTierTest, AStalledServerTimesOutAndTheTierReconnects) {
   EXPECT_LT(seconds_since(t0), 2.0);
   server_->signal(SIGCONT);
   EXPECT_TRUE(holds(tier.get("k"), data));
+}
+
+TEST_F(RedisTierTest, ATricklingServerTimesOutAfterTimeoutMsForTheWholeReply) {
+  // one byte of each reply every 0.3 s: every read(2) gets a byte well within the timeout, and the 4 KiB chunk's
+  // reply would take 20 minutes; the whole reply has timeout_ms
+  const auto data = random_bytes(4096, 21);
+  RedisTier direct(endpoint_of(*server_), 4096);
+  direct.put("k", data.data(), data.size(), 0);
+  kvret_test::SlowProxy proxy(server_->port(), std::chrono::milliseconds(300));
+  ASSERT_NE(proxy.port(), 0);
+  RedisTier slow(parse_redis_url(proxy.url("?timeout_ms=1000")), 4096);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // and again on a fresh connection
+    const auto t0 = Clock::now();
+    kvret_status status = KVRET_OK;
+    std::string message;
+    try {
+      (void)slow.get("k");
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    const double took = seconds_since(t0);
+    EXPECT_EQ(status, KVRET_ERR_IO) << message;
+    EXPECT_NE(message.find("timed out after 1000 ms"), std::string::npos) << message;
+    EXPECT_GE(took, 0.9);
+    EXPECT_LT(took, 3.0);
+  }
+  const auto t0 = Clock::now();
+  EXPECT_EQ(status_of([&] { slow.put("k", data.data(), data.size(), 0); }), KVRET_ERR_IO);
+  EXPECT_LT(seconds_since(t0), 3.0);
+  EXPECT_TRUE(holds(direct.get("k"), data));  // the server itself is fine
+}
+
+// A fake server that answers the first command it reads with `reply` (sent as fast as the socket takes it), then
+// keeps the connection open without a word until it is destroyed.
+class FakeServer {
+ public:
+  explicit FakeServer(std::string reply) : reply_(std::move(reply)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 4) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return;
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeServer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int port() const { return port_; }
+  size_t sent() const { return sent_; }
+
+ private:
+  void serve() {
+    int client = -1;
+    while (!stop_ && client < 0) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) client = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    }
+    if (client < 0) return;
+    char buf[4096];
+    bool answered = false;
+    size_t off = 0;
+    while (!stop_) {
+      pollfd p{client, static_cast<short>(POLLIN | (answered && off < reply_.size() ? POLLOUT : 0)), 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      if ((p.revents & POLLIN) != 0) {
+        if (::recv(client, buf, sizeof buf, 0) <= 0) break;
+        answered = true;
+      }
+      if ((p.revents & POLLOUT) != 0) {
+        const ssize_t n = ::send(client, reply_.data() + off, reply_.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) off += static_cast<size_t>(n);
+        sent_ = off;
+      }
+    }
+    ::close(client);
+  }
+
+  std::string reply_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> sent_{0};
+  std::thread thread_;
+};
+
+TEST(RedisTierLink, AReplyLongerThanItsValueCanBeIsRefusedAsItArrives) {
+  if (!kvret::session::redis_tier_available()) GTEST_SKIP() << "built without hiredis";
+  // a head's GET answered with a 1 GB bulk string, 32 MiB of it sent at once: no head is that long, and the tier
+  // refuses it as it arrives (before its timeout, buffering at most the head's limit) instead of waiting for the rest
+  std::string reply = "$1000000000\r\n";
+  reply.append(size_t{32} << 20, 'x');
+  FakeServer fake(reply);
+  ASSERT_NE(fake.port(), 0);
+  RedisTier tier(parse_redis_url("redis://127.0.0.1:" + std::to_string(fake.port()) + "?timeout_ms=20000"));
+  const auto t0 = Clock::now();
+  kvret_status status = KVRET_OK;
+  std::string message;
+  try {
+    (void)tier.get("k");
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  }
+  EXPECT_EQ(status, KVRET_ERR_CORRUPT) << message;
+  EXPECT_NE(message.find("longer than"), std::string::npos) << message;
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_LT(fake.sent(), size_t{32} << 20);  // not all of it was even taken
 }
 
 TEST_F(RedisTierTest, AServerGoneAwayIsIoAndNoSigpipe) {

@@ -108,6 +108,36 @@ TEST(SharedStoreUrl, AGoodUrlConnectsOnFirstUseAndTheContextKeepsACopy) {
   EXPECT_EQ(where(plain.get(), "absent"), KVRET_TIER_NONE);
 }
 
+TEST(SharedStoreUrl, TheConfigShowsTheUrlWithItsPasswordMasked) {
+  // the context keeps the password to authenticate with; kvret_get_config (what a caller logs) shows "***"
+  if (kvret_test::find_redis_server().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer server(RedisServer::Options{false, {"--requirepass", "s3cret:pw@x"}});
+  ASSERT_TRUE(server.start()) << server.log();
+  const std::string port = std::to_string(server.port());
+  for (const std::string& user : {std::string(), std::string("default")}) {
+    SCOPED_TRACE(user.empty() ? "password only" : "username and password");
+    const std::string url = "redis://" + user + ":s3cret%3Apw%40x@127.0.0.1:" + port + "/0?prefix=masked";
+    kvret_config c = small_config();
+    c.session_shared_url = url.c_str();
+    auto ctx = make_context(c);
+    ASSERT_NE(ctx, nullptr) << kvret_last_error();
+    kvret_config got;
+    kvret_config_init(&got);
+    KVRET_ASSERT_OK(kvret_get_config(ctx.get(), &got));
+    ASSERT_NE(got.session_shared_url, nullptr);
+    const std::string shown = got.session_shared_url;
+    EXPECT_EQ(shown.find("s3cret"), std::string::npos) << shown;
+    EXPECT_EQ(shown, "redis://" + user + ":***@127.0.0.1:" + port + "/0?prefix=masked");
+    // and the real password still authenticates: a save reaches the server, a second context opens it
+    Seq s(ctx.get());
+    fill(s.s, kLayers, 100, 3);
+    KVRET_ASSERT_OK(kvret_session_save(s.s, "masked"));
+    KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
+    auto other = make_context(c);
+    EXPECT_EQ(where(other.get(), "masked"), KVRET_TIER_SHARED);
+  }
+}
+
 // ---- with a server -------------------------------------------------------------------------------------------------
 
 class SharedStore : public ::testing::Test {
@@ -234,6 +264,53 @@ TEST_F(SharedStore, ANewerSaveOnAnotherNodeReplacesTheLocalCopy) {
   kvret_stats_init(&st_a);
   KVRET_ASSERT_OK(kvret_context_stats(a.get(), &st_a));
   EXPECT_GE(st_a.session_misses, 1);
+}
+
+TEST_F(SharedStore, ASlowServerFailsWithinTheTimeoutAndHoldsUpNoLocalCall) {
+  // the session in Redis, saved by a node with a direct link
+  auto a = make_context(config());
+  Seq s(a.get());
+  fill(s.s, kLayers, 300, 9);
+  KVRET_ASSERT_OK(kvret_session_save(s.s, "remote"));
+  KVRET_ASSERT_OK(kvret_session_flush(a.get()));
+  // a node behind a link that trickles the server's replies (one byte every 0.3 s), timeout_ms=1000
+  kvret_test::SlowProxy proxy(server_->port(), std::chrono::milliseconds(300));
+  ASSERT_NE(proxy.port(), 0);
+  const std::string slow_url = proxy.url(std::string("?prefix=") + kPrefix + "&timeout_ms=1000");
+  kvret_config c = small_config();
+  c.session_shared_url = slow_url.c_str();
+  auto b = make_context(c);
+  Seq local(b.get());
+  fill(local.s, kLayers, 200, 10);
+  KVRET_ASSERT_OK(kvret_session_save(local.s, "local"));  // in DRAM; its write-through fails
+  EXPECT_EQ(kvret_session_flush(b.get()), KVRET_ERR_IO);
+  // an open that needs the server, and meanwhile a lookup of a local session on another thread
+  std::atomic<bool> opening{false};
+  kvret_status open_status = KVRET_OK;
+  std::string open_error;
+  double open_seconds = 0;
+  std::thread opener([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    kvret_seq* got = nullptr;
+    opening = true;
+    open_status = kvret_session_open(b.get(), "remote", &got);
+    open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (open_status != KVRET_OK) open_error = kvret_last_error();
+    if (got != nullptr) kvret_seq_close(got);
+  });
+  while (!opening) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the open is waiting on the server
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(where(b.get(), "local"), KVRET_TIER_DRAM);
+  const double where_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  opener.join();
+  EXPECT_LT(where_seconds, 0.5);  // not held by the open's round trips
+  EXPECT_EQ(open_status, KVRET_ERR_IO) << open_error;
+  EXPECT_NE(open_error.find("timed out after 1000 ms"), std::string::npos) << open_error;
+  EXPECT_LT(open_seconds, 3.0);  // about timeout_ms, not the reply's length times 0.3 s
+  // the local session opens whole
+  const auto [st, got] = open_contents(b.get(), "local", kLayers);
+  EXPECT_EQ(st, KVRET_OK) << kvret_last_error();
 }
 
 TEST_F(SharedStore, AnotherConfigurationDoesNotSeeIt) {
