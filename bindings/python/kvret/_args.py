@@ -83,7 +83,10 @@ def budget(value, name="budget"):
     """None (the default budget) or an int32; for the C call."""
     if value is None:
         return _c.KVRET_BUDGET_DEFAULT
-    return int32(value, name)
+    value = int32(value, name)
+    if value < 1:  # the C message names KVRET_BUDGET_DEFAULT, which Python spells None
+        raise KvretError(Status.BUDGET, f"{name} must be >= 1, or None for the context's default budget; got {value}")
+    return value
 
 
 def scale(value, name="scale"):

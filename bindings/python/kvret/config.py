@@ -134,8 +134,17 @@ def make(options):
         elif name in FIELDS:
             _set(config, name, _field_value(name, value))
         else:
-            raise TypeError(f"kvret: unknown config field {name!r}; the fields are {', '.join(FIELDS)} and device")
+            raise TypeError(_unknown_field(name))
     return config, disk_path, shared_url
+
+
+def _unknown_field(name):
+    """The message for an unknown field: the closest names first, then where the list is (not all 60 on one line)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [*FIELDS, "device"], n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"kvret: unknown config field {name!r}{hint} (kvret.config.FIELDS lists every field; kvret.h documents each)"
 
 
 def defaults():

@@ -217,7 +217,13 @@ def as_input(obj, kind="float", stream=None, device_id=0):
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
         return _from_cuda_array_interface(interface, device_id, kind)
-    return _numpy_input(np.asarray(obj), kind)
+    array = np.asarray(obj)
+    if array.dtype.kind == "O":  # not numbers: an object that is no array (no __dlpack__, buffer or sequence of numbers)
+        raise TypeError(
+            f"kvret: expected an array (a NumPy array, a DLPack tensor such as a torch tensor, or nested sequences of "
+            f"numbers), got {type(obj).__name__}"
+        )
+    return _numpy_input(array, kind)
 
 
 def as_output(obj, stream=None, device_id=0):

@@ -36,7 +36,9 @@ def test_layer_out_of_range(sequence, rng):
 
 def test_budget_zero(sequence, rng):
     sequence.append_prefill(0, *random_kv(rng))
-    raised(lambda: sequence.select(0, np.zeros((N_Q, D), np.float32), budget=0), kvret.Status.BUDGET)
+    error = raised(lambda: sequence.select(0, np.zeros((N_Q, D), np.float32), budget=0), kvret.Status.BUDGET)
+    # Python's spelling of the default budget, not the C constant
+    assert "None" in error.message and "KVRET_BUDGET_DEFAULT" not in error.message
 
 
 def test_select_scored_outputs(sequence, rng):
@@ -62,8 +64,12 @@ def test_wrong_dtype_and_read_only_output(sequence, rng):
 
 def test_invalid_config():
     raised(lambda: make_context(n_q_heads=6, n_kv_heads=4), kvret.Status.INVALID_ARGUMENT)
-    with pytest.raises(TypeError, match="unknown config field"):
+    with pytest.raises(TypeError, match="unknown config field") as info:
         make_context(n_layer=2)
+    assert "did you mean 'n_layers'" in str(info.value)
+    assert "budget_ratio" not in str(info.value)  # the closest names, not all of them
+    with pytest.raises(TypeError, match="unknown config field 'zzz' \\(kvret.config.FIELDS"):
+        make_context(zzz=1)
     with pytest.raises(ValueError, match="index_kind"):
         make_context(index_kind="faiss")
 
@@ -202,3 +208,21 @@ def test_a_call_refused_by_the_extension_releases_only_what_it_converted(sequenc
                 ctx_handle, handles, 0, positions[None], np.zeros(1, np.int32), [rows], one_row, None
             )
     assert sequence.length(0) == TOKENS
+
+
+@pytest.mark.parametrize("field", ["n_layers", "n_q_heads"])
+def test_geometry_past_its_bound_is_refused_naming_the_limit(field):
+    overrides = {field: 2**31 - 1}
+    if field == "n_q_heads":
+        overrides["n_kv_heads"] = 2**31 - 1
+    error = raised(lambda: make_context(**overrides), kvret.Status.INVALID_ARGUMENT)
+    assert field in error.message and "4096" in error.message
+
+
+def test_an_object_that_is_no_array_is_named_as_such(sequence):
+    class NotAnArray:
+        pass
+
+    with pytest.raises(TypeError, match="expected an array .* got NotAnArray"):
+        sequence.append_prefill(0, NotAnArray(), NotAnArray())
+    assert sequence.length(0) == 0
