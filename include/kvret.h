@@ -565,9 +565,17 @@ KVRET_API kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kv
                                                const kvret_working_set* outs, int64_t* out_row_counts,
                                                kvret_stream stream);
 
-/** Reference attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
- *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim];
- *  out: f32 [n_q_heads, head_dim]. scale <= 0 means 1/sqrt(head_dim). */
+/** Decode attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
+ *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim] (each
+ *  f32, f16 or bf16); out: [n_q_heads, head_dim], f32, or on the CPU backend also f16 or bf16 (the f32 result
+ *  rounded to nearest even; the CUDA backend refuses them with KVRET_ERR_DTYPE). scale <= 0 means 1/sqrt(head_dim).
+ *  On the CPU backend each key and value row is read once for all the query heads of its group, the work is spread
+ *  over config.n_threads threads even for one KV head, and the result's bits depend neither on n_threads nor on
+ *  the SIMD path (KVRET_MAX_CPU_ISA).
+ *  - Non-finite inputs: a row whose score is -inf gets weight 0. A head with a NaN or +inf score (a NaN in q[h] or
+ *    in a key row; an infinite key element meeting a q element of the same sign), or whose every score is -inf, is
+ *    NaN in every element. A NaN or infinite element of v makes that element of every head of its group NaN or
+ *    infinite, whatever the row's weight. */
 KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret_tensor* k,
                                     const kvret_tensor* v, int64_t rows, float scale, const kvret_tensor* out,
                                     kvret_stream stream);

@@ -550,7 +550,7 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
     const auto qv = c.view(q, "q", kvret::kFloatTypes, {2});
     const auto kv = c.view(k, "k", kvret::kFloatTypes, {3});
     const auto vv = c.view(v, "v", kvret::kFloatTypes, {3});
-    const auto ov = c.view(out, "out", {kvret::DType::F32}, {2});
+    const auto ov = c.view(out, "out", kvret::kFloatTypes, {2});
     c.backend().attend(c.config(), qv, kv, vv, rows, scale, ov, c.threads(), stream);
   });
 }

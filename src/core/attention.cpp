@@ -2,12 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "core/parallel.hpp"
 #include "core/vec_math.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVRET_ATTEND_X86 1
+#endif
 
 namespace kvret {
 
@@ -30,41 +38,466 @@ float attend_scale(const kvret_config& config, float scale) noexcept {
   return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(config.head_dim));
 }
 
+AttendIsa attend_isa() noexcept {
+  if (!cpu_has_avx2() || !cpu_has_f16c()) return AttendIsa::kScalar;
+  return cpu_has_avx512f() ? AttendIsa::kAvx512 : AttendIsa::kAvx2;
+}
+
+int64_t attend_span_rows(int64_t rows) noexcept {
+  const int64_t spread = (rows + kAttendMaxSpans - 1) / kAttendMaxSpans;
+  const int64_t blocks = (spread + kAttendBlockRows - 1) / kAttendBlockRows;
+  return std::max<int64_t>(kAttendMinSpanRows, blocks * kAttendBlockRows);
+}
+
+namespace {
+
+// The arithmetic every path shares, element by element, so that all of them give the same bits:
+// - a score is scale * (q . k) with q . k summed as dot() does: eight lanes (lane l takes the elements i = l mod 8
+//   of the multiple-of-8 prefix, each a multiply then an add, no FMA), reduced as ((0+4)+(1+5))+((2+6)+(3+7)),
+//   then the tail elements in order;
+// - a block's weights are exp_nonpositive(score - running max), computed by the same scalar loop on every path;
+// - an accumulator element is multiplied by the block's rescale factor (when it is not 1), then gets
+//   weight * value added row by row in row order (a multiply, then an add).
+
+/// A row of dtype T at element offset `offset`.
+template <DType T>
+inline const std::byte* row_at(const std::byte* base, int64_t offset) noexcept {
+  return base + offset * static_cast<int64_t>(dtype_size(T));
+}
+
+/// Element i of a row of dtype T as f32 (exact).
+template <DType T>
+inline float elem_f32(const std::byte* row, int64_t i) noexcept {
+  if constexpr (T == DType::F32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, sizeof f);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, sizeof h);
+    if constexpr (T == DType::F16) return f16_to_f32(h);
+    return bf16_to_f32(h);
+  }
+}
+
+/// What one work item needs: its query heads in f32, the geometry, and its scratch.
+struct Block {
+  const float* q;  // [group, d]
+  int group, d;
+  float scale;
+  float* p;            // [group, kAttendBlockRows]: scores, then weights
+  const float* alpha;  // [group]: the rescale factor of each head's accumulator for this block
+  float* acc;          // [group, d]
+};
+
+// ---- scalar ----
+
+template <DType T>
+void scores_scalar(const Block& b, const std::byte* k0, int64_t k_stride, int64_t n, float* row) noexcept {
+  const int d = b.d;
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* kr = row_at<T>(k0, r * k_stride);
+    for (int i = 0; i < d; ++i) row[i] = elem_f32<T>(kr, i);
+    for (int j = 0; j < b.group; ++j) b.p[j * kAttendBlockRows + r] = b.scale * dot(b.q + j * d, row, d);
+  }
+}
+
+template <DType T>
+void values_scalar(const Block& b, const std::byte* v0, int64_t v_stride, int64_t n, float* row) noexcept {
+  const int d = b.d;
+  for (int j = 0; j < b.group; ++j)
+    if (b.alpha[j] != 1.0f)
+      for (int t = 0; t < d; ++t) b.acc[j * d + t] *= b.alpha[j];
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* vr = row_at<T>(v0, r * v_stride);
+    for (int t = 0; t < d; ++t) row[t] = elem_f32<T>(vr, t);
+    for (int j = 0; j < b.group; ++j) {
+      const float w = b.p[j * kAttendBlockRows + r];
+      float* a = b.acc + j * d;
+      for (int t = 0; t < d; ++t) a[t] += w * row[t];
+    }
+  }
+}
+
+#ifdef KVRET_ATTEND_X86
+// ---- AVX2 (with F16C), no FMA: lane l of a dot accumulator is dot()'s acc[l] ----
+
+/// The sum of the eight lanes in dot()'s order, ((0+4)+(1+5))+((2+6)+(3+7)).
+__attribute__((target("avx2"))) inline float reduce_like_dot(__m256 acc) noexcept {
+  const __m128 w = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // w_l = a_l + a_(l+4)
+  const __m128 h = _mm_hadd_ps(w, w);                                                       // w0 + w1, w2 + w3
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                  // (w0+w1) + (w2+w3)
+}
+
+/// Eight elements of a row of dtype T from element i, as f32.
+template <DType T>
+__attribute__((target("avx2,f16c"))) inline __m256 load8(const std::byte* row, int64_t i) noexcept {
+  if constexpr (T == DType::F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i));
+    if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// Scores of NQ query heads (from head j0) against NK rows (from row r0): every accumulator in a register.
+template <int NQ, int NK, DType T>
+__attribute__((target("avx2,f16c"))) inline void scores_tile_avx2(const Block& b, int j0, const std::byte* k0,
+                                                                  int64_t k_stride, int64_t r0) noexcept {
+  const int d = b.d;
+  __m256 acc[NQ][NK];
+  for (int j = 0; j < NQ; ++j)
+    for (int e = 0; e < NK; ++e) acc[j][e] = _mm256_setzero_ps();
+  const std::byte* row[NK];
+  for (int e = 0; e < NK; ++e) row[e] = row_at<T>(k0, (r0 + e) * k_stride);
+  const float* q = b.q + j0 * d;
+  int i = 0;
+  for (; i + 8 <= d; i += 8) {
+    __m256 k[NK];
+    for (int e = 0; e < NK; ++e) k[e] = load8<T>(row[e], i);
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 qv = _mm256_loadu_ps(q + j * d + i);
+      for (int e = 0; e < NK; ++e) acc[j][e] = _mm256_add_ps(acc[j][e], _mm256_mul_ps(qv, k[e]));
+    }
+  }
+  for (int j = 0; j < NQ; ++j)
+    for (int e = 0; e < NK; ++e) {
+      float s = reduce_like_dot(acc[j][e]);
+      for (int t = i; t < d; ++t) s += q[j * d + t] * elem_f32<T>(row[e], t);
+      b.p[(j0 + j) * kAttendBlockRows + r0 + e] = b.scale * s;
+    }
+}
+
+template <int NQ, DType T>
+__attribute__((target("avx2,f16c"))) void scores_heads_avx2(const Block& b, int j0, const std::byte* k0,
+                                                            int64_t k_stride, int64_t n) noexcept {
+  constexpr int kRows = NQ <= 2 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + kRows <= n; r += kRows) scores_tile_avx2<NQ, kRows, T>(b, j0, k0, k_stride, r);
+  for (; r < n; ++r) scores_tile_avx2<NQ, 1, T>(b, j0, k0, k_stride, r);
+}
+
+template <DType T>
+__attribute__((target("avx2,f16c"))) void scores_avx2(const Block& b, const std::byte* k0, int64_t k_stride,
+                                                      int64_t n) noexcept {
+  int j = 0;
+  for (; j + 4 <= b.group; j += 4) scores_heads_avx2<4, T>(b, j, k0, k_stride, n);
+  switch (b.group - j) {
+    case 3:
+      scores_heads_avx2<3, T>(b, j, k0, k_stride, n);
+      break;
+    case 2:
+      scores_heads_avx2<2, T>(b, j, k0, k_stride, n);
+      break;
+    case 1:
+      scores_heads_avx2<1, T>(b, j, k0, k_stride, n);
+      break;
+    default:
+      break;
+  }
+}
+
+/// The value rows of a block into the accumulators of NQ heads (from j0), W vectors of eight elements from t0.
+template <int NQ, int W, DType T>
+__attribute__((target("avx2,f16c"))) inline void values_tile_avx2(const Block& b, int j0, const std::byte* v0,
+                                                                  int64_t v_stride, int64_t n, int t0) noexcept {
+  const int d = b.d;
+  __m256 a[NQ][W];
+  for (int j = 0; j < NQ; ++j) {
+    const float alpha = b.alpha[j0 + j];
+    for (int w = 0; w < W; ++w) {
+      a[j][w] = _mm256_loadu_ps(b.acc + (j0 + j) * d + t0 + 8 * w);
+      if (alpha != 1.0f) a[j][w] = _mm256_mul_ps(a[j][w], _mm256_set1_ps(alpha));
+    }
+  }
+  const float* p = b.p + j0 * kAttendBlockRows;
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* vr = row_at<T>(v0, r * v_stride);
+    __m256 v[W];
+    for (int w = 0; w < W; ++w) v[w] = load8<T>(vr, t0 + 8 * w);
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 pj = _mm256_broadcast_ss(p + j * kAttendBlockRows + r);
+      for (int w = 0; w < W; ++w) a[j][w] = _mm256_add_ps(a[j][w], _mm256_mul_ps(pj, v[w]));
+    }
+  }
+  for (int j = 0; j < NQ; ++j)
+    for (int w = 0; w < W; ++w) _mm256_storeu_ps(b.acc + (j0 + j) * d + t0 + 8 * w, a[j][w]);
+}
+
+/// The elements from t0 on (fewer than eight) of NQ heads' accumulators, as the scalar path computes them.
+template <DType T>
+inline void values_tail(const Block& b, int j0, int nq, const std::byte* v0, int64_t v_stride, int64_t n,
+                        int t0) noexcept {
+  const int d = b.d;
+  for (int j = j0; j < j0 + nq; ++j)
+    if (b.alpha[j] != 1.0f)
+      for (int t = t0; t < d; ++t) b.acc[j * d + t] *= b.alpha[j];
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* vr = row_at<T>(v0, r * v_stride);
+    for (int j = j0; j < j0 + nq; ++j) {
+      const float w = b.p[j * kAttendBlockRows + r];
+      for (int t = t0; t < d; ++t) b.acc[j * d + t] += w * elem_f32<T>(vr, t);
+    }
+  }
+}
+
+template <int NQ, DType T>
+__attribute__((target("avx2,f16c"))) void values_heads_avx2(const Block& b, int j0, const std::byte* v0,
+                                                            int64_t v_stride, int64_t n) noexcept {
+  constexpr int kW = NQ <= 2 ? 4 : 2;  // at most 8 accumulators
+  int t = 0;
+  for (; t + 8 * kW <= b.d; t += 8 * kW) values_tile_avx2<NQ, kW, T>(b, j0, v0, v_stride, n, t);
+  for (; t + 8 <= b.d; t += 8) values_tile_avx2<NQ, 1, T>(b, j0, v0, v_stride, n, t);
+  if (t < b.d) values_tail<T>(b, j0, NQ, v0, v_stride, n, t);
+}
+
+template <DType T>
+__attribute__((target("avx2,f16c"))) void values_avx2(const Block& b, const std::byte* v0, int64_t v_stride,
+                                                      int64_t n) noexcept {
+  int j = 0;
+  for (; j + 4 <= b.group; j += 4) values_heads_avx2<4, T>(b, j, v0, v_stride, n);
+  switch (b.group - j) {
+    case 3:
+      values_heads_avx2<3, T>(b, j, v0, v_stride, n);
+      break;
+    case 2:
+      values_heads_avx2<2, T>(b, j, v0, v_stride, n);
+      break;
+    case 1:
+      values_heads_avx2<1, T>(b, j, v0, v_stride, n);
+      break;
+    default:
+      break;
+  }
+}
+
+// ---- AVX-512F: the value rows sixteen elements at a time (the same per-element arithmetic); scores as AVX2 ----
+
+template <DType T>
+__attribute__((target("avx512f"))) inline __m512 load16(const std::byte* row, int64_t i) noexcept {
+  if constexpr (T == DType::F32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + i));
+    // the zero-masked forms throughout: GCC 12 warns that the unmasked ones read an undefined register
+    if constexpr (T == DType::F16) return _mm512_maskz_cvtph_ps(0xffff, h);
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+  }
+}
+
+template <int NQ, int W, DType T>
+__attribute__((target("avx512f"))) inline void values_tile_avx512(const Block& b, int j0, const std::byte* v0,
+                                                                  int64_t v_stride, int64_t n, int t0) noexcept {
+  const int d = b.d;
+  __m512 a[NQ][W];
+  for (int j = 0; j < NQ; ++j) {
+    const float alpha = b.alpha[j0 + j];
+    for (int w = 0; w < W; ++w) {
+      a[j][w] = _mm512_loadu_ps(b.acc + (j0 + j) * d + t0 + 16 * w);
+      if (alpha != 1.0f) a[j][w] = _mm512_mul_ps(a[j][w], _mm512_set1_ps(alpha));
+    }
+  }
+  const float* p = b.p + j0 * kAttendBlockRows;
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* vr = row_at<T>(v0, r * v_stride);
+    __m512 v[W];
+    for (int w = 0; w < W; ++w) v[w] = load16<T>(vr, t0 + 16 * w);
+    for (int j = 0; j < NQ; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j * kAttendBlockRows + r]);
+      for (int w = 0; w < W; ++w) a[j][w] = _mm512_add_ps(a[j][w], _mm512_mul_ps(pj, v[w]));
+    }
+  }
+  for (int j = 0; j < NQ; ++j)
+    for (int w = 0; w < W; ++w) _mm512_storeu_ps(b.acc + (j0 + j) * d + t0 + 16 * w, a[j][w]);
+}
+
+template <int NQ, DType T>
+__attribute__((target("avx512f"))) void values_heads_avx512(const Block& b, int j0, const std::byte* v0,
+                                                            int64_t v_stride, int64_t n) noexcept {
+  constexpr int kW = NQ <= 2 ? 4 : 2;
+  int t = 0;
+  for (; t + 16 * kW <= b.d; t += 16 * kW) values_tile_avx512<NQ, kW, T>(b, j0, v0, v_stride, n, t);
+  for (; t + 16 <= b.d; t += 16) values_tile_avx512<NQ, 1, T>(b, j0, v0, v_stride, n, t);
+  if (t + 8 <= b.d) {
+    values_tile_avx2<NQ, 1, T>(b, j0, v0, v_stride, n, t);
+    t += 8;
+  }
+  if (t < b.d) values_tail<T>(b, j0, NQ, v0, v_stride, n, t);
+}
+
+template <DType T>
+__attribute__((target("avx512f"))) void values_avx512(const Block& b, const std::byte* v0, int64_t v_stride,
+                                                      int64_t n) noexcept {
+  int j = 0;
+  for (; j + 4 <= b.group; j += 4) values_heads_avx512<4, T>(b, j, v0, v_stride, n);
+  switch (b.group - j) {
+    case 3:
+      values_heads_avx512<3, T>(b, j, v0, v_stride, n);
+      break;
+    case 2:
+      values_heads_avx512<2, T>(b, j, v0, v_stride, n);
+      break;
+    case 1:
+      values_heads_avx512<1, T>(b, j, v0, v_stride, n);
+      break;
+    default:
+      break;
+  }
+}
+#endif
+
+/// Max of x and y that keeps a NaN of either (std::max drops a NaN second argument).
+inline float max_keep_nan(float x, float y) noexcept {
+  if (x != x) return x;
+  if (y != y) return y;
+  return y > x ? y : x;
+}
+
+/// One work item: `rows` rows from row r0 of one KV head, for its group of query heads. On return m, l and acc hold
+/// each head's running maximum score, its sum of exp(score - m) and its sum of exp(score - m) * value.
+template <DType TK, DType TV>
+void attend_span(Block b, const std::byte* k0, int64_t k_stride, const std::byte* v0, int64_t v_stride, int64_t rows,
+                 AttendIsa isa, float* m, double* l, float* alpha, float* row) noexcept {
+  const int g = b.group;
+  std::fill(b.acc, b.acc + static_cast<int64_t>(g) * b.d, 0.0f);
+  for (int j = 0; j < g; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0;
+  }
+  b.alpha = alpha;
+  for (int64_t r0 = 0; r0 < rows; r0 += kAttendBlockRows) {
+    const int64_t n = std::min<int64_t>(kAttendBlockRows, rows - r0);
+    const std::byte* kb = row_at<TK>(k0, r0 * k_stride);
+    const std::byte* vb = row_at<TV>(v0, r0 * v_stride);
+#ifdef KVRET_ATTEND_X86
+    if (isa != AttendIsa::kScalar)
+      scores_avx2<TK>(b, kb, k_stride, n);
+    else
+#endif
+      scores_scalar<TK>(b, kb, k_stride, n, row);
+    for (int j = 0; j < g; ++j) {
+      float* p = b.p + j * kAttendBlockRows;
+      float mx = m[j];
+      for (int64_t r = 0; r < n; ++r) mx = max_keep_nan(mx, p[r]);
+      if (mx == -INFINITY) {  // every score so far is -inf: no weight yet
+        alpha[j] = 1.0f;
+        std::fill(p, p + n, 0.0f);
+        continue;
+      }
+      alpha[j] = exp_nonpositive(m[j] - mx);  // 0 for m = -inf, NaN once a score was NaN
+      m[j] = mx;
+      double sum = 0.0;
+      for (int64_t r = 0; r < n; ++r) sum += (p[r] = exp_nonpositive(p[r] - mx));
+      l[j] = l[j] * static_cast<double>(alpha[j]) + sum;
+    }
+#ifdef KVRET_ATTEND_X86
+    if (isa == AttendIsa::kAvx512)
+      values_avx512<TV>(b, vb, v_stride, n);
+    else if (isa == AttendIsa::kAvx2)
+      values_avx2<TV>(b, vb, v_stride, n);
+    else
+#endif
+      values_scalar<TV>(b, vb, v_stride, n, row);
+  }
+}
+
+using SpanFn = void (*)(Block, const std::byte*, int64_t, const std::byte*, int64_t, int64_t, AttendIsa, float*,
+                        double*, float*, float*) noexcept;
+
+template <DType TK>
+SpanFn span_fn_for(DType tv) noexcept {
+  switch (tv) {
+    case DType::F16:
+      return attend_span<TK, DType::F16>;
+    case DType::BF16:
+      return attend_span<TK, DType::BF16>;
+    default:
+      return attend_span<TK, DType::F32>;
+  }
+}
+
+SpanFn span_fn(DType tk, DType tv) noexcept {
+  switch (tk) {
+    case DType::F16:
+      return span_fn_for<DType::F16>(tv);
+    case DType::BF16:
+      return span_fn_for<DType::BF16>(tv);
+    default:
+      return span_fn_for<DType::F32>(tv);
+  }
+}
+
+/// A work item's scratch, kept by its thread between calls: bounded by the group size and head_dim.
+struct SpanScratch {
+  std::vector<float> q, p, row, alpha;
+};
+
+}  // namespace
+
 void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
             float scale, const TensorView& out, int n_threads) {
+  attend(config, q, k, v, rows, scale, out, n_threads, attend_isa());
+}
+
+void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
+            float scale, const TensorView& out, int n_threads, AttendIsa isa) {
   check_attend(config, q, k, v, rows, scale, out);
+  require(out.dtype() != DType::I32, KVRET_ERR_DTYPE, "out must be f32, f16 or bf16");
+  isa = std::min(isa, attend_isa());
   const int d = config.head_dim;
-  const float s = attend_scale(config, scale);
   const int group = config.n_q_heads / config.n_kv_heads;
-  // One KV head per task: its rows are converted to f32 once and shared by the group's query heads.
-  parallel_for(config.n_kv_heads, n_threads, rows * config.n_q_heads >= 8192, Schedule::kStatic, [&](int64_t g_i) {
-    const auto g = static_cast<int>(g_i);
-    std::vector<float> keys(static_cast<size_t>(rows * d)), values(static_cast<size_t>(rows * d));
-    for (int64_t r = 0; r < rows; ++r) {
-      k.load_f32(k.at({g, r}), static_cast<size_t>(d), keys.data() + r * d);
-      v.load_f32(v.at({g, r}), static_cast<size_t>(d), values.data() + r * d);
+  const float s = attend_scale(config, scale);
+  const int64_t span = attend_span_rows(rows);
+  const int64_t n_spans = (rows + span - 1) / span;
+  const int64_t items = config.n_kv_heads * n_spans;
+  const size_t gd = static_cast<size_t>(group) * static_cast<size_t>(d);
+  // each work item's result, merged below in span order: at most kAttendMaxSpans per query head
+  std::vector<float> part_acc(static_cast<size_t>(items) * gd), part_m(static_cast<size_t>(items * group));
+  std::vector<double> part_l(static_cast<size_t>(items * group));
+  const SpanFn fn = span_fn(k.dtype(), v.dtype());
+  const bool parallel = rows * config.n_q_heads * d >= (int64_t{1} << 16);
+  parallel_for(items, n_threads, parallel, Schedule::kDynamic, [&](int64_t item) {
+    const auto kv = static_cast<int>(item / n_spans);
+    const int64_t r0 = (item % n_spans) * span;
+    thread_local SpanScratch scratch;
+    scratch.q.resize(gd);
+    scratch.p.resize(static_cast<size_t>(group) * kAttendBlockRows);
+    scratch.row.resize(static_cast<size_t>(d));
+    scratch.alpha.resize(static_cast<size_t>(group));
+    for (int j = 0; j < group; ++j)
+      q.load_f32(q.at({kv * group + j}), static_cast<size_t>(d), scratch.q.data() + static_cast<size_t>(j) * d);
+    Block b{scratch.q.data(), group, d, s, scratch.p.data(), nullptr, part_acc.data() + static_cast<size_t>(item) * gd};
+    fn(b, k.at({kv, r0}), k.stride(1), v.at({kv, r0}), v.stride(1), std::min(span, rows - r0), isa,
+       part_m.data() + item * group, part_l.data() + item * group, scratch.alpha.data(), scratch.row.data());
+  });
+  // merge each query head's spans in order, in double
+  parallel_for(config.n_q_heads, n_threads, parallel, Schedule::kStatic, [&](int64_t h) {
+    const int64_t kv = h / group, j = h % group;
+    thread_local std::vector<double> sum;
+    thread_local std::vector<float> result;
+    sum.assign(static_cast<size_t>(d), 0.0);
+    result.resize(static_cast<size_t>(d));
+    double mx = -INFINITY, total = 0.0;
+    bool nan = false;
+    for (int64_t sp = 0; sp < n_spans; ++sp) {
+      const float mi = part_m[static_cast<size_t>((kv * n_spans + sp) * group + j)];
+      nan = nan || mi != mi;
+      mx = std::max(mx, static_cast<double>(mi));
     }
-    std::vector<float> qf(static_cast<size_t>(d)), acc(static_cast<size_t>(d)), p(static_cast<size_t>(rows));
-    for (int h = g * group; h < (g + 1) * group; ++h) {
-      q.load_f32(q.at({h}), static_cast<size_t>(d), qf.data());
-      float mx = -INFINITY;
-      for (int64_t r = 0; r < rows; ++r) {
-        p[static_cast<size_t>(r)] = s * dot(qf.data(), keys.data() + r * d, d);
-        mx = std::max(mx, p[static_cast<size_t>(r)]);
-      }
-      double z = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        z += (p[static_cast<size_t>(r)] = exp_nonpositive(p[static_cast<size_t>(r)] - mx));
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float w = p[static_cast<size_t>(r)];
-        const float* vr = values.data() + r * d;
-        for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += w * vr[t];
-      }
-      auto* o = reinterpret_cast<float*>(out.at({h}));
-      const float inv = static_cast<float>(1.0 / z);
-      for (int t = 0; t < d; ++t) o[t] = acc[static_cast<size_t>(t)] * inv;
+    for (int64_t sp = 0; sp < n_spans && !nan; ++sp) {
+      const size_t at = static_cast<size_t>((kv * n_spans + sp) * group + j);
+      if (part_m[at] == -INFINITY) continue;  // no weight in this span
+      const double w = std::exp(static_cast<double>(part_m[at]) - mx);
+      total += w * part_l[at];
+      const float* a = part_acc.data() + at * static_cast<size_t>(d);
+      for (int t = 0; t < d; ++t) sum[static_cast<size_t>(t)] += w * static_cast<double>(a[t]);
     }
+    for (int t = 0; t < d; ++t)
+      result[static_cast<size_t>(t)] =
+          nan ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(sum[static_cast<size_t>(t)] / total);
+    convert_row(reinterpret_cast<const std::byte*>(result.data()), DType::F32, out.at({h}), out.dtype(),
+                static_cast<size_t>(d));
   });
 }
 
