@@ -129,6 +129,18 @@ __attribute__((target("avx2"))) inline float reduce_like_dot(__m256 acc) noexcep
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                  // (w0+w1) + (w2+w3)
 }
 
+/// reduce_like_dot of eight accumulators at once, in their order: the lane halves of two accumulators added in
+/// one register, then two rounds of horizontal adds (w0 + w1, w2 + w3, then their sum), as reduce_like_dot.
+__attribute__((target("avx2"))) inline __m256 reduce8_like_dot(const __m256* acc) noexcept {
+  __m256 w[4];  // w[p] = [w of acc 2p | w of acc 2p + 1], w_l = a_l + a_(l+4)
+  for (int p = 0; p < 4; ++p)
+    w[p] = _mm256_add_ps(_mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x20),
+                         _mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x31));
+  // [(w0+w1), (w2+w3) of acc 0, 2 | of acc 1, 3] and of acc 4..7, then [acc 0, 2, 4, 6 | acc 1, 3, 5, 7]
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(w[0], w[1]), _mm256_hadd_ps(w[2], w[3]));
+  return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // back to acc order 0..7
+}
+
 /// Eight elements of a row of dtype T from element i, as f32.
 template <DType T>
 __attribute__((target("avx2,f16c"))) inline __m256 load8(const std::byte* row, int64_t i) noexcept {
@@ -147,21 +159,40 @@ __attribute__((target("avx2,f16c"))) inline void scores_tile_avx2(const Block& b
                                                                   int64_t k_stride, int64_t r0) noexcept {
   const int d = b.d;
   __m256 acc[NQ][NK];
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
     for (int e = 0; e < NK; ++e) acc[j][e] = _mm256_setzero_ps();
   const std::byte* row[NK];
+#pragma GCC unroll 8
   for (int e = 0; e < NK; ++e) row[e] = row_at<T>(k0, (r0 + e) * k_stride);
   const float* q = b.q + j0 * d;
   int i = 0;
   for (; i + 8 <= d; i += 8) {
     __m256 k[NK];
+#pragma GCC unroll 8
     for (int e = 0; e < NK; ++e) k[e] = load8<T>(row[e], i);
+#pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const __m256 qv = _mm256_loadu_ps(q + j * d + i);
+#pragma GCC unroll 8
       for (int e = 0; e < NK; ++e) acc[j][e] = _mm256_add_ps(acc[j][e], _mm256_mul_ps(qv, k[e]));
     }
   }
+  if constexpr (NQ * NK == 8) {
+    if (i == d) {  // no tail: the eight sums at once
+      alignas(32) float sums[8];
+      _mm256_store_ps(sums, _mm256_mul_ps(_mm256_set1_ps(b.scale), reduce8_like_dot(&acc[0][0])));
+#pragma GCC unroll 8
+      for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
+        for (int e = 0; e < NK; ++e) b.p[(j0 + j) * kAttendBlockRows + r0 + e] = sums[j * NK + e];
+      return;
+    }
+  }
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
     for (int e = 0; e < NK; ++e) {
       float s = reduce_like_dot(acc[j][e]);
       for (int t = i; t < d; ++t) s += q[j * d + t] * elem_f32<T>(row[e], t);
@@ -204,8 +235,10 @@ __attribute__((target("avx2,f16c"))) inline void values_tile_avx2(const Block& b
                                                                   int64_t v_stride, int64_t n, int t0) noexcept {
   const int d = b.d;
   __m256 a[NQ][W];
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
     const float alpha = b.alpha[j0 + j];
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) {
       a[j][w] = _mm256_loadu_ps(b.acc + (j0 + j) * d + t0 + 8 * w);
       if (alpha != 1.0f) a[j][w] = _mm256_mul_ps(a[j][w], _mm256_set1_ps(alpha));
@@ -215,13 +248,18 @@ __attribute__((target("avx2,f16c"))) inline void values_tile_avx2(const Block& b
   for (int64_t r = 0; r < n; ++r) {
     const std::byte* vr = row_at<T>(v0, r * v_stride);
     __m256 v[W];
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) v[w] = load8<T>(vr, t0 + 8 * w);
+#pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const __m256 pj = _mm256_broadcast_ss(p + j * kAttendBlockRows + r);
+#pragma GCC unroll 8
       for (int w = 0; w < W; ++w) a[j][w] = _mm256_add_ps(a[j][w], _mm256_mul_ps(pj, v[w]));
     }
   }
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) _mm256_storeu_ps(b.acc + (j0 + j) * d + t0 + 8 * w, a[j][w]);
 }
 
@@ -291,8 +329,10 @@ __attribute__((target("avx512f"))) inline void values_tile_avx512(const Block& b
                                                                   int64_t v_stride, int64_t n, int t0) noexcept {
   const int d = b.d;
   __m512 a[NQ][W];
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j) {
     const float alpha = b.alpha[j0 + j];
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) {
       a[j][w] = _mm512_loadu_ps(b.acc + (j0 + j) * d + t0 + 16 * w);
       if (alpha != 1.0f) a[j][w] = _mm512_mul_ps(a[j][w], _mm512_set1_ps(alpha));
@@ -302,13 +342,18 @@ __attribute__((target("avx512f"))) inline void values_tile_avx512(const Block& b
   for (int64_t r = 0; r < n; ++r) {
     const std::byte* vr = row_at<T>(v0, r * v_stride);
     __m512 v[W];
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) v[w] = load16<T>(vr, t0 + 16 * w);
+#pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j) {
       const __m512 pj = _mm512_set1_ps(p[j * kAttendBlockRows + r]);
+#pragma GCC unroll 8
       for (int w = 0; w < W; ++w) a[j][w] = _mm512_add_ps(a[j][w], _mm512_mul_ps(pj, v[w]));
     }
   }
+#pragma GCC unroll 8
   for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 8
     for (int w = 0; w < W; ++w) _mm512_storeu_ps(b.acc + (j0 + j) * d + t0 + 16 * w, a[j][w]);
 }
 
@@ -347,11 +392,89 @@ __attribute__((target("avx512f"))) void values_avx512(const Block& b, const std:
 }
 #endif
 
-/// Max of x and y that keeps a NaN of either (std::max drops a NaN second argument).
-inline float max_keep_nan(float x, float y) noexcept {
-  if (x != x) return x;
-  if (y != y) return y;
-  return y > x ? y : x;
+/// The largest of n scores, or NaN when one of them is NaN (the order of a max does not matter, and a +0/-0 tie
+/// changes no weight, so every path may take it in its own order).
+inline float block_max_scalar(const float* p, int64_t n) noexcept {
+  float mx = -INFINITY;
+  bool nan = false;
+  for (int64_t r = 0; r < n; ++r) {
+    nan = nan || p[r] != p[r];
+    mx = p[r] > mx ? p[r] : mx;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : mx;
+}
+
+/// p[r] = exp_nonpositive(p[r] - mx) for r < n; returns their sum as dot() sums: eight lanes over the
+/// multiple-of-8 prefix (lane r mod 8), reduced ((0+4)+(1+5))+((2+6)+(3+7)), then the tail in order.
+inline float block_weights_scalar(float* p, int64_t n, float mx) noexcept {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8)
+    for (int i = 0; i < 8; ++i) lane[i] += (p[r + i] = exp_nonpositive(p[r + i] - mx));
+  float sum = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (; r < n; ++r) sum += (p[r] = exp_nonpositive(p[r] - mx));
+  return sum;
+}
+
+#ifdef KVRET_ATTEND_X86
+/// exp_nonpositive of eight lanes: its operations in its order, so its bits.
+__attribute__((target("avx2"))) inline __m256 exp_nonpositive8(__m256 x) noexcept {
+  const __m256 zero = _mm256_setzero_ps(), low = _mm256_set1_ps(-87.0f);
+  x = _mm256_blendv_ps(x, zero, _mm256_cmp_ps(x, zero, _CMP_GT_OQ));
+  x = _mm256_blendv_ps(x, low, _mm256_cmp_ps(x, low, _CMP_LT_OQ));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 t_or_0 = _mm256_blendv_ps(zero, t, _mm256_cmp_ps(t, t, _CMP_EQ_OQ));
+  const __m256i n = _mm256_cvttps_epi32(_mm256_sub_ps(t_or_0, _mm256_set1_ps(0.5f)));
+  const __m256 fn = _mm256_cvtepi32_ps(n);
+  const __m256 f = _mm256_sub_ps(t, fn);
+  const __m256 y = _mm256_mul_ps(f, _mm256_set1_ps(0.693147180559945309f));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(0.5f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, y), _mm256_set1_ps(1.0f));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+  return _mm256_blendv_ps(_mm256_mul_ps(p, scale), zero, _mm256_cmp_ps(x, low, _CMP_LE_OQ));
+}
+
+__attribute__((target("avx2"))) inline float block_max_avx2(const float* p, int64_t n) noexcept {
+  __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 x = _mm256_loadu_ps(p + r);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(mx, x);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  const float tail = block_max_scalar(p + r, n - r);
+  if (_mm256_movemask_ps(nan) != 0 || tail != tail) return std::numeric_limits<float>::quiet_NaN();
+  float m = tail;
+  for (const float x : lanes) m = x > m ? x : m;
+  return m;
+}
+
+__attribute__((target("avx2"))) inline float block_weights_avx2(float* p, int64_t n, float mx) noexcept {
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 lane = _mm256_setzero_ps();
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 w = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(p + r), m));
+    _mm256_storeu_ps(p + r, w);
+    lane = _mm256_add_ps(lane, w);
+  }
+  float sum = reduce_like_dot(lane);
+  for (; r < n; ++r) sum += (p[r] = exp_nonpositive(p[r] - mx));
+  return sum;
+}
+#endif
+
+/// Asks for the cache lines of n rows of `bytes` bytes each (every path: a prefetch changes no result).
+inline void prefetch_rows(const std::byte* row, int64_t stride_bytes, int64_t n, int64_t bytes) noexcept {
+  for (int64_t r = 0; r < n; ++r, row += stride_bytes)
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
 }
 
 /// One work item: `rows` rows from row r0 of one KV head, for its group of query heads. On return m, l and acc hold
@@ -370,6 +493,11 @@ void attend_span(Block b, const std::byte* k0, int64_t k_stride, const std::byte
     const int64_t n = std::min<int64_t>(kAttendBlockRows, rows - r0);
     const std::byte* kb = row_at<TK>(k0, r0 * k_stride);
     const std::byte* vb = row_at<TV>(v0, r0 * v_stride);
+    const int64_t k_row_bytes = k_stride * static_cast<int64_t>(dtype_size(TK));
+    const int64_t v_row_bytes = v_stride * static_cast<int64_t>(dtype_size(TV));
+    const int64_t d_bytes_k = b.d * static_cast<int64_t>(dtype_size(TK));
+    const int64_t d_bytes_v = b.d * static_cast<int64_t>(dtype_size(TV));
+    prefetch_rows(vb, v_row_bytes, n, d_bytes_v);  // the value rows arrive while the scores are computed
 #ifdef KVRET_ATTEND_X86
     if (isa != AttendIsa::kScalar)
       scores_avx2<TK>(b, kb, k_stride, n);
@@ -378,8 +506,12 @@ void attend_span(Block b, const std::byte* k0, int64_t k_stride, const std::byte
       scores_scalar<TK>(b, kb, k_stride, n, row);
     for (int j = 0; j < g; ++j) {
       float* p = b.p + j * kAttendBlockRows;
-      float mx = m[j];
-      for (int64_t r = 0; r < n; ++r) mx = max_keep_nan(mx, p[r]);
+#ifdef KVRET_ATTEND_X86
+      const float bm = isa != AttendIsa::kScalar ? block_max_avx2(p, n) : block_max_scalar(p, n);
+#else
+      const float bm = block_max_scalar(p, n);
+#endif
+      const float mx = m[j] != m[j] || bm != bm ? std::numeric_limits<float>::quiet_NaN() : std::max(m[j], bm);
       if (mx == -INFINITY) {  // every score so far is -inf: no weight yet
         alpha[j] = 1.0f;
         std::fill(p, p + n, 0.0f);
@@ -387,10 +519,15 @@ void attend_span(Block b, const std::byte* k0, int64_t k_stride, const std::byte
       }
       alpha[j] = exp_nonpositive(m[j] - mx);  // 0 for m = -inf, NaN once a score was NaN
       m[j] = mx;
-      double sum = 0.0;
-      for (int64_t r = 0; r < n; ++r) sum += (p[r] = exp_nonpositive(p[r] - mx));
-      l[j] = l[j] * static_cast<double>(alpha[j]) + sum;
+#ifdef KVRET_ATTEND_X86
+      const float sum = isa != AttendIsa::kScalar ? block_weights_avx2(p, n, mx) : block_weights_scalar(p, n, mx);
+#else
+      const float sum = block_weights_scalar(p, n, mx);
+#endif
+      l[j] = l[j] * static_cast<double>(alpha[j]) + static_cast<double>(sum);
     }
+    const int64_t next = std::min<int64_t>(kAttendBlockRows, rows - r0 - n);
+    if (next > 0) prefetch_rows(kb + n * k_row_bytes, k_row_bytes, next, d_bytes_k);  // the next block's keys
 #ifdef KVRET_ATTEND_X86
     if (isa == AttendIsa::kAvx512)
       values_avx512<TV>(b, vb, v_stride, n);
