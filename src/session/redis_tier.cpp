@@ -21,6 +21,7 @@
 
 #include <cerrno>
 #include <ctime>
+#include <mutex>
 #endif
 
 namespace kvret::session {
@@ -321,6 +322,42 @@ struct ReplyFree {
 };
 using Reply = std::unique_ptr<redisReply, ReplyFree>;
 
+// hiredis makes an array reply's element table when the array's header arrives ("*N\r\n"), before any element:
+// a server claiming 2^31 - 1 elements in 13 bytes had the client allocate 16 GiB, and freeing it walked every entry.
+// The tier's longest array is EXEC's (a PERSIST per chunk and the head), so the reader refuses a longer one there.
+constexpr size_t kMaxReplyElements = (kMaxHeadBytes - 44) / 4 + 2;
+
+template <class F>
+struct CountOf;
+template <class R, class Task, class N>
+struct CountOf<R (*)(Task, N)> {
+  using type = N;
+};
+using ArrayCount = CountOf<decltype(redisReplyObjectFunctions{}.createArray)>::type;
+
+// The reader's functions with createArray bounded; the others are hiredis's own (taken from the first reader).
+redisReplyObjectFunctions g_bounded_functions;
+void* (*g_create_array)(const redisReadTask*, ArrayCount) = nullptr;
+thread_local uint64_t t_refused_elements = 0;  // the count of the array refused on this thread, 0 when none
+
+void* bounded_create_array(const redisReadTask* task, ArrayCount elements) {
+  if (static_cast<uint64_t>(elements) > kMaxReplyElements) {
+    t_refused_elements = static_cast<uint64_t>(elements);
+    return nullptr;  // the reader fails (hiredis calls it out of memory); Connection::reply names the cause
+  }
+  return g_create_array(task, elements);
+}
+
+void bound_reader(redisReader* reader) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    g_bounded_functions = *reader->fn;
+    g_create_array = reader->fn->createArray;
+    g_bounded_functions.createArray = bounded_create_array;
+  });
+  reader->fn = &g_bounded_functions;
+}
+
 bool is_status(const redisReply& r, const char* text) {
   return r.type == REDIS_REPLY_STATUS && r.len == std::strlen(text) && std::memcmp(r.str, text, r.len) == 0;
 }
@@ -381,7 +418,14 @@ struct RedisTier::Connection {
     bool sent = false;
     for (;;) {
       void* raw = nullptr;
-      if (redisGetReplyFromReader(ctx, &raw) != REDIS_OK) link_failed(doing);
+      t_refused_elements = 0;
+      if (redisGetReplyFromReader(ctx, &raw) != REDIS_OK) {
+        if (t_refused_elements != 0)
+          throw Error(too_long, "shared session tier " + where + ": " + doing + ": a reply of " +
+                                    std::to_string(t_refused_elements) + " elements, more than the " +
+                                    std::to_string(kMaxReplyElements) + " it can have");
+        link_failed(doing);
+      }
       if (raw != nullptr) return Reply(static_cast<redisReply*>(raw));
       if (!sent) {  // the commands appended since the last reply; a blocking write bounded by the time left
         int done = 0;
@@ -465,6 +509,7 @@ RedisTier::Connection& RedisTier::connection() {
   if (c->ctx == nullptr) throw Error(KVRET_ERR_OUT_OF_MEMORY, "shared session tier: no memory for a connection");
   if (c->ctx->err != 0) c->link_failed("cannot connect");
   if (redisSetTimeout(c->ctx, tv) != REDIS_OK) c->link_failed("setting the timeout");
+  bound_reader(c->ctx->reader);
   if (!endpoint_.password.empty()) {
     const Reply r = endpoint_.username.empty()
                         ? c->command({"AUTH", endpoint_.password}, "authenticating")

@@ -645,6 +645,27 @@ TEST(RedisTierLink, AReplyLongerThanItsValueCanBeIsRefusedAsItArrives) {
   EXPECT_LT(fake.sent(), size_t{32} << 20);  // not all of it was even taken
 }
 
+TEST(RedisTierLink, AnArrayReplyClaimingMoreElementsThanItCanHaveIsRefusedAtItsHeader) {
+  if (!kvret::session::redis_tier_available()) GTEST_SKIP() << "built without hiredis";
+  // 13 bytes claiming 2^31 - 1 elements: hiredis would make the element table (16 GiB) at the header; the tier
+  // refuses the reply there, at once, naming the count (no reply of the tier has more than about a million)
+  FakeServer fake("*2147483647\r\n");
+  ASSERT_NE(fake.port(), 0);
+  RedisTier tier(parse_redis_url("redis://127.0.0.1:" + std::to_string(fake.port()) + "?timeout_ms=20000"));
+  const auto t0 = Clock::now();
+  kvret_status status = KVRET_OK;
+  std::string message;
+  try {
+    tier.ping();
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  }
+  EXPECT_EQ(status, KVRET_ERR_IO) << message;
+  EXPECT_NE(message.find("a reply of 2147483647 elements"), std::string::npos) << message;
+  EXPECT_LT(seconds_since(t0), 5.0);
+}
+
 TEST_F(RedisTierTest, AServerGoneAwayIsIoAndNoSigpipe) {
   // a write to a connection whose server died raises SIGPIPE, whose default action would end this process
   RedisTier tier(endpoint_of(*server_), 1 << 20);
