@@ -9,11 +9,13 @@
 //  - the batched fetch of 8 sequences (kvret_fetch_batch_async) against 8 kvret_fetch_async calls
 //    (BM_FetchBatch, BM_FetchBatchSingles: the same selections, working sets and bytes);
 //  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend);
-//  - CLUSTER, PQ and PAGE index build and select from 8k to 128k tokens in one run (BM_BuildKind, BM_SelectKind).
+//  - CLUSTER, PQ and PAGE index build and select from 8k to 128k tokens in one run (BM_BuildKind, BM_SelectKind);
+//  - the in-call flag of a sequence beside the cheapest C call that takes one (BM_InCallFlag, BM_SeqLengthCall).
 // Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -428,6 +430,41 @@ void BM_FetchBatchSingles(benchmark::State& state) {
 
 }  // namespace
 
+// The cost of the in-call flag every call that takes a kvret_seq* sets and clears (one sequence, one call at a
+// time; KVRET_ERR_BUSY otherwise): the flag alone (one compare-and-swap and one store), beside the cheapest whole C
+// call that takes a sequence (handle lookup, flag, the length read), in one run.
+void BM_InCallFlag(benchmark::State& state) {
+  std::atomic<bool> in_call{false};
+  for (auto _ : state) {
+    bool idle = false;
+    const bool entered =
+        in_call.compare_exchange_strong(idle, true, std::memory_order_acquire, std::memory_order_relaxed);
+    benchmark::DoNotOptimize(entered);
+    in_call.store(false, std::memory_order_release);
+  }
+}
+
+void BM_SeqLengthCall(benchmark::State& state) {
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 1;
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  if (kvret_create(&c, &ctx) != KVRET_OK || kvret_seq_open(ctx, &seq) != KVRET_OK) {
+    state.SkipWithError(kvret_last_error());
+    return;
+  }
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(kvret_seq_length(seq, 0, &tokens));
+    benchmark::DoNotOptimize(tokens);
+  }
+  kvret_seq_close(seq);
+  kvret_destroy(ctx);
+}
+
+BENCHMARK(BM_InCallFlag)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_SeqLengthCall)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_SelectPq)->Arg(200)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqOneThread)->Arg(200)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -13,7 +13,9 @@
  *    A NULL config means the defaults.
  *  - Tensors are borrowed for the duration of the call (for *_async calls: until the stream reaches the work).
  *  - Different sequences may be used from different threads at once. One sequence must not be used from two
- *    threads at once. The context itself (create/destroy aside) is thread-safe.
+ *    threads at once: every call that takes a kvret_seq* (the read-only ones too, and each sequence of a batch call)
+ *    marks it in use for the call's duration with one atomic compare-and-swap, and a call that finds it marked
+ *    returns KVRET_ERR_BUSY with nothing done. The context itself (create/destroy aside) is thread-safe.
  */
 #ifndef KVRET_H
 #define KVRET_H
@@ -75,7 +77,9 @@ typedef enum kvret_status {
   KVRET_ERR_CUDA = 16,            /**< a CUDA runtime error (including ones from earlier asynchronous work) */
   KVRET_ERR_VERSION = 17,         /**< a struct_size this library does not understand */
   KVRET_ERR_INTERNAL = 18,        /**< a bug in kvret; please report it with the message */
-  KVRET_ERR_NOT_FOUND = 19        /**< no saved session has that id (never saved, dropped, expired or evicted) */
+  KVRET_ERR_NOT_FOUND = 19,       /**< no saved session has that id (never saved, dropped, expired or evicted) */
+  KVRET_ERR_BUSY = 20             /**< the sequence is in a call on another thread (one sequence, one call at a
+                                       time): nothing was done */
 } kvret_status;
 
 /** A static, human-readable name for a status ("KVRET_ERR_SHAPE", ...). Never NULL. */
@@ -192,8 +196,8 @@ typedef struct kvret_config {
   size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
 
   /* model geometry */
-  int32_t n_layers;   /**< default 32 */
-  int32_t n_q_heads;  /**< default 32 */
+  int32_t n_layers;   /**< 1..4096; default 32 */
+  int32_t n_q_heads;  /**< 1..4096; default 32 */
   int32_t n_kv_heads; /**< default 8; n_q_heads % n_kv_heads == 0 */
   int32_t head_dim;   /**< 64, 128 or 256; default 128 */
   int32_t kv_dtype;   /**< a kvret_kv_dtype; default KVRET_KV_F16 */
@@ -238,7 +242,9 @@ typedef struct kvret_config {
 
   /* storage and capacity */
   int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
-  int64_t host_bytes_limit; /**< capacity of the host KV store over all sequences; 0 = unlimited; default 0 */
+  int64_t host_bytes_limit; /**< capacity of the host KV store over all sequences; 0 = unlimited; default 0. When
+                                 set, at least one 256-token page of K and V per layer (n_layers x 256 x 2 x
+                                 n_kv_heads x head_dim x element size): less is KVRET_ERR_INVALID_ARGUMENT */
   const char* disk_path;    /**< directory of the session store's disk tier (docs/sessions.md), created if missing;
                                  NULL or "" = no disk tier. kvret_create copies
                                  the string; kvret_get_config returns a pointer valid until kvret_destroy */

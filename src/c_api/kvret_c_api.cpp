@@ -67,6 +67,35 @@ class HandleRegistry {
     const auto it = objects_.find(reinterpret_cast<uintptr_t>(handle));
     return it == objects_.end() ? nullptr : it->second;
   }
+  /// The object of a live handle marked in a call (T::try_enter), under the lock, so that no close removes it in
+  /// between; nullptr when the handle is not live, or, with *busy set, when another call holds the object.
+  T* enter(const void* handle, bool* busy) const {
+    std::shared_lock lock(mu_);
+    *busy = false;
+    const auto it = objects_.find(reinterpret_cast<uintptr_t>(handle));
+    if (it == objects_.end()) return nullptr;
+    if (!it->second->try_enter()) {
+      *busy = true;
+      return nullptr;
+    }
+    return it->second;
+  }
+  /// Removes a live handle and returns its object, the caller's from then on; nullptr, with nothing removed, when
+  /// the handle is not live, or, with *busy set, when another call holds the object.
+  T* remove_idle(const void* handle, bool* busy) {
+    std::unique_lock lock(mu_);
+    *busy = false;
+    const auto it = objects_.find(reinterpret_cast<uintptr_t>(handle));
+    if (it == objects_.end()) return nullptr;
+    T* object = it->second;
+    if (!object->try_enter()) {
+      *busy = true;
+      return nullptr;
+    }
+    ids_.erase(object);
+    objects_.erase(it);
+    return object;
+  }
 
  private:
   static constexpr uintptr_t kStep = 16;  // handles look like aligned pointers to code that prints them
@@ -102,12 +131,57 @@ kvret_context& context_of(const kvret_context* ctx) {
   return *c;
 }
 
-kvret::Sequence& sequence_of(const kvret_seq* seq) {
-  require(seq != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is NULL");
-  kvret::Sequence* s = sequences().find(seq);
-  require(s != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is not a live kvret sequence (closed or foreign)");
+void require_idle(bool busy, const std::string& name) {
+  require(!busy, KVRET_ERR_BUSY,
+          name + " is in a call on another thread (a sequence takes one call at a time); nothing was done");
+}
+
+/// The sequence of a handle, marked in this call (Sequence::try_enter): KVRET_ERR_BUSY while another thread's call
+/// holds it. Every call that takes a kvret_seq* enters it, the read-only ones too: they read what a concurrent
+/// append or fetch changes.
+kvret::Sequence& enter_sequence(const kvret_seq* seq, const std::string& name) {
+  require(seq != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is NULL");
+  bool busy = false;
+  kvret::Sequence* s = sequences().enter(seq, &busy);
+  require_idle(busy, name);
+  require(s != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is not a live kvret sequence (closed or foreign)");
   return *s;
 }
+
+/// One call's hold on a sequence: entered when made, left when the call returns or throws.
+class SequenceCall {
+ public:
+  explicit SequenceCall(const kvret_seq* seq) : s_(enter_sequence(seq, "sequence handle")) {}
+  ~SequenceCall() { s_.leave(); }
+  SequenceCall(const SequenceCall&) = delete;
+  SequenceCall& operator=(const SequenceCall&) = delete;
+  kvret::Sequence& operator*() const noexcept { return s_; }
+  kvret::Sequence* operator->() const noexcept { return &s_; }
+
+ private:
+  kvret::Sequence& s_;
+};
+
+/// A batch call's hold on its sequences: each entered in turn, all left when the call returns or throws (so a
+/// batch that fails part way releases those it took).
+class SequenceCalls {
+ public:
+  SequenceCalls() = default;
+  SequenceCalls(const SequenceCalls&) = delete;
+  SequenceCalls& operator=(const SequenceCalls&) = delete;
+  ~SequenceCalls() {
+    for (kvret::Sequence* s : held_) s->leave();
+  }
+  kvret::Sequence& enter(const kvret_seq* seq, const std::string& name) {
+    held_.reserve(held_.size() + 1);  // may throw before the sequence is entered, never after
+    kvret::Sequence& s = enter_sequence(seq, name);
+    held_.push_back(&s);
+    return s;
+  }
+
+ private:
+  std::vector<kvret::Sequence*> held_;
+};
 
 /// Each context's session store: made with the context, destroyed before it.
 class StoreRegistry {
@@ -205,6 +279,8 @@ const char* kvret_status_string(kvret_status status) {
       return "KVRET_ERR_INTERNAL";
     case KVRET_ERR_NOT_FOUND:
       return "KVRET_ERR_NOT_FOUND";
+    case KVRET_ERR_BUSY:
+      return "KVRET_ERR_BUSY";
   }
   return "KVRET_ERR_UNKNOWN";
 }
@@ -280,15 +356,18 @@ kvret_status kvret_seq_open(kvret_context* ctx, kvret_seq** out) {
 kvret_status kvret_seq_close(kvret_seq* seq) {
   if (seq == nullptr) return KVRET_OK;
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
-    sequences().remove(&s);
-    s.context().close_sequence(&s);
+    bool busy = false;
+    kvret::Sequence* s = sequences().remove_idle(seq, &busy);
+    require_idle(busy, "sequence handle");
+    require(s != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is not a live kvret sequence (closed or foreign)");
+    s->context().close_sequence(s);
   });
 }
 
 kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_tokens) {
   return guarded([&] {
-    const kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    const kvret::Sequence& s = *call;
     require_out(out_tokens, "out_tokens");
     *out_tokens = s.length(layer);
   });
@@ -297,7 +376,8 @@ kvret_status kvret_seq_length(const kvret_seq* seq, int32_t layer, int64_t* out_
 kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out) {
   if (out != nullptr) *out = nullptr;  // before anything may fail
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require_out(out, "out");
     kvret::Sequence* child = s.context().adopt_sequence(s.fork());
     try {
@@ -310,18 +390,19 @@ kvret_status kvret_seq_fork(kvret_seq* seq, kvret_seq** out) {
 }
 
 kvret_status kvret_seq_truncate(kvret_seq* seq, int64_t length) {
-  return guarded([&] { sequence_of(seq).truncate(length); });
+  return guarded([&] { SequenceCall(seq)->truncate(length); });
 }
 
 kvret_status kvret_seq_drop_front(kvret_seq* seq, int64_t keep, int64_t count) {
-  return guarded([&] { sequence_of(seq).drop_front(keep, count); });
+  return guarded([&] { SequenceCall(seq)->drop_front(keep, count); });
 }
 
 // ---- sessions (docs/sessions.md) ----
 
 kvret_status kvret_session_save(kvret_seq* seq, const char* session_id) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     const std::string id = kvret::session::SessionStore::check_id(session_id, "session_id");
     store_of(s.context()).save(s, id);
   });
@@ -381,23 +462,25 @@ kvret_status kvret_session_flush(kvret_context* ctx) {
 
 kvret_status kvret_seq_budget(const kvret_seq* seq, int32_t layer, int32_t* out_budget) {
   return guarded([&] {
-    const kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    const kvret::Sequence& s = *call;
     require_out(out_budget, "out_budget");
     *out_budget = static_cast<int32_t>(s.resolve_budget(layer, KVRET_BUDGET_DEFAULT));
   });
 }
 
 kvret_status kvret_append_prefill(kvret_seq* seq, int32_t layer, const kvret_tensor* k, const kvret_tensor* v) {
-  return guarded([&] { sequence_of(seq).append_prefill(layer, k, v); });
+  return guarded([&] { SequenceCall(seq)->append_prefill(layer, k, v); });
 }
 
 kvret_status kvret_append_decode(kvret_seq* seq, int32_t layer, const kvret_tensor* k, const kvret_tensor* v) {
-  return guarded([&] { sequence_of(seq).append_decode(layer, k, v); });
+  return guarded([&] { SequenceCall(seq)->append_decode(layer, k, v); });
 }
 
 kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require(layer >= -1, KVRET_ERR_OUT_OF_RANGE, "layer must be >= 0, or -1 for every layer");
     s.wait_index(layer);
   });
@@ -406,7 +489,8 @@ kvret_status kvret_wait_index(kvret_seq* seq, int32_t layer) {
 kvret_status kvret_select(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget,
                           const kvret_tensor* out_positions, int32_t* out_count) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require_out(out_count, "out_count");
     *out_count = static_cast<int32_t>(s.select(layer, q, budget, out_positions));
   });
@@ -416,7 +500,8 @@ kvret_status kvret_select_scored(kvret_seq* seq, int32_t layer, const kvret_tens
                                  const kvret_tensor* out_positions, const kvret_tensor* out_scores,
                                  int32_t* out_count) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require_out(out_count, "out_count");
     require(out_scores != nullptr, KVRET_ERR_INVALID_ARGUMENT,
             "out_scores is NULL (kvret_select selects without scores)");
@@ -439,11 +524,12 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
     ov.expect_dim(0, n, "batch");
     std::vector<kvret::Sequence*> batch;
     std::unordered_set<const void*> seen;
+    SequenceCalls held;
     for (int32_t i = 0; i < n; ++i) {
-      kvret::Sequence& s = sequence_of(seqs[i]);
-      require(c.owns(&s), KVRET_ERR_INVALID_HANDLE, "seqs[" + std::to_string(i) + "] belongs to another context");
-      require(seen.insert(&s).second, KVRET_ERR_INVALID_ARGUMENT,
-              "seqs[" + std::to_string(i) + "] appears twice in the batch");
+      const std::string name = "seqs[" + std::to_string(i) + "]";
+      require(seen.insert(seqs[i]).second, KVRET_ERR_INVALID_ARGUMENT, name + " appears twice in the batch");
+      kvret::Sequence& s = held.enter(seqs[i], name);
+      require(c.owns(&s), KVRET_ERR_INVALID_HANDLE, name + " belongs to another context");
       (void)s.check_select(layer, qv.slice(i), budget, ov.slice(i));
       batch.push_back(&s);
     }
@@ -498,7 +584,8 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
 
 kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t layer, int32_t budget, int64_t* out_rows) {
   return guarded([&] {
-    const kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    const kvret::Sequence& s = *call;
     require_out(out_rows, "out_rows");
     *out_rows = s.working_set_capacity(layer, budget);
   });
@@ -507,7 +594,8 @@ kvret_status kvret_working_set_capacity(const kvret_seq* seq, int32_t layer, int
 kvret_status kvret_fetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* positions, int32_t count,
                                const kvret_working_set* out, int64_t* out_rows, kvret_stream stream) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require_out(out_rows, "out_rows");
     s.context().backend().check_stream(stream);
     *out_rows = s.fetch(layer, positions, count, out, stream);
@@ -529,13 +617,12 @@ kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kvret_seq* c
     std::vector<kvret::Sequence*> batch;
     batch.reserve(static_cast<size_t>(n));
     std::unordered_set<const void*> seen;
+    SequenceCalls held;
     for (int32_t i = 0; i < n; ++i) {
       const std::string name = "seqs[" + std::to_string(i) + "]";
-      require(seqs[i] != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is NULL");
-      kvret::Sequence* s = sequences().find(seqs[i]);
-      require(s != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is not a live kvret sequence (closed or foreign)");
+      require(seen.insert(seqs[i]).second, KVRET_ERR_INVALID_ARGUMENT, name + " appears twice in the batch");
+      kvret::Sequence* s = &held.enter(seqs[i], name);
       require(c.owns(s), KVRET_ERR_INVALID_HANDLE, name + " belongs to another context");
-      require(seen.insert(s).second, KVRET_ERR_INVALID_ARGUMENT, name + " appears twice in the batch");
       batch.push_back(s);
     }
     kvret::Sequence::fetch_batch(c, batch.data(), n, layer, positions, counts, outs, out_row_counts, stream);
@@ -558,7 +645,8 @@ kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, const kvret
 kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor* q, int32_t budget, float scale,
                               const kvret_tensor* out, kvret_stream stream) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     s.context().backend().check_stream(stream);
     s.attend(layer, q, budget, scale, out, stream);
   });
@@ -567,18 +655,19 @@ kvret_status kvret_seq_attend(kvret_seq* seq, int32_t layer, const kvret_tensor*
 kvret_status kvret_seq_retained_set(kvret_seq* seq, int32_t layer, int32_t budget, const kvret_tensor* out_positions,
                                     int32_t* out_count) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     require_out(out_count, "out_count");
     *out_count = static_cast<int32_t>(kvret::retained_set(s, layer, budget, out_positions));
   });
 }
 
 kvret_status kvret_seq_observe(kvret_seq* seq, int32_t layer, const kvret_tensor* q_window) {
-  return guarded([&] { sequence_of(seq).observe(layer, q_window); });
+  return guarded([&] { SequenceCall(seq)->observe(layer, q_window); });
 }
 
 kvret_status kvret_seq_observe_attention(kvret_seq* seq, int32_t layer, const kvret_tensor* probs) {
-  return guarded([&] { sequence_of(seq).observe_attention(layer, probs); });
+  return guarded([&] { SequenceCall(seq)->observe_attention(layer, probs); });
 }
 
 kvret_status kvret_synchronize(kvret_context* ctx, kvret_stream stream) {
@@ -610,7 +699,8 @@ void reset_stats(kvret_stats* out) {
 
 kvret_status kvret_seq_stats(const kvret_seq* seq, kvret_stats* out) {
   return guarded([&] {
-    const kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    const kvret::Sequence& s = *call;
     reset_stats(out);
     out->sequences = 1;
     s.stats().add_to(out);
@@ -629,7 +719,8 @@ kvret_status kvret_context_stats(const kvret_context* ctx, kvret_stats* out) {
 kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_tensor* q_guess, int32_t budget,
                                   kvret_stream stream) {
   return guarded([&] {
-    kvret::Sequence& s = sequence_of(seq);
+    const SequenceCall call(seq);
+    kvret::Sequence& s = *call;
     s.context().backend().check_stream(stream);
     s.prefetch(layer, q_guess, budget, stream);
   });
@@ -637,7 +728,7 @@ kvret_status kvret_prefetch_async(kvret_seq* seq, int32_t layer, const kvret_ten
 
 kvret_status kvret_seq_read(const kvret_seq* seq, int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k,
                             const kvret_tensor* v) {
-  return guarded([&] { sequence_of(seq).read(layer, begin, end, k, v); });
+  return guarded([&] { SequenceCall(seq)->read(layer, begin, end, k, v); });
 }
 
 }  // extern "C"

@@ -180,6 +180,14 @@ class Sequence {
   /// The host store of a layer. For tests and tooling.
   const HostKvStore& store(int32_t layer) const { return layer_at(layer).store(); }
 
+  /// The C layer's in-call flag (kvret.h: one sequence is used by one thread at a time). try_enter sets it with one
+  /// compare-and-swap and answers false, changing nothing, while another call holds it; leave clears it.
+  bool try_enter() noexcept {
+    bool idle = false;
+    return in_call_.compare_exchange_strong(idle, true, std::memory_order_acquire, std::memory_order_relaxed);
+  }
+  void leave() noexcept { in_call_.store(false, std::memory_order_release); }
+
  private:
   friend class session::SessionStore;  ///< saves the layers and restores them into a new sequence
 
@@ -286,6 +294,7 @@ class Sequence {
   /// The device counts already in stats_ (Backend::device_fetch_counts is cumulative), and whether there are any.
   mutable std::atomic<int64_t> folded_hits_{0}, folded_bytes_{0};
   std::atomic<bool> device_counted_{false};
+  std::atomic<bool> in_call_{false};  ///< try_enter / leave
 };
 
 }  // namespace kvret

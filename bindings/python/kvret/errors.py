@@ -28,6 +28,7 @@ class Status(enum.IntEnum):
     VERSION = _c.KVRET_ERR_VERSION
     INTERNAL = _c.KVRET_ERR_INTERNAL
     NOT_FOUND = _c.KVRET_ERR_NOT_FOUND
+    BUSY = _c.KVRET_ERR_BUSY
 
 
 class KvretError(RuntimeError):

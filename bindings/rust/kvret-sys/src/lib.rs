@@ -42,6 +42,7 @@ pub const KVRET_ERR_CUDA: kvret_status = 16;
 pub const KVRET_ERR_VERSION: kvret_status = 17;
 pub const KVRET_ERR_INTERNAL: kvret_status = 18;
 pub const KVRET_ERR_NOT_FOUND: kvret_status = 19;
+pub const KVRET_ERR_BUSY: kvret_status = 20;
 
 // ---- tensors (DLPack's DLTensor layout) ----
 pub type kvret_device_type = c_int;

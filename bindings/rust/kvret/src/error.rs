@@ -26,11 +26,13 @@ pub enum Status {
     Version,
     Internal,
     NotFound,
+    /// The sequence is in a call on another thread; nothing was done.
+    Busy,
     /// A status this version of the crate does not know.
     Unknown(i32),
 }
 
-const STATUSES: [(Status, sys::kvret_status); 19] = [
+const STATUSES: [(Status, sys::kvret_status); 20] = [
     (Status::InvalidArgument, sys::KVRET_ERR_INVALID_ARGUMENT),
     (Status::InvalidHandle, sys::KVRET_ERR_INVALID_HANDLE),
     (Status::Shape, sys::KVRET_ERR_SHAPE),
@@ -50,6 +52,7 @@ const STATUSES: [(Status, sys::kvret_status); 19] = [
     (Status::Version, sys::KVRET_ERR_VERSION),
     (Status::Internal, sys::KVRET_ERR_INTERNAL),
     (Status::NotFound, sys::KVRET_ERR_NOT_FOUND),
+    (Status::Busy, sys::KVRET_ERR_BUSY),
 ];
 
 impl Status {

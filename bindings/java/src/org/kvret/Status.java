@@ -22,6 +22,7 @@ public enum Status {
   VERSION(17),
   INTERNAL(18),
   NOT_FOUND(19),
+  BUSY(20),
   /** A status this version of the binding does not know. */
   UNKNOWN(-1);
 
