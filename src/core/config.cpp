@@ -157,8 +157,10 @@ kvret_config read_config(const kvret_config* user, std::string* disk_path, std::
 }
 
 void validate_config(const kvret_config& c) {
-  check(c.n_layers >= 1, "n_layers", "must be >= 1, got " + std::to_string(c.n_layers));
-  check(c.n_q_heads >= 1, "n_q_heads", "must be >= 1, got " + std::to_string(c.n_q_heads));
+  check(c.n_layers >= 1 && c.n_layers <= kMaxLayers, "n_layers",
+        "must be in 1.." + std::to_string(kMaxLayers) + ", got " + std::to_string(c.n_layers));
+  check(c.n_q_heads >= 1 && c.n_q_heads <= kMaxQHeads, "n_q_heads",
+        "must be in 1.." + std::to_string(kMaxQHeads) + ", got " + std::to_string(c.n_q_heads));
   check(c.n_kv_heads >= 1, "n_kv_heads", "must be >= 1, got " + std::to_string(c.n_kv_heads));
   check(c.n_q_heads % c.n_kv_heads == 0, "n_q_heads",
         std::to_string(c.n_q_heads) + " is not a multiple of n_kv_heads " + std::to_string(c.n_kv_heads));
@@ -220,6 +222,17 @@ void validate_config(const kvret_config& c) {
         "must be 0, 1 or a power of two up to 4096, got " + std::to_string(c.hamming_granularity));
   check(c.max_seq_tokens >= 0, "max_seq_tokens", "must be >= 0 (0 = unlimited)");
   check(c.host_bytes_limit >= 0, "host_bytes_limit", "must be >= 0 (0 = unlimited)");
+  {
+    // a sequence holding one token in every layer holds one page (K and V of every KV head) per layer; the
+    // geometry's bounds above keep this product far inside 64 bits
+    const int64_t element = c.kv_dtype == KVRET_KV_F32 ? 4 : 2;
+    const int64_t one_token_everywhere =
+        int64_t{c.n_layers} * kConfigPageTokens * 2 * c.n_kv_heads * c.head_dim * element;
+    check(c.host_bytes_limit == 0 || c.host_bytes_limit >= one_token_everywhere, "host_bytes_limit",
+          std::to_string(c.host_bytes_limit) + " bytes cannot hold one token in every layer: that takes " +
+              std::to_string(one_token_everywhere) + " bytes (a " + std::to_string(kConfigPageTokens) +
+              "-token page of K and V per layer: n_layers x 256 x 2 x n_kv_heads x head_dim x element size)");
+  }
   check(c.device_bytes_limit >= 0, "device_bytes_limit", "must be >= 0 (0 = unlimited)");
   check(c.session_dram_bytes >= 0, "session_dram_bytes", "must be >= 0 (0 = unlimited)");
   check(c.session_disk_bytes >= 0, "session_disk_bytes", "must be >= 0 (0 = unlimited)");

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "kvret.h"
@@ -12,6 +13,13 @@ constexpr float kDefaultPqExactFraction = 0.05f;
 constexpr float kMaxPqExactFraction = 0.5f;
 /// The largest head_dim a config may give (read_config accepts 64, 128 and 256).
 constexpr int kMaxHeadDim = 256;
+/// The largest n_layers and n_q_heads a config may give: far above any model's (a few hundred), far below what
+/// makes opening a sequence allocate without bound (kvret.h).
+constexpr int32_t kMaxLayers = 4096;
+constexpr int32_t kMaxQHeads = 4096;
+/// Tokens per page of a layer's host store (HostKvStore::kPageTokens): a sequence holding one token in every
+/// layer holds one page per layer, which host_bytes_limit must allow.
+constexpr int64_t kConfigPageTokens = 256;
 
 /// Fills every field of *config with the documented defaults (see kvret.h).
 void config_defaults(kvret_config* config) noexcept;

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/vec_math.hpp"
 #include "engine/sequence.hpp"
 #include "index/cluster_retriever.hpp"
 
 namespace kvret {
+
+static_assert(HostKvStore::kPageTokens == kConfigPageTokens, "config.cpp checks host_bytes_limit in host pages");
 
 namespace {
 
