@@ -2,14 +2,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
+#include <random>
 
 #include "core/checksum.hpp"
 #include "core/error.hpp"
@@ -85,56 +87,124 @@ void write_all(int fd, const std::byte* data, size_t size, const std::string& pa
   }
 }
 
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) io_error("opening the directory " + dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0 && err != EINVAL) io_error("syncing the directory " + dir, err);
+// A random 16-hex-digit part of a temporary file's name (nobody can plant a file or a link there beforehand).
+std::string random_name_part() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 0; i < 16; ++i) s[static_cast<size_t>(i)] = digits[(v >> (4 * i)) & 15];
+  return s;
+}
+
+// Creates `dir` and its missing parents, each 0700 (a directory that exists is left as it is).
+void make_private_dirs(const std::string& dir) {
+  std::string path;
+  size_t pos = 0;
+  while (pos <= dir.size()) {
+    const size_t slash = std::min(dir.find('/', pos), dir.size());
+    path = dir.substr(0, slash);
+    pos = slash + 1;
+    if (path.empty() || path == "." || path == "..") continue;
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+      const int err = errno;
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) io_error("cannot create the directory " + path, err);
+    }
+  }
 }
 
 }  // namespace
 
 DiskTier::DiskTier(std::string dir) : dir_(std::move(dir)) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) throw Error(KVRET_ERR_IO, "disk tier: cannot create the directory " + dir_ + ": " + ec.message());
-  DIR* d = ::opendir(dir_.c_str());
-  if (d == nullptr) io_error("opening the directory " + dir_, errno);
-  std::vector<std::string> names;
-  try {
-    while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  } catch (...) {
-    ::closedir(d);
-    throw;
+  require(!dir_.empty(), KVRET_ERR_INVALID_ARGUMENT, "config.disk_path: an empty path");
+  make_private_dirs(dir_);
+  dir_fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd_ < 0) {
+    if (errno == ENOTDIR) throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.disk_path: " + dir_ + " is not a directory");
+    io_error("opening the directory " + dir_, errno);
   }
-  ::closedir(d);
-  const size_t tmp = std::strlen(kTmpSuffix);
-  for (const std::string& name : names) {
-    const std::string path = dir_ + "/" + name;
-    if (name.size() > tmp && name.compare(name.size() - tmp, tmp, kTmpSuffix) == 0 && name[0] == 'b') {
-      ::unlink(path.c_str());  // a put that never reached its rename
-      continue;
-    }
-    const auto key = key_of(name);
-    if (!key) continue;
+  try {
+    // Saved sessions hold conversations: the directory must be this user's alone (docs/reliability.md).
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    files_[*key] = st.st_size;
-    bytes_ += st.st_size;
+    if (::fstat(dir_fd_, &st) != 0) io_error("reading the owner of " + dir_, errno);
+    if (st.st_uid != ::geteuid())
+      throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.disk_path: the directory " + dir_ + " belongs to user id " +
+                                                  std::to_string(st.st_uid) + ", not to this process's user (" +
+                                                  std::to_string(::geteuid()) +
+                                                  "): kvret keeps sessions only in a "
+                                                  "directory of its own user");
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      throw Error(KVRET_ERR_INVALID_ARGUMENT, "config.disk_path: the directory " + dir_ + " (mode " + mode +
+                                                  ") can be written by its group or others, who could plant or replace "
+                                                  "session files: chmod go-w it (0700 is what kvret creates)");
+    }
+    // One context per directory: a second one would remove the first one's temporary files and reuse its names.
+    lock_fd_ = ::openat(dir_fd_, kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock_fd_ < 0) io_error("opening the lock file " + dir_ + "/" + kLockName, errno);
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        throw Error(KVRET_ERR_BUSY, "config.disk_path: the directory " + dir_ +
+                                        " is in use by another kvret context (in this process or another); one "
+                                        "directory serves one context at a time");
+      io_error("locking " + dir_ + "/" + kLockName, errno);
+    }
+
+    const int list_fd = ::openat(dir_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR* d = list_fd < 0 ? nullptr : ::fdopendir(list_fd);
+    if (d == nullptr) {
+      const int err = errno;
+      if (list_fd >= 0) ::close(list_fd);
+      io_error("opening the directory " + dir_, err);
+    }
+    std::vector<std::string> names;
+    try {
+      while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    } catch (...) {
+      ::closedir(d);
+      throw;
+    }
+    ::closedir(d);
+    const size_t tmp = std::strlen(kTmpSuffix);
+    for (const std::string& name : names) {
+      if (name.size() > tmp && name.compare(name.size() - tmp, tmp, kTmpSuffix) == 0 && name[0] == 'b') {
+        ::unlinkat(dir_fd_, name.c_str(), 0);  // a put that never reached its rename (a link itself, not its target)
+        continue;
+      }
+      const auto key = key_of(name);
+      if (!key) continue;
+      if (::fstatat(dir_fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      // anything but a regular file is still listed (as a blob that reads as corrupt), so that it is removed
+      const int64_t size = S_ISREG(st.st_mode) ? static_cast<int64_t>(st.st_size) : 0;
+      files_[*key] = size;
+      bytes_ += size;
+    }
+  } catch (...) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    ::close(dir_fd_);
+    throw;
   }
 }
 
-std::string DiskTier::path_of(const std::string& key) const {
+DiskTier::~DiskTier() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+}
+
+std::string DiskTier::name_of(const std::string& key) const {
   require(!key.empty() && key.size() <= kMaxKeyBytes && key.find('\0') == std::string::npos, KVRET_ERR_INVALID_ARGUMENT,
           "disk tier: a key must have 1 to 120 bytes and no NUL");
-  return dir_ + "/b" + hex(key) + kSuffix;
+  std::string name = "b";
+  name += hex(key);
+  name += kSuffix;
+  return name;
 }
 
 void DiskTier::put(const std::string& key, const std::byte* data, size_t size, int64_t ttl_ms) {
-  const std::string path = path_of(key);
-  const std::string tmp = path + "." + std::to_string(::getpid()) + kTmpSuffix;
+  const std::string name = name_of(key);
+  const std::string path = dir_ + "/" + name;
   std::byte header[kHeaderBytes];
   store_le<uint32_t>(header, kBlobMagic);
   store_le<uint32_t>(header + 4, kBlobVersion);
@@ -144,24 +214,32 @@ void DiskTier::put(const std::string& key, const std::byte* data, size_t size, i
   store_le<uint32_t>(header + 28, crc32_of(header, 28));
 
   std::lock_guard<std::mutex> lock(mu_);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("creating " + tmp, errno);
+  // a fresh name, created here and nowhere else (O_EXCL), never through a link (O_NOFOLLOW), readable by this user
+  // only
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = name + "." + random_name_part() + kTmpSuffix;
+    fd = ::openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno != EEXIST || attempt == 8)) io_error("creating " + dir_ + "/" + tmp, errno);
+  }
   try {
     write_all(fd, header, kHeaderBytes, tmp);
     write_all(fd, data, size, tmp);
-    if (::fsync(fd) != 0) io_error("syncing " + tmp, errno);
+    if (::fsync(fd) != 0) io_error("syncing " + dir_ + "/" + tmp, errno);
     const int rc = ::close(fd);
     fd = -1;
-    if (rc != 0) io_error("closing " + tmp, errno);
+    if (rc != 0) io_error("closing " + dir_ + "/" + tmp, errno);
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlinkat(dir_fd_, tmp.c_str(), 0);
     throw;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  // rename replaces whatever entry has the blob's name (a link planted there is replaced, its target untouched)
+  if (::renameat(dir_fd_, tmp.c_str(), dir_fd_, name.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    io_error("renaming " + tmp + " to " + path, err);
+    ::unlinkat(dir_fd_, tmp.c_str(), 0);
+    io_error("renaming " + dir_ + "/" + tmp + " to " + path, err);
   }
   const auto file_bytes = static_cast<int64_t>(kHeaderBytes + size);
   const auto it = files_.find(key);
@@ -170,24 +248,29 @@ void DiskTier::put(const std::string& key, const std::byte* data, size_t size, i
   ++writes_;
   // The rename is made durable; the blob is in place whether or not that succeeds, so a failure here is not the
   // put's (the old bytes are gone either way).
-  try {
-    fsync_dir(dir_);
-  } catch (const Error&) {
-  }
+  (void)::fsync(dir_fd_);
 }
 
 std::optional<std::vector<std::byte>> DiskTier::get(const std::string& key) {
-  const std::string path = path_of(key);
+  const std::string path = dir_ + "/" + name_of(key);
+  const auto corrupt = [&](const char* what) {
+    throw Error(KVRET_ERR_CORRUPT, "disk tier: " + path + " is corrupt: " + what);
+  };
   std::lock_guard<std::mutex> lock(mu_);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // no link followed, no wait on a FIFO or a device: only a regular file is read
+  const int fd = ::openat(dir_fd_, name_of(key).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return std::nullopt;
+    if (errno == ELOOP) corrupt("a symbolic link, not a file kvret wrote");
     io_error("opening " + path, errno);
   }
   std::vector<std::byte> bytes;
   try {
     struct stat st {};
     if (::fstat(fd, &st) != 0) io_error("reading the size of " + path, errno);
+    if (!S_ISREG(st.st_mode)) corrupt("not a regular file");
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) io_error("opening " + path, errno);
     bytes.resize(static_cast<size_t>(st.st_size));
     size_t done = 0;
     while (done < bytes.size()) {
@@ -206,9 +289,6 @@ std::optional<std::vector<std::byte>> DiskTier::get(const std::string& key) {
   }
   ::close(fd);
   ++reads_;
-  const auto corrupt = [&](const char* what) {
-    throw Error(KVRET_ERR_CORRUPT, "disk tier: " + path + " is corrupt: " + what);
-  };
   if (bytes.size() < kHeaderBytes) corrupt("truncated header");
   if (load_le<uint32_t>(bytes.data()) != kBlobMagic) corrupt("not a kvret blob");
   if (load_le<uint32_t>(bytes.data() + 28) != crc32_of(bytes.data(), 28)) corrupt("header checksum mismatch");
@@ -224,9 +304,10 @@ std::optional<std::vector<std::byte>> DiskTier::get(const std::string& key) {
 }
 
 bool DiskTier::remove(const std::string& key) {
-  const std::string path = path_of(key);
+  const std::string name = name_of(key);
   std::lock_guard<std::mutex> lock(mu_);
-  if (::unlink(path.c_str()) != 0) {
+  // unlinkat removes the entry itself: a link, never its target
+  if (::unlinkat(dir_fd_, name.c_str(), 0) != 0) {
     if (errno == ENOENT) {
       if (const auto it = files_.find(key); it != files_.end()) {
         bytes_ -= it->second;
@@ -234,7 +315,7 @@ bool DiskTier::remove(const std::string& key) {
       }
       return false;
     }
-    io_error("removing " + path, errno);
+    io_error("removing " + dir_ + "/" + name, errno);
   }
   if (const auto it = files_.find(key); it != files_.end()) {
     bytes_ -= it->second;

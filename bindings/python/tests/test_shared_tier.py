@@ -1,6 +1,7 @@
 """The shared session tier (session_shared_url): two contexts on one Redis server, as two nodes of a serving stack.
 Each test starts its own redis-server on a free port (skipped where none is installed)."""
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -15,15 +16,16 @@ import kvret
 LAYERS = GEOMETRY["n_layers"]
 
 
-@pytest.fixture
-def redis_url(tmp_path):
+@contextlib.contextmanager
+def redis_server(tmp_path, *extra):
+    """A redis-server on a free loopback port (extra: more arguments); yields the port."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *extra]
     process = subprocess.Popen(args + ["--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
@@ -35,10 +37,16 @@ def redis_url(tmp_path):
                 if time.monotonic() > deadline or process.poll() is not None:
                     pytest.skip("redis-server did not start")
                 time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0?prefix=kvret-python-{port}"
+        yield port
     finally:
         process.terminate()
         process.wait()
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    with redis_server(tmp_path) as port:
+        yield f"redis://127.0.0.1:{port}/0?prefix=kvret-python-{port}"
 
 
 def filled_sequence(ctx, rng):
@@ -74,3 +82,17 @@ def test_malformed_urls_are_refused_by_name():
             make_context(session_shared_url=url)
         assert info.value.status == kvret.Status.INVALID_ARGUMENT, info.value
         assert "session_shared_url" in info.value.message
+
+
+def test_the_config_masks_the_password_and_the_context_still_authenticates(tmp_path):
+    with redis_server(tmp_path, "--requirepass", "py-s3cret@pw") as port:
+        url = f"redis://:py-s3cret%40pw@127.0.0.1:{port}/0?prefix=masked"
+        with make_context(session_shared_url=url) as a, make_context(session_shared_url=url) as b:
+            shown = a.config["session_shared_url"]
+            assert "s3cret" not in shown
+            assert shown == f"redis://:***@127.0.0.1:{port}/0?prefix=masked"
+            assert "s3cret" not in repr(a.config)
+            with filled_sequence(a, np.random.default_rng(5)) as seq:
+                seq.save_session("masked")
+            a.flush_sessions()
+            assert b.session_tier("masked") == kvret.SessionTier.SHARED
