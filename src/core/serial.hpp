@@ -78,6 +78,9 @@ class ByteReader {
 inline void require_intact(bool ok, const char* what) {
   if (!ok) throw Error(KVRET_ERR_CORRUPT, std::string("saved state: ") + what);
 }
+inline void require_intact(bool ok, const std::string& what) {
+  if (!ok) throw Error(KVRET_ERR_CORRUPT, "saved state: " + what);
+}
 
 /// Every saved state begins with this magic, a tag naming its kind, and the version of its layout.
 constexpr uint32_t kStateMagic = 0x5452564bu;  // "KVRT"

@@ -436,6 +436,17 @@ std::unique_ptr<LayerState> SessionStore::make_layer(Sequence& seq, int32_t l, c
   require_intact(rest.left() == 0, "trailing bytes after a layer blob");
   std::unique_ptr<Retriever> index = ctx_.kind().make(c, l);
   index->restore(store, state.data(), state.size());
+  // Each design checked its state's own sizes; whatever the design, the range it covers must be one the sequence
+  // can extend to its middle (it starts where the middle starts and ends inside it), or every select of the layer
+  // would fail on every open of the session: a forged or foreign state is corrupt, and the session dropped.
+  {
+    const TokenGroups g = seq.groups_at(tokens);
+    const int64_t begin = index->indexed_begin(), end = index->indexed_end();
+    require_intact(end <= begin || (begin == g.mid_begin && end <= g.mid_end),
+                   "an index over [" + std::to_string(begin) + ", " + std::to_string(end) +
+                       "), which is not a start of the layer's middle [" + std::to_string(g.mid_begin) + ", " +
+                       std::to_string(g.mid_end) + ")");
+  }
   auto layer = std::make_unique<LayerState>(l, std::move(store), ctx_.kind().make(c, l));
   layer->replace_index(std::move(index), seq.stats_);
   return layer;

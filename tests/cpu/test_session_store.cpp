@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/checksum.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "engine/context.hpp"
@@ -54,6 +56,16 @@ struct TempDir {
   }
   std::string str() const { return path.string(); }
 };
+
+/// The disk tier's lock file (".lock", kept in its directory while a context uses it, and left there after).
+bool is_lock(const fs::directory_entry& e) { return e.path().filename() == ".lock"; }
+
+/// True when the directory holds no file but the store's lock file (".lock", kept while a context uses it).
+bool holds_no_files(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != ".lock") return false;
+  return true;
+}
 
 int32_t where(kvret_context* ctx, const char* id) {
   int32_t tier = -1;
@@ -296,6 +308,69 @@ TEST_F(SessionStore, DamagedLayerFileIsCorruptThenNotFound) {
   }
 }
 
+// A layer file whose index state was changed and its checksums computed again (no checksum can catch it): whatever
+// the index kind, a state whose range is not a start of the layer's middle is refused at open (CORRUPT, the session
+// dropped), never opened to fail every select with INTERNAL.
+TEST_F(SessionStore, AForgedIndexRangeIsCorruptForEveryIndexKind) {
+  constexpr int64_t kTokens = 300;  // fill_session(0): the middle is [n_sink, kTokens - n_local)
+  enum Forgery { kBeforeTheMiddle, kAGapAtItsStart, kPastItsEnd };
+  for (const int kind : {KVRET_INDEX_EXACT, KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_CLUSTER, KVRET_INDEX_QUANT})
+    for (const Forgery forgery : {kBeforeTheMiddle, kAGapAtItsStart, kPastItsEnd}) {
+      SCOPED_TRACE(std::string(kind_name(kind)) + " forgery " + std::to_string(forgery));
+      TempDir dir;
+      config.index_kind = kind;
+      config.disk_path = dir.path.c_str();
+      config.session_dram_bytes = 1;  // every session goes to disk
+      auto ctx = make_context(config);
+      {
+        Seq s(ctx.get());
+        fill_session(s.s, 0);
+        KVRET_ASSERT_OK(kvret_wait_index(s.s, -1));
+        KVRET_ASSERT_OK(kvret_session_save(s.s, "x"));
+      }
+      ASSERT_EQ(where(ctx.get(), "x"), KVRET_TIER_DISK);
+      const fs::path layer0 = layer_file(dir.path, 0);
+      std::string bytes;
+      {
+        std::ifstream in(layer0, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      constexpr size_t kHeader = 32;  // the disk tier's blob header; the layer blob follows
+      ASSERT_GT(bytes.size(), kHeader + 64);
+      // The index state is the layer blob's last part and starts with the state magic "KVRT" (after the rows; the
+      // layer blob's own header starts with it too). Its range is the first (n_sink, end) pair of int64s in it.
+      const size_t state = bytes.find("KVRT", kHeader + 16);
+      ASSERT_NE(state, std::string::npos);
+      size_t at = std::string::npos;
+      int64_t end = 0;
+      for (size_t i = state; i + 16 <= bytes.size() && at == std::string::npos; ++i) {
+        int64_t b = 0, e = 0;
+        std::memcpy(&b, bytes.data() + i, 8);
+        std::memcpy(&e, bytes.data() + i + 8, 8);
+        if (b == config.n_sink && e > b && e <= kTokens - config.n_local) at = i, end = e;
+      }
+      ASSERT_NE(at, std::string::npos) << "no indexed range in the layer's state";
+      const int64_t forged_begin = forgery == kBeforeTheMiddle ? 0 : forgery == kAGapAtItsStart ? 5 : config.n_sink;
+      const int64_t forged_end = forgery == kPastItsEnd ? kTokens : end;
+      std::memcpy(bytes.data() + at, &forged_begin, 8);
+      std::memcpy(bytes.data() + at + 8, &forged_end, 8);
+      const uint32_t payload_crc = kvret::crc32_of(bytes.data() + kHeader, bytes.size() - kHeader);
+      std::memcpy(bytes.data() + 24, &payload_crc, 4);
+      const uint32_t header_crc = kvret::crc32_of(bytes.data(), 28);
+      std::memcpy(bytes.data() + 28, &header_crc, 4);
+      {
+        std::ofstream out(layer0, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      }
+      kvret_seq* out = nullptr;
+      EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_CORRUPT) << kvret_last_error();
+      EXPECT_EQ(out, nullptr);
+      kvret_seq_close(out);
+      EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
+      EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
+    }
+}
+
 TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
   TempDir dir;
   config.disk_path = dir.path.c_str();
@@ -309,7 +384,7 @@ TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
   fs::path smallest;
   uintmax_t smallest_size = UINTMAX_MAX;
   for (const auto& e : fs::directory_iterator(dir.path))
-    if (e.file_size() < smallest_size) smallest_size = e.file_size(), smallest = e.path();
+    if (!is_lock(e) && e.file_size() < smallest_size) smallest_size = e.file_size(), smallest = e.path();
   fs::resize_file(smallest, smallest_size - 3);
   auto ctx = make_context(config);
   EXPECT_EQ(where(ctx.get(), "x"), KVRET_TIER_NONE);
@@ -317,14 +392,48 @@ TEST_F(SessionStore, DamagedManifestIsAMissForANewContext) {
   EXPECT_EQ(kvret_session_open(ctx.get(), "x", &out), KVRET_ERR_NOT_FOUND);
   EXPECT_EQ(context_stats(ctx.get()).session_corrupt, 1);
   // The layer blobs it named are removed with it.
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(holds_no_files(dir.path));
 }
+
+/// A disk tier the test can make unwritable and writable again: no file of the process may grow past 0 bytes
+/// (RLIMIT_FSIZE; SIGXFSZ ignored), so every write of a blob fails with EFBIG, as on a full disk, even as root. (The
+/// tier keeps its directory open, so replacing the directory would not stop its writes.)
+struct BreakableDisk {
+  explicit BreakableDisk(const fs::path& parent) : disk(parent / "disk") {}
+  ~BreakableDisk() {
+    if (broken) repair();
+  }
+  BreakableDisk(const BreakableDisk&) = delete;
+  BreakableDisk& operator=(const BreakableDisk&) = delete;
+  void break_it() {
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+    old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit none = old_limit;
+    none.rlim_cur = 0;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
+    broken = true;
+  }
+  void repair() {
+    ::setrlimit(RLIMIT_FSIZE, &old_limit);
+    ::signal(SIGXFSZ, old_handler);
+    broken = false;
+  }
+  size_t files() const {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(disk)) n += e.path().extension() == ".kvb";
+    return n;
+  }
+  fs::path disk;
+  bool broken = false;
+  rlimit old_limit{};
+  void (*old_handler)(int) = SIG_DFL;
+};
 
 TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysInDram) {
   TempDir dir;
   const int64_t size = one_session();
-  const fs::path disk = dir.path / "disk";
-  config.disk_path = disk.c_str();
+  BreakableDisk disk(dir.path);
+  config.disk_path = disk.disk.c_str();
   config.session_dram_bytes = size + size / 2;
   auto ctx = make_context(config);
   Seq a(ctx.get()), b(ctx.get());
@@ -332,9 +441,7 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   fill_session(b.s, 1);
   const std::vector<float> raw_a = read_layers(a.s);
   KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
-  // The directory is replaced by a file: every write fails (as root, permissions would not stop one).
-  fs::rename(disk, dir.path / "moved");
-  std::ofstream(disk.string()) << "not a directory";
+  disk.break_it();                                // every write fails (as root, permissions would not stop one)
   KVRET_ASSERT_OK(kvret_session_save(b.s, "b"));  // A's eviction to disk is the background writer's
   EXPECT_EQ(kvret_session_flush(ctx.get()), KVRET_ERR_IO);
   EXPECT_NE(std::string(kvret_last_error()).find("disk tier"), std::string::npos) << kvret_last_error();
@@ -352,8 +459,7 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   EXPECT_EQ(st.disk_bytes, 0);
   EXPECT_EQ(st.session_write_failures, 1);
   // The disk back: saving A again puts it in DRAM and evicts B, whose files are written.
-  fs::remove(disk);
-  fs::rename(dir.path / "moved", disk);
+  disk.repair();
   const std::vector<float> raw_b = read_layers(b.s);
   KVRET_ASSERT_OK(kvret_session_save(a.s, "a"));
   KVRET_ASSERT_OK(kvret_session_flush(ctx.get()));
@@ -366,26 +472,6 @@ TEST_F(SessionStore, AnUnwritableDiskIsReportedByFlushAndTheEvictedSessionStaysI
   Seq rb(open_session(next.get(), "b"));
   EXPECT_EQ(read_layers(rb.s), raw_b);
 }
-
-/// A disk tier whose directory the test can make unwritable (replaced by a file: every write fails, even as root)
-/// and writable again.
-struct BreakableDisk {
-  explicit BreakableDisk(const fs::path& parent) : disk(parent / "disk"), moved(parent / "moved") {}
-  void break_it() {
-    fs::rename(disk, moved);
-    std::ofstream(disk.string()) << "not a directory";
-  }
-  void repair() {
-    fs::remove(disk);
-    fs::rename(moved, disk);
-  }
-  size_t files() const {
-    size_t n = 0;
-    for (const auto& e : fs::directory_iterator(disk)) n += e.path().extension() == ".kvb";
-    return n;
-  }
-  fs::path disk, moved;
-};
 
 TEST_F(SessionStore, AFailedEvictionIsRetriedByTheNextSaveAndLandsOnDisk) {
   TempDir dir;
@@ -546,6 +632,7 @@ TEST_F(SessionStore, AWriteFailingMidFileIsIoAndKeepsTheOldVersion) {
   }
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) {
+    if (is_lock(e)) continue;
     EXPECT_EQ(e.path().extension(), ".kvb") << e.path();
     ++files;
   }
@@ -589,6 +676,9 @@ TEST_F(SessionStore, TimeToLive) {
   EXPECT_EQ(st.session_dram_count, 0);
   // On disk: the expiry is in the files, so a new context misses it too and removes them.
   config.session_dram_bytes = 1;
+  kvret_seq_close(s.s);
+  s.s = nullptr;
+  ctx.reset();  // one context per directory
   {
     auto c2 = make_context(config);
     Seq s2(c2.get());
@@ -601,7 +691,7 @@ TEST_F(SessionStore, TimeToLive) {
   auto c3 = make_context(config);
   EXPECT_EQ(where(c3.get(), "t"), KVRET_TIER_NONE);
   EXPECT_EQ(context_stats(c3.get()).disk_bytes, 0);
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(holds_no_files(dir.path));
 }
 
 TEST_F(SessionStore, CapacityRefusalChangesNothing) {
@@ -624,7 +714,7 @@ TEST_F(SessionStore, CapacityRefusalChangesNothing) {
   fill_session(s.s, 0);
   EXPECT_EQ(kvret_session_save(s.s, "big"), KVRET_ERR_CAPACITY);
   EXPECT_EQ(where(ctx.get(), "big"), KVRET_TIER_NONE);
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(holds_no_files(dir.path));
 }
 
 /// Sessions a, b, c of the same size; DRAM holds two; the disk all.
@@ -704,12 +794,12 @@ TEST_F(SessionStore, DropAndResave) {
     EXPECT_EQ(read_layers(r.s), raw);
   }
   size_t files = 0;
-  for (const auto& e : fs::directory_iterator(dir.path)) (void)e, ++files;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += !is_lock(e);
   EXPECT_EQ(files, static_cast<size_t>(kLayers + 1));
   KVRET_ASSERT_OK(kvret_session_drop(ctx.get(), "d"));
   EXPECT_EQ(where(ctx.get(), "d"), KVRET_TIER_NONE);
   EXPECT_EQ(kvret_session_drop(ctx.get(), "d"), KVRET_ERR_NOT_FOUND);
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(holds_no_files(dir.path));
   EXPECT_EQ(context_stats(ctx.get()).disk_bytes, 0);
 }
 
@@ -730,6 +820,7 @@ TEST_F(SessionStore, AnyIdBytesAreSafeFileNames) {
     }
   }
   for (const auto& e : fs::directory_iterator(dir.path)) {
+    if (is_lock(e)) continue;
     const std::string name = e.path().filename().string();
     EXPECT_EQ(name.find_first_not_of("0123456789abcdef.b-kv"), std::string::npos) << name;
   }
@@ -1528,7 +1619,7 @@ TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     // What the kill left: a temporary file or the layer blobs of a save without its manifest yet, or the old
     // generation's blobs not removed yet (more files than one session has).
     size_t left = 0;
-    for (const auto& e : fs::directory_iterator(disk)) (void)e, ++left;
+    for (const auto& e : fs::directory_iterator(disk)) left += !is_lock(e);
     if (left != static_cast<size_t>(kLayers + 1)) ++mid_save;
 
     auto ctx = make_context(config);
@@ -1559,6 +1650,7 @@ TEST_P(SessionCrash, KilledWriterLeavesOldVersionOrMiss) {
     // The killed save's leftovers (temporary files, unnamed layer blobs) were removed on reopening.
     size_t files = 0;
     for (const auto& e : fs::directory_iterator(disk)) {
+      if (is_lock(e)) continue;
       EXPECT_EQ(e.path().extension(), ".kvb") << e.path();
       ++files;
     }
