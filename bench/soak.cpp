@@ -9,6 +9,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,26 +49,63 @@ int main(int argc, char** argv) {
   int64_t steps = 100000, prefill = 1024, checkpoints = 10, edit_every = 1000;
   int layers = 2;
   std::string index = "pq";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  static const char* const usage =
+      "usage: kvret-soak [--steps N] [--prefill N] [--layers N] [--index pq|page|exact|streaming]\n"
+      "                  [--checkpoints N] [--edit-every N]\n"
+      "A long decode through the C ABI; one JSON line per checkpoint (tokens, microseconds per step, RSS, the KV\n"
+      "and index bytes kvret reports). Defaults: --steps 100000 --prefill 1024 --layers 2 --index pq\n"
+      "--checkpoints 10 --edit-every 1000.\n";
+  // every argument is read (a lone --help included); a flag without its value or a value that is not a positive
+  // number is refused before anything runs
+  const auto number = [](const std::string& flag, const char* text, int64_t* out) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || n < 1) {
+      std::fprintf(stderr, "kvret-soak: %s needs a positive whole number, got '%s'\n", flag.c_str(), text);
+      return false;
+    }
+    *out = n;
+    return true;
+  };
+  int64_t layers64 = layers;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    const char* value = argv[i + 1];
-    if (flag == "--steps")
-      steps = std::atoll(value);
-    else if (flag == "--prefill")
-      prefill = std::atoll(value);
-    else if (flag == "--layers")
-      layers = std::atoi(value);
-    else if (flag == "--index")
-      index = value;
-    else if (flag == "--checkpoints")
-      checkpoints = std::atoll(value);
-    else if (flag == "--edit-every")
-      edit_every = std::atoll(value);
-    else {
-      std::fprintf(stderr, "kvret-soak: unknown flag %s\n", argv[i]);
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "kvret-soak: %s needs a value\n%s", flag.c_str(), usage);
       return 2;
     }
+    const char* value = argv[++i];
+    bool ok = true;
+    if (flag == "--steps")
+      ok = number(flag, value, &steps);
+    else if (flag == "--prefill")
+      ok = number(flag, value, &prefill);
+    else if (flag == "--layers")
+      ok = number(flag, value, &layers64);
+    else if (flag == "--checkpoints")
+      ok = number(flag, value, &checkpoints);
+    else if (flag == "--edit-every")
+      ok = number(flag, value, &edit_every);
+    else if (flag == "--index") {
+      index = value;
+      ok = index == "pq" || index == "page" || index == "exact" || index == "streaming";
+      if (!ok) std::fprintf(stderr, "kvret-soak: --index must be pq, page, exact or streaming, got '%s'\n", value);
+    } else {
+      std::fprintf(stderr, "kvret-soak: unknown flag %s\n%s", flag.c_str(), usage);
+      return 2;
+    }
+    if (!ok) return 2;
   }
+  if (layers64 > 4096) {
+    std::fprintf(stderr, "kvret-soak: --layers must be at most 4096\n");
+    return 2;
+  }
+  layers = static_cast<int>(layers64);
   constexpr kvret_dtype f32 = kvret::tools::kF32, i32 = kvret::tools::kI32;
   kvret_config c;
   SOAK_CHECK(kvret_config_init(&c));
