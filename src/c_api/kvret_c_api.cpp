@@ -143,9 +143,9 @@ kvret::Sequence& enter_sequence(const kvret_seq* seq, const std::string& name) {
   require(seq != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is NULL");
   bool busy = false;
   kvret::Sequence* s = sequences().enter(seq, &busy);
+  if (s != nullptr) return *s;  // entered: nothing may throw (allocate a message) until the caller holds it
   require_idle(busy, name);
-  require(s != nullptr, KVRET_ERR_INVALID_HANDLE, name + " is not a live kvret sequence (closed or foreign)");
-  return *s;
+  throw kvret::Error(KVRET_ERR_INVALID_HANDLE, name + " is not a live kvret sequence (closed or foreign)");
 }
 
 /// One call's hold on a sequence: entered when made, left when the call returns or throws.
@@ -358,8 +358,10 @@ kvret_status kvret_seq_close(kvret_seq* seq) {
   return guarded([&] {
     bool busy = false;
     kvret::Sequence* s = sequences().remove_idle(seq, &busy);
-    require_idle(busy, "sequence handle");
-    require(s != nullptr, KVRET_ERR_INVALID_HANDLE, "sequence handle is not a live kvret sequence (closed or foreign)");
+    if (s == nullptr) {  // (once removed, nothing may throw before the close: the message is made only here)
+      require_idle(busy, "sequence handle");
+      throw kvret::Error(KVRET_ERR_INVALID_HANDLE, "sequence handle is not a live kvret sequence (closed or foreign)");
+    }
     s->context().close_sequence(s);
   });
 }
