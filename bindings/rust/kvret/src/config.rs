@@ -220,13 +220,13 @@ impl Config {
     // The setters of every field but the device and the strings, from include/kvret.h (bindings/gen_config.py;
     // do not edit by hand).
     // <generated setters>
-    /// `kvret_config.n_layers`: default 32
+    /// `kvret_config.n_layers`: 1..4096; default 32
     pub fn n_layers(mut self, value: impl ConfigInt) -> Self {
         self.raw.n_layers = self.int_field("n_layers", value);
         self
     }
 
-    /// `kvret_config.n_q_heads`: default 32
+    /// `kvret_config.n_q_heads`: 1..4096; default 32
     pub fn n_q_heads(mut self, value: impl ConfigInt) -> Self {
         self.raw.n_q_heads = self.int_field("n_q_heads", value);
         self
@@ -366,7 +366,9 @@ impl Config {
         self
     }
 
-    /// `kvret_config.host_bytes_limit`: capacity of the host KV store over all sequences; 0 = unlimited; default 0
+    /// `kvret_config.host_bytes_limit`: capacity of the host KV store over all sequences; 0 = unlimited; default 0. When set, at least one
+    /// 256-token page of K and V per layer (n_layers x 256 x 2 x n_kv_heads x head_dim x element size):
+    /// less is KVRET_ERR_INVALID_ARGUMENT
     pub fn host_bytes_limit(mut self, value: impl ConfigInt) -> Self {
         self.raw.host_bytes_limit = self.int_field("host_bytes_limit", value);
         self

@@ -75,12 +75,12 @@ public final class Config {
 
   // The accessors of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
   // <generated getters>
-  /** kvret_config.n_layers: default 32 */
+  /** kvret_config.n_layers: 1..4096; default 32 */
   public int nLayers() {
     return fields.getN_layers();
   }
 
-  /** kvret_config.n_q_heads: default 32 */
+  /** kvret_config.n_q_heads: 1..4096; default 32 */
   public int nQHeads() {
     return fields.getN_q_heads();
   }
@@ -221,7 +221,8 @@ public final class Config {
 
   /**
    * kvret_config.host_bytes_limit: capacity of the host KV store over all sequences; 0 = unlimited;
-   * default 0
+   * default 0. When set, at least one 256-token page of K and V per layer (n_layers x 256 x 2 x
+   * n_kv_heads x head_dim x element size): less is KVRET_ERR_INVALID_ARGUMENT
    */
   public long hostBytesLimit() {
     return fields.getHost_bytes_limit();
@@ -539,13 +540,13 @@ public final class Config {
 
     // The setters of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
     // <generated setters>
-    /** kvret_config.n_layers: default 32 */
+    /** kvret_config.n_layers: 1..4096; default 32 */
     public Builder nLayers(int value) {
       fields.setN_layers(value);
       return this;
     }
 
-    /** kvret_config.n_q_heads: default 32 */
+    /** kvret_config.n_q_heads: 1..4096; default 32 */
     public Builder nQHeads(int value) {
       fields.setN_q_heads(value);
       return this;
@@ -709,7 +710,8 @@ public final class Config {
 
     /**
      * kvret_config.host_bytes_limit: capacity of the host KV store over all sequences; 0 =
-     * unlimited; default 0
+     * unlimited; default 0. When set, at least one 256-token page of K and V per layer (n_layers x
+     * 256 x 2 x n_kv_heads x head_dim x element size): less is KVRET_ERR_INVALID_ARGUMENT
      */
     public Builder hostBytesLimit(long value) {
       fields.setHost_bytes_limit(value);
