@@ -122,11 +122,11 @@ class KvretLayer(CacheLayerMixin):
         cache.open_rows(batch)
         past = self.length
         if tokens == 1 and past > 0:
-            _pending.step = (self, self.layer_idx, "decode", None)
             for row, seq in enumerate(cache.sequences):
                 started = time.perf_counter()
                 seq.append_decode(self.kvret_layer, key_states[row, :, 0, :], value_states[row, :, 0, :])
                 cache.kvret_seconds += time.perf_counter() - started
+            _pending.step = (self, self.layer_idx, "decode", None)  # once the appends succeeded
             self.length += 1
             return key_states, value_states
         # A prompt (or a later turn's new tokens): dense attention over everything before it, read back from kvret.
