@@ -8,7 +8,9 @@ are saved (save_pretrained) under a cache directory, from which later loads take
     model, tokenizer = hf_models.load("smollm2")             # cache: $KVRET_HF_CACHE or ~/.cache/kvret/hf
 """
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -57,10 +59,20 @@ def load(name, directory=None, dtype=None):
             del config.quantization_config
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(loaded.state_dict())
-        tmp = saved + ".tmp"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, saved)
+        # A private temporary folder, renamed into place: two processes converting at once (tests run in parallel)
+        # each write their own, and the one that loses the rename drops its copy.
+        os.makedirs(directory, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=directory)
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            try:
+                os.rename(tmp, saved)
+            except OSError:
+                if not os.path.exists(os.path.join(saved, "config.json")):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(saved)
     model = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype or torch.float32)
     model.eval()
