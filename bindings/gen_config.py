@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Generates the config accessors of the Java and Rust bindings from kvret_config in include/kvret.h, so that a new
 config field is one edit of the header (plus its default and validation in the library) and a run of this script.
+It also generates each per-design parameter struct's class (kvret_pq_params -> PqParams.java, and the Rust
+PqParams in bindings/rust/kvret/src/params.rs), whole files.
 
     python3 bindings/gen_config.py          # rewrites the generated blocks
     python3 bindings/gen_config.py --check  # exits 1 if a generated block is not what the header gives (CTest)
@@ -17,7 +19,14 @@ HEADER = ROOT / "include" / "kvret.h"
 JAVA = ROOT / "bindings" / "java" / "src" / "org" / "kvret" / "Config.java"
 RUST = ROOT / "bindings" / "rust" / "kvret" / "src" / "config.rs"
 
-SKIP = {"struct_size", "device_type", "device_id", "disk_path", "session_shared_url"}
+RUST_PARAMS = ROOT / "bindings" / "rust" / "kvret" / "src" / "params.rs"
+
+# The per-design parameter structs: group (the kvret_config pointer and kvret_<group>_params), the prefix of the
+# group's flat fields in kvret_config (whose enum or boolean kind a struct field shares), the class name.
+GROUPS = {"pq": ("pq_", "PqParams"), "cluster": ("cluster_", "ClusterParams"), "quant": ("quant_", "QuantParams"),
+          "crush": ("hamming_", "CrushParams"), "session": ("session_", "SessionParams")}
+
+SKIP = {"struct_size", "device_type", "device_id", "disk_path", "session_shared_url", *GROUPS}
 ENUMS = {"kv_dtype": ("KvDtype", "KvDtype"), "gqa_fold": ("GqaFold", "GqaFold"),
          "index_kind": ("IndexKind", "IndexKind"), "cache_policy": ("CachePolicy", "CachePolicy"),
          "session_policy": ("SessionPolicy", "SessionPolicy"), "rope_layout": ("RopeLayout", "RopeLayout"),
@@ -31,10 +40,10 @@ RUST_TYPES = {"int32_t": "impl ConfigInt", "int64_t": "impl ConfigInt", "uint64_
 RUST_INT_FIELDS = {"int32_t", "int64_t"}
 
 
-def fields():
-    """(C type, name, doc) of every kvret_config field, in order."""
+def fields(struct="kvret_config"):
+    """(C type, name, doc) of every field of a struct of kvret.h, in order."""
     text = HEADER.read_text()
-    body = re.search(r"typedef struct kvret_config \{(.*?)\} kvret_config;", text, re.S).group(1)
+    body = re.search(rf"typedef struct {struct} \{{(.*?)\}} {struct};", text, re.S).group(1)
     out = []
     for m in re.finditer(r"^\s*([a-z_0-9 ]+?\*?)\s+([a-z_0-9]+);\s*/\*\*<(.*?)\*/", body, re.S | re.M):
         doc = " ".join(line.strip() for line in m.group(3).split("\n")).strip()
@@ -106,6 +115,115 @@ def rust_block(fs):
     return out[:-1]
 
 
+def struct_doc(struct):
+    """The doc comment in front of a struct's typedef, as one line."""
+    text = HEADER.read_text()
+    m = re.search(rf"/\*\*((?:(?!\*/).)*?)\*/\s*typedef struct {struct} \{{", text, re.S)
+    return " ".join(line.strip().lstrip("*").strip() for line in m.group(1).split("\n")).strip()
+
+
+def java_params(group):
+    """The whole of org/kvret/<Group>Params.java."""
+    prefix, cls = GROUPS[group]
+    struct, native = f"kvret_{group}_params", f"Native{cls}"
+    getters, setters, copies = [], [], []
+    for ctype, name, doc in fields(struct):
+        if name == "struct_size":
+            continue
+        flat, c, s = prefix + name, camel(name), swig(name)
+        if flat in ENUMS:
+            jt = ENUMS[flat][0]
+            get, put = f"{jt}.fromCode(fields.get{s}())", "value.code"
+        elif flat in BOOLS:
+            jt, get, put = "boolean", f"fields.get{s}() != 0", "value ? 1 : 0"
+        else:
+            jt, get, put = JAVA_TYPES[ctype], f"fields.get{s}()", "value"
+        getters += javadoc(f"{struct}.{name}: {doc}", "  ")
+        getters += [f"  public {jt} {c}() {{", f"    return {get};", "  }", ""]
+        setters += javadoc(f"{struct}.{name}: {doc}", "    ")
+        setters += [f"    public Builder {c}({jt} value) {{", f"      fields.set{s}({put});", "      return this;",
+                    "    }", ""]
+        copies.append(f"    to.set{s}(from.get{s}());")
+    doc = struct_doc(struct)
+    lines = ["// Generated from include/kvret.h by bindings/gen_config.py; do not edit by hand.",
+             "package org.kvret;", "", "import java.lang.ref.Cleaner;", ""]
+    lines += javadoc(f"{doc} An immutable {struct}: build one with {{@link #builder()}} and give it to "
+                     f"{{@link Config.Builder#{group}}}. Its values are checked when the context is made "
+                     f"(KvretException, Status.INVALID_ARGUMENT, naming the field, e.g. config.{group}."
+                     f"{fields(struct)[1][1]}).", "")
+    lines += [f"public final class {cls} {{", "  private static final Cleaner CLEANER = NativeHandles.CLEANER;", "",
+              f"  private final {native} fields;", "",
+              f"  private {cls}({native} fields) {{", "    this.fields = fields;",
+              "    CLEANER.register(this, fields::delete);", "  }", "",
+              "  /** The library's defaults. */", f"  public static {cls} defaults() {{",
+              "    return builder().build();",
+              "  }", "", "  public static Builder builder() {", "    return new Builder();", "  }", "",
+              "  /** A builder starting from this struct's values. */", "  public Builder toBuilder() {",
+              "    Builder builder = new Builder();", "    copy(fields, builder.fields);", "    return builder;",
+              "  }", "",
+              f"  {native} fields() {{", "    return fields;", "  }", "",
+              f"  private static void copy({native} from, {native} to) {{", *copies, "  }", ""]
+    lines += getters
+    lines += ["  public static final class Builder {", f"    private final {native} fields = new {native}();", "",
+              "    private Builder() {", "      CLEANER.register(this, fields::delete);",
+              f"      KvretNative.{struct}_init(fields);", "    }", "",
+              f"    public {cls} build() {{", f"      {native} copy = new {native}();",
+              f"      KvretNative.{struct}_init(copy);", "      copy(fields, copy);", f"      return new {cls}(copy);",
+              "    }", ""]
+    lines += setters[:-1]
+    lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+def rust_params():
+    """The whole of bindings/rust/kvret/src/params.rs."""
+    out = ["// Generated from include/kvret.h by bindings/gen_config.py; do not edit by hand.",
+           "//! The per-design parameter structs (`kvret_pq_params`, ...), given to [`Config`](crate::Config) by",
+           "//! [`Config::pq`](crate::Config::pq) and its siblings.", "",
+           "use crate::config::{store_int, ConfigInt, Importance, SessionPolicy};",
+           "use crate::error::{rust_error, Result, Status};", "use crate::sys;", ""]
+    for group, (prefix, cls) in GROUPS.items():
+        struct = f"kvret_{group}_params"
+        doc = struct_doc(struct)
+        out += [f"/// {line}" for line in wrap(f"`{struct}`: {doc} Setters never fail: a value out of range is "
+                                              "reported by `Context::new`, naming the field, e.g. "
+                                              f"`config.{group}.{fields(struct)[1][1]}`.", 116)]
+        out += ["#[derive(Debug, Clone)]", f"pub struct {cls} {{", f"    raw: sys::{struct},",
+                "    rejected: Vec<(&'static str, String)>,", "}", "",
+                f"impl Default for {cls} {{", "    fn default() -> Self {", "        Self::new()", "    }", "}", "",
+                f"impl {cls} {{", f"    /// The library's defaults (`{struct}_init`).", "    pub fn new() -> Self {",
+                f"        // SAFETY: an all-zero {struct} is a valid value to initialize.",
+                f"        let mut raw: sys::{struct} = unsafe {{ std::mem::zeroed() }};",
+                f"        crate::error::check(unsafe {{ sys::{struct}_init(&mut raw) }}).expect(\"{struct}_init\");",
+                f"        {cls} {{ raw, rejected: Vec::new() }}", "    }", "",
+                f"    /// All fields, as `{struct}`.", f"    pub fn raw(&self) -> &sys::{struct} {{",
+                "        &self.raw",
+                "    }", "",
+                "    /// The values the setters could not store, as an error (status InvalidArgument).",
+                "    pub(crate) fn check(&self) -> Result<()> {", "        match self.rejected.first() {",
+                "            None => Ok(()),",
+                "            Some((_, message)) => Err(rust_error(Status::InvalidArgument, message)),", "        }",
+                "    }", ""]
+        for ctype, name, fdoc in fields(struct):
+            if name == "struct_size":
+                continue
+            flat = prefix + name
+            if flat in ENUMS:
+                ty, conv = ENUMS[flat][1], "value as i32"
+            elif flat in BOOLS:
+                ty, conv = "bool", "value.into()"
+            elif ctype in RUST_INT_FIELDS:
+                ty, conv = RUST_TYPES[ctype], f'store_int(&mut self.rejected, "{group}.{name}", value)'
+            else:
+                ty, conv = RUST_TYPES[ctype], "value"
+            out += [f"    /// `{struct}.{name}`: {line}" if i == 0 else f"    /// {line}"
+                    for i, line in enumerate(wrap(fdoc, 100))]
+            out += [f"    pub fn {name}(mut self, value: {ty}) -> Self {{", f"        self.raw.{name} = {conv};",
+                    "        self", "    }", ""]
+        out = out[:-1] + ["}", ""]
+    return "\n".join(out)
+
+
 def wrap(text, width):
     lines, line = [], ""
     for w in text.split():
@@ -132,16 +250,22 @@ def main():
     java_new = replace(java_new, "// <generated setters>", "// </generated setters>", setters, JAVA)
     rust = RUST.read_text()
     rust_new = replace(rust, "// <generated setters>", "// </generated setters>", rust_block(fs), RUST)
-    stale = [p for p, old, new in ((JAVA, java, java_new), (RUST, rust, rust_new)) if old != new]
+    outputs = [(JAVA, java, java_new), (RUST, rust, rust_new)]
+    for group, (_, cls) in GROUPS.items():
+        path = JAVA.parent / f"{cls}.java"
+        outputs.append((path, path.read_text() if path.exists() else "", java_params(group)))
+    outputs.append((RUST_PARAMS, RUST_PARAMS.read_text() if RUST_PARAMS.exists() else "", rust_params()))
+    stale = [p for p, old, new in outputs if old != new]
     if "--check" in sys.argv:
         if stale:
             print("not generated from include/kvret.h (run python3 bindings/gen_config.py):",
                   ", ".join(str(p.relative_to(ROOT)) for p in stale))
             return 1
-        print(f"config accessors match kvret.h ({len(fs)} fields)")
+        print(f"config accessors match kvret.h ({len(fs)} fields, {len(GROUPS)} parameter structs)")
         return 0
-    JAVA.write_text(java_new)
-    RUST.write_text(rust_new)
+    for path, old, new in outputs:
+        if old != new:
+            path.write_text(new)
     print("rewrote", ", ".join(str(p.relative_to(ROOT)) for p in stale) or "nothing")
     return 0
 

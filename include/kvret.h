@@ -182,7 +182,7 @@ typedef enum kvret_rope_layout {
   KVRET_ROPE_GPTJ = 1  /**< dimension 2i pairs with 2i + 1 (GPT-J, Meta's original Llama) */
 } kvret_rope_layout;
 
-/** Where KVCrush's token importance comes from (config.hamming_importance; docs/kvcrush.md). */
+/** Where KVCrush's token importance comes from (crush.importance, kvret_crush_params; docs/kvcrush.md). */
 typedef enum kvret_importance {
   KVRET_IMPORTANCE_WINDOW = 0, /**< SnapKV's observation window: the prompt's last queries given to
                                     kvret_seq_observe, else the layer's last 32 keys as stand-in queries (default) */
@@ -191,6 +191,134 @@ typedef enum kvret_importance {
              probabilities of every decode step kvret_seq_attend computed or the engine handed
              to kvret_seq_observe_attention; the window until a layer has observed a step */
 } kvret_importance;
+
+/* Per-design parameters. Each retrieval design's knobs are in one struct of their own, with its own struct_size
+ * and *_init (the defaults are those of kvret_config_init), reached from the config through a pointer:
+ *
+ *   kvret_pq_params pq;
+ *   kvret_pq_params_init(&pq);
+ *   pq.m = 8;
+ *   config.pq = &pq;  // NULL (the default): the design keeps its defaults
+ *
+ * kvret_create reads the struct during the call only. A struct_size no version of the struct has is
+ * KVRET_ERR_VERSION naming the struct; a value out of its range is KVRET_ERR_INVALID_ARGUMENT naming the field as
+ * config.pq.m. The same knobs are still flat fields of kvret_config (pq_m, cluster_tokens, quant_bits, hamming_*,
+ * session_*): those are kept for one release and then removed. Changing a flat field from its default while also
+ * giving its design's struct is KVRET_ERR_INVALID_ARGUMENT naming both; kvret_get_config reports the effective values
+ * in the flat fields (and NULL pointers). */
+
+/** The parameters of PQCache, the pq index (KVRET_INDEX_PQ; docs/pq.md). Fill with kvret_pq_params_init; reached from
+ * config.pq. */
+typedef struct kvret_pq_params {
+  size_t struct_size;   /**< sizeof(kvret_pq_params), set by kvret_pq_params_init */
+  int32_t m;            /**< sub-spaces; head_dim % m == 0; default 4 */
+  int32_t bits;         /**< bits per code (2^bits centroids), 1..8; default 6 */
+  int32_t iters;        /**< k-means iterations; 0 = adaptive (stop when the objective improves < tol, at most 25);
+                            default 0 */
+  float tol;            /**< relative objective improvement that ends adaptive k-means; default 1e-3 */
+  int32_t train_sample; /**< max tokens sampled per (layer, KV head) for training; 0 = all; default 8192 */
+  float exact_fraction; /**< share of each (layer, KV head)'s indexed tokens whose keys quantize worst (largest
+                            squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a copy of the key in
+                            the index (in kv_dtype), scored with the exact q.k instead of the codes. A rare, sharp
+                            key (the one a retrieval head copies from) is the one PQ reconstructs worst.
+                            ceil(fraction * n) tokens per head at each training, ties to the earlier position; a
+                            token encoded later with the same codebook becomes exact when its error exceeds the
+                            smallest error in the exact set, while the set holds less than twice its share. Costs
+                            fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5]; default
+                            0.05 */
+} kvret_pq_params;
+
+/** Fills *params with the defaults of kvret_pq_params (those of kvret_config_init) and sets struct_size. */
+KVRET_API kvret_status kvret_pq_params_init(kvret_pq_params* params);
+
+/** The parameters of ClusterKV, the cluster index (KVRET_INDEX_CLUSTER; docs/cluster.md). Fill with
+ * kvret_cluster_params_init; reached from config.cluster. */
+typedef struct kvret_cluster_params {
+  size_t struct_size;      /**< sizeof(kvret_cluster_params), set by kvret_cluster_params_init */
+  int32_t tokens;          /**< tokens per cluster at prefill (ceil(n / this) clusters); default 32 (ClusterKV's own
+                               setting is 80: docs/cluster.md compares them) */
+  int32_t decode_interval; /**< decode tokens clustered at a time (scored exactly until then); default 320 */
+  int32_t decode_k;        /**< clusters made from each decoded interval; default 4 */
+  int32_t segment_tokens;  /**< most middle tokens one k-means of the cluster index clusters: a longer prefill is cut
+                               into ceil(n / this) segments of equal length, clustered apart, so the build is linear
+                               in the prefill length; 0 = the whole prefill in one k-means (quadratic in its length);
+                               default 4096 */
+  int32_t reuse_steps;     /**< R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its last
+                               R fetches (steps) stay resident in the sequence: a copy of the rows fetched from them
+                               (in kv_dtype), from which the next fetch serves the selected rows it holds instead of
+                               the host store (the same bytes). A cluster fetched again stays resident with every row
+                               it holds; one not fetched in R steps is dropped. Hits count in
+                               stats.cluster_reuse_hits (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows
+                               is the hit rate. Truncating a layer drops its copy; a fork starts without one. 0 =
+                               off; 0..1024; default 1. Ignored by the other index kinds */
+  float exact_fraction;    /**< share of each clustered segment's tokens (per KV head) that the cluster index keeps
+                               out of the clusters: the ceil(fraction * n) keys of lowest cosine to their k-means
+                               direction (ties to the earlier position; at most n minus the segment's clusters), each
+                               a group of its own, scored by its exact q.k. A rare, sharp key (the one a retrieval
+                               head copies from) is the one its cluster's mean hides. Costs fraction * n * head_dim *
+                               4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5]; default 0.05 */
+} kvret_cluster_params;
+
+/** Fills *params with the defaults of kvret_cluster_params (those of kvret_config_init) and sets struct_size. */
+KVRET_API kvret_status kvret_cluster_params_init(kvret_cluster_params* params);
+
+/** The parameters of SpeCache's quantized copy, the quant index (KVRET_INDEX_QUANT; docs/quant.md). Fill with
+ * kvret_quant_params_init; reached from config.quant. */
+typedef struct kvret_quant_params {
+  size_t struct_size; /**< sizeof(kvret_quant_params), set by kvret_quant_params_init */
+  int32_t bits;       /**< bits per quantized key and value element: 1 or 2; default 2 */
+  int32_t group_size; /**< elements per quantization group of the quant index (keys: tokens of one channel, values:
+                          channels of one token), each with its own f16 min and max: 32 or 64; default 64 */
+  int32_t residual;   /**< most recent middle tokens the quant index keeps in f16 (KIVI's residual window; up to
+                          group_size - 1 more wait for a full key group): 0..65536; default 64 */
+  int32_t rerank;     /**< on a KVRET_INDEX_QUANT context, select takes the rerank x budget middle tokens the low-bit
+                          keys score highest (at most the middle) as candidates, scores them again with their exact
+                          keys from the KV store and keeps the top budget of those: a key the 1-bit copy ranks just
+                          below the cut (a needle) is recovered for candidates x head_dim multiply-adds more and a
+                          read of the candidates' keys. 1 = off (the low-bit ranking alone, SpeCache's); 1..64;
+                          default 4. Ignored by the other index kinds. Under attention = 1 the candidates also enter
+                          that attention with their exact keys */
+  int32_t attention;  /**< 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the layer,
+                          the sink, local and selected tokens exact, select's rerank x budget candidates with their
+                          exact keys (their values low-bit unless selected) and every other middle token as the
+                          low-bit copy has it (computed on the host); 0 (default): over the working set, as for every
+                          other index. 1 needs index_kind = KVRET_INDEX_QUANT */
+} kvret_quant_params;
+
+/** Fills *params with the defaults of kvret_quant_params (those of kvret_config_init) and sets struct_size. */
+KVRET_API kvret_status kvret_quant_params_init(kvret_quant_params* params);
+
+/** The parameters of KVCrush's hamming grouping of the tokens left out (docs/kvcrush.md). Fill with
+ * kvret_crush_params_init; reached from config.crush. */
+typedef struct kvret_crush_params {
+  size_t struct_size;  /**< sizeof(kvret_crush_params), set by kvret_crush_params_init */
+  float fraction;      /**< share of each select's budget spent on bucket representatives of the tokens left out, in
+                           [0, 1): floor(fraction * budget) of them; default 0 (off) */
+  int32_t buckets;     /**< most representatives (buckets) per KV head and select; default 0 = no cap */
+  int32_t importance;  /**< a kvret_importance: where the importance behind KVCrush's signatures, its representatives
+                           and kvret_seq_retained_set comes from; default KVRET_IMPORTANCE_WINDOW */
+  int32_t granularity; /**< tokens per KVCrush representative unit: 0 or 1 = single tokens (default 0); a power of
+                           two 2..4096 = aligned runs of that many positions (chunks of 8, or the engine's KV page),
+                           each representative unit sending all its tokens the index did not select; the count a
+                           select returns does not change */
+} kvret_crush_params;
+
+/** Fills *params with the defaults of kvret_crush_params (those of kvret_config_init) and sets struct_size. */
+KVRET_API kvret_status kvret_crush_params_init(kvret_crush_params* params);
+
+/** The parameters of the session store (AttentionStore; docs/sessions.md); its disk tier is config.disk_path and its
+ * shared tier config.session_shared_url. Fill with kvret_session_params_init; reached from config.session. */
+typedef struct kvret_session_params {
+  size_t struct_size; /**< sizeof(kvret_session_params), set by kvret_session_params_init */
+  int64_t dram_bytes; /**< capacity of the session store's host DRAM tier in bytes; 0 = unlimited; default 0; >= 0 */
+  int64_t disk_bytes; /**< capacity of the disk tier (config.disk_path) in bytes; 0 = unlimited; default 0; >= 0 */
+  int64_t ttl_ms;     /**< a saved session expires this many milliseconds after its save (then it is a miss, and its
+                          bytes are freed); 0 = never; default 0; >= 0 */
+  int32_t policy;     /**< a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+} kvret_session_params;
+
+/** Fills *params with the defaults of kvret_session_params (those of kvret_config_init) and sets struct_size. */
+KVRET_API kvret_status kvret_session_params_init(kvret_session_params* params);
 
 typedef struct kvret_config {
   size_t struct_size; /**< sizeof(kvret_config), set by kvret_config_init */
@@ -216,29 +344,26 @@ typedef struct kvret_config {
   int32_t index_kind; /**< a kvret_index_kind; default KVRET_INDEX_PQ */
 
   /* PQ (PQCache) */
-  int32_t pq_m;            /**< sub-spaces; head_dim % pq_m == 0; default 4 */
-  int32_t pq_bits;         /**< bits per code (2^bits centroids), 1..8; default 6 */
-  int32_t pq_iters;        /**< k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol,
-                                at most 25); default 0 */
-  float pq_tol;            /**< relative objective improvement that ends adaptive k-means; default 1e-3 */
-  int32_t pq_train_sample; /**< max tokens sampled per (layer, KV head) for training; 0 = all; default 8192 */
+  int32_t pq_m;            /**< kept for one release: use pq.m */
+  int32_t pq_bits;         /**< kept for one release: use pq.bits */
+  int32_t pq_iters;        /**< kept for one release: use pq.iters */
+  float pq_tol;            /**< kept for one release: use pq.tol */
+  int32_t pq_train_sample; /**< kept for one release: use pq.train_sample */
 
   /* ClusterKV (the cluster index, docs/cluster.md) */
-  int32_t cluster_tokens;          /**< tokens per cluster at prefill (ceil(n / this) clusters); default 32
-                                        (ClusterKV's own setting is 80: docs/cluster.md compares them) */
-  int32_t cluster_decode_interval; /**< decode tokens clustered at a time (scored exactly until then); default 320 */
-  int32_t cluster_decode_k;        /**< clusters made from each decoded interval; default 4 */
+  int32_t cluster_tokens;          /**< kept for one release: use cluster.tokens */
+  int32_t cluster_decode_interval; /**< kept for one release: use cluster.decode_interval */
+  int32_t cluster_decode_k;        /**< kept for one release: use cluster.decode_k */
 
   /* Quest pages (the page index) */
   int32_t page_size; /**< tokens per page; default 16 */
 
   /* SpeCache quantized copy (the quant index, docs/quant.md; quant_group_size and quant_residual are at the end) */
-  int32_t quant_bits; /**< bits per quantized key and value element: 1 or 2; default 2 */
+  int32_t quant_bits; /**< kept for one release: use quant.bits */
 
   /* KVCrush hamming grouping (docs/kvcrush.md) */
-  float hamming_fraction;  /**< share of each select's budget spent on bucket representatives of the tokens left
-                                out, in [0, 1): floor(fraction * budget) of them; default 0 (off) */
-  int32_t hamming_buckets; /**< most representatives (buckets) per KV head and select; default 0 = no cap */
+  float hamming_fraction;  /**< kept for one release: use crush.fraction */
+  int32_t hamming_buckets; /**< kept for one release: use crush.buckets */
 
   /* storage and capacity */
   int64_t max_seq_tokens;   /**< token capacity of one sequence (per layer); 0 = unlimited; default 0 */
@@ -274,47 +399,20 @@ typedef struct kvret_config {
   uint64_t seed;            /**< seed of every randomized step (k-means init, sampling); default 42 */
 
   /* PQ exact outliers (appended: older, smaller structs get the default) */
-  float pq_exact_fraction; /**< share of each (layer, KV head)'s indexed tokens whose keys quantize worst (largest
-                                squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a copy of the
-                                key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
-                                rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs
-                                worst. ceil(fraction * n) tokens per head at each training, ties to the earlier
-                                position; a token encoded later with the same codebook becomes exact when its error
-                                exceeds the smallest error in the exact set, while the set holds less than twice its
-                                share. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range
-                                [0, 0.5]; default 0.05 */
+  float pq_exact_fraction; /**< kept for one release: use pq.exact_fraction */
 
   /* SpeCache quantized copy, continued (appended: older, smaller structs get the defaults) */
-  int32_t quant_group_size; /**< elements per quantization group of the quant index (keys: tokens of one channel,
-                                 values: channels of one token), each with its own f16 min and max: 32 or 64;
-                                 default 64 */
-  int32_t quant_residual;   /**< most recent middle tokens the quant index keeps in f16 (KIVI's residual window;
-                                 up to quant_group_size - 1 more wait for a full key group): 0..65536; default 64 */
+  int32_t quant_group_size; /**< kept for one release: use quant.group_size */
+  int32_t quant_residual;   /**< kept for one release: use quant.residual */
 
   /* ClusterKV, continued (appended: older, smaller structs get the default) */
-  int32_t cluster_segment_tokens; /**< most middle tokens one k-means of the cluster index clusters: a longer
-                                       prefill is cut into ceil(n / this) segments of equal length, clustered
-                                       apart, so the build is linear in the prefill length; 0 = the whole prefill
-                                       in one k-means (quadratic in its length); default 4096 */
+  int32_t cluster_segment_tokens; /**< kept for one release: use cluster.segment_tokens */
 
   /* SpeCache's output rule (appended: older, smaller structs get the default) */
-  int32_t quant_attention; /**< 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the
-                                layer, the sink, local and selected tokens exact, select's quant_rerank x budget
-                                candidates with their exact keys (their values low-bit unless selected) and every
-                                other middle token as the low-bit copy has it (computed on the host); 0 (default):
-                                over the working set, as for every other index. 1 needs index_kind =
-                                KVRET_INDEX_QUANT */
+  int32_t quant_attention; /**< kept for one release: use quant.attention */
 
   /* ClusterKV's reuse between steps (appended: older, smaller structs get the default; docs/cluster.md) */
-  int32_t cluster_reuse_steps; /**< R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its
-                                    last R fetches (steps) stay resident in the sequence: a copy of the rows
-                                    fetched from them (in kv_dtype), from which the next fetch serves the selected
-                                    rows it holds instead of the host store (the same bytes). A cluster fetched
-                                    again stays resident with every row it holds; one not fetched in R steps is
-                                    dropped. Hits count in stats.cluster_reuse_hits (and cache_hits), so
-                                    cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a layer
-                                    drops its copy; a fork starts without one. 0 = off; 0..1024; default 1.
-                                    Ignored by the other index kinds */
+  int32_t cluster_reuse_steps; /**< kept for one release: use cluster.reuse_steps */
 
   /* The CUDA backend's device memory (appended: older, smaller structs get the default) */
   int64_t device_bytes_limit; /**< most bytes of device memory the context's sequences keep between calls (the
@@ -329,13 +427,10 @@ typedef struct kvret_config {
 
   /* The session store (AttentionStore; docs/sessions.md; appended: older, smaller structs get the defaults). Its
      disk tier is the directory config.disk_path. */
-  int64_t session_dram_bytes; /**< capacity of the session store's host DRAM tier in bytes; 0 = unlimited;
-                                   default 0; >= 0 */
-  int64_t session_disk_bytes; /**< capacity of the disk tier (config.disk_path) in bytes; 0 = unlimited; default 0;
-                                   >= 0 */
-  int64_t session_ttl_ms;     /**< a saved session expires this many milliseconds after its save (then it is a
-                                   miss, and its bytes are freed); 0 = never; default 0; >= 0 */
-  int32_t session_policy;     /**< a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+  int64_t session_dram_bytes; /**< kept for one release: use session.dram_bytes */
+  int64_t session_disk_bytes; /**< kept for one release: use session.disk_bytes */
+  int64_t session_ttl_ms;     /**< kept for one release: use session.ttl_ms */
+  int32_t session_policy;     /**< kept for one release: use session.policy */
 
   /* Positional decoupling: keys stored before the rotary embedding (appended: older, smaller structs get the
      defaults; docs/rope.md) */
@@ -364,33 +459,23 @@ typedef struct kvret_config {
                                        kvret_get_config returns a pointer valid until kvret_destroy */
 
   /* ClusterKV's exact singletons (appended: older, smaller structs get the default; docs/cluster.md) */
-  float cluster_exact_fraction; /**< share of each clustered segment's tokens (per KV head) that the cluster index
-                                     keeps out of the clusters: the ceil(fraction * n) keys of lowest cosine to
-                                     their k-means direction (ties to the earlier position; at most n minus the
-                                     segment's clusters), each a group of its own, scored by its exact q.k. A
-                                     rare, sharp key (the one a retrieval head copies from) is the one its
-                                     cluster's mean hides. Costs fraction * n * head_dim * 4 bytes per head.
-                                     0 = off (ClusterKV's own index); [0, 0.5]; default 0.05 */
+  float cluster_exact_fraction; /**< kept for one release: use cluster.exact_fraction */
 
   /* The quant index's exact re-ranking (appended: older, smaller structs get the default; docs/quant.md) */
-  int32_t quant_rerank; /**< on a KVRET_INDEX_QUANT context, select takes the quant_rerank x budget middle tokens
-                             the low-bit keys score highest (at most the middle) as candidates, scores them again
-                             with their exact keys from the KV store and keeps the top budget of those: a key the
-                             1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
-                             multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
-                             alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under
-                             quant_attention = 1 the candidates also enter that attention with their exact keys */
+  int32_t quant_rerank; /**< kept for one release: use quant.rerank */
 
   /* KVCrush's importance (appended: older, smaller structs get the default; docs/kvcrush.md) */
-  int32_t hamming_importance; /**< a kvret_importance: where the importance behind KVCrush's signatures, its
-                                   representatives and kvret_seq_retained_set comes from; default
-                                   KVRET_IMPORTANCE_WINDOW */
+  int32_t hamming_importance; /**< kept for one release: use crush.importance */
 
   /* KVCrush's representative unit (appended; docs/kvcrush.md) */
-  int32_t hamming_granularity; /**< tokens per KVCrush representative unit: 0 or 1 = single tokens (default 0);
-                                    a power of two 2..4096 = aligned runs of that many positions (chunks of 8, or
-                                    the engine's KV page), each representative unit sending all its tokens the index
-                                    did not select; the count a select returns does not change */
+  int32_t hamming_granularity; /**< kept for one release: use crush.granularity */
+
+  /* Per-design parameters (appended: older, smaller structs get NULL). NULL = the design's flat fields above */
+  const kvret_pq_params* pq;           /**< PQCache's parameters, or NULL */
+  const kvret_cluster_params* cluster; /**< ClusterKV's parameters, or NULL */
+  const kvret_quant_params* quant;     /**< the quant index's parameters, or NULL */
+  const kvret_crush_params* crush;     /**< KVCrush's parameters, or NULL */
+  const kvret_session_params* session; /**< the session store's parameters, or NULL */
 } kvret_config;
 
 /** Fills *config with the documented defaults and sets struct_size. */

@@ -1,7 +1,7 @@
 /* kvret_java.i — the JNI layer under the org.kvret classes.
  *
- * Everything SWIG generates here is package-private (KvretNative, KvretNativeJNI, NativeConfig, NativeStats); users
- * see only the hand-written classes. What this layer guarantees:
+ * Everything SWIG generates here is package-private (KvretNative, KvretNativeJNI, NativeConfig, Native*Params,
+ * NativeStats); users see only the hand-written classes. What this layer guarantees:
  *  - handles and streams cross as Java longs;
  *  - a tensor is an org.kvret.Tensor whose fields (a direct ByteBuffer or a raw address, dtype, device, shape,
  *    strides, byte offset) become a kvret_tensor without a copy; a working set is an org.kvret.WorkingSet;
@@ -33,6 +33,11 @@
 
 %rename(NativeConfig) kvret_config;
 %rename(NativeStats) kvret_stats;
+%rename(NativePqParams) kvret_pq_params;
+%rename(NativeClusterParams) kvret_cluster_params;
+%rename(NativeQuantParams) kvret_quant_params;
+%rename(NativeCrushParams) kvret_crush_params;
+%rename(NativeSessionParams) kvret_session_params;
 
 /* The seed is a uint64_t: a Java long carries its 64 bits. */
 %apply long long { uint64_t seed };

@@ -2,8 +2,10 @@
  *
  * A language's interface file defines its typemaps (tensors, handles, status -> exception) first and then
  * %includes this file, which wraps kvret.h. Tensors and working sets never become SWIG proxy classes: each
- * language maps its own array type onto them. Only kvret_config and kvret_stats get proxies (no hand-kept field
- * lists that could drift from the header). */
+ * language maps its own array type onto them. Only kvret_config, the per-design parameter structs
+ * (kvret_pq_params, ...) and kvret_stats get proxies (no hand-kept field lists that could drift from the header).
+ * A config's pointers to parameter structs are set by each binding, which keeps the structs alive until
+ * kvret_swig_create returns. */
 
 %include <stdint.i>
 
@@ -24,6 +26,11 @@
 /* struct_size is set by the *_init functions, never by hand. */
 %immutable kvret_config::struct_size;
 %immutable kvret_stats::struct_size;
+%immutable kvret_pq_params::struct_size;
+%immutable kvret_cluster_params::struct_size;
+%immutable kvret_quant_params::struct_size;
+%immutable kvret_crush_params::struct_size;
+%immutable kvret_session_params::struct_size;
 
 /* The config's strings (disk_path, session_shared_url) are borrowed: a SWIG setter would have to copy (and leak)
  * them. The bindings pass them to kvret_swig_create instead, which borrows the binding's strings for the duration of

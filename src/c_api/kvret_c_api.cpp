@@ -295,6 +295,41 @@ kvret_status kvret_config_init(kvret_config* config) {
   });
 }
 
+kvret_status kvret_pq_params_init(kvret_pq_params* params) {
+  return guarded([&] {
+    require_out(params, "params");
+    kvret::pq_params_defaults(params);
+  });
+}
+
+kvret_status kvret_cluster_params_init(kvret_cluster_params* params) {
+  return guarded([&] {
+    require_out(params, "params");
+    kvret::cluster_params_defaults(params);
+  });
+}
+
+kvret_status kvret_quant_params_init(kvret_quant_params* params) {
+  return guarded([&] {
+    require_out(params, "params");
+    kvret::quant_params_defaults(params);
+  });
+}
+
+kvret_status kvret_crush_params_init(kvret_crush_params* params) {
+  return guarded([&] {
+    require_out(params, "params");
+    kvret::crush_params_defaults(params);
+  });
+}
+
+kvret_status kvret_session_params_init(kvret_session_params* params) {
+  return guarded([&] {
+    require_out(params, "params");
+    kvret::session_params_defaults(params);
+  });
+}
+
 kvret_status kvret_create(const kvret_config* config, kvret_context** out) {
   return guarded([&] {
     require_out(out, "out");

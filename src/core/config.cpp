@@ -101,7 +101,8 @@ void check(bool ok, const std::string& field, const std::string& why) {
                                           X(rope_low_freq_factor) X(rope_high_freq_factor)                    \
                                               X(rope_original_max_positions) X(session_shared_url)           \
                                                   X(cluster_exact_fraction) X(quant_rerank) X(hamming_importance) \
-                                                      X(hamming_granularity)
+                                                      X(hamming_granularity) X(pq) X(cluster) X(quant) X(crush)   \
+                                                          X(session)
 // clang-format on
 
 namespace {
@@ -127,6 +128,181 @@ bool whole_fields(size_t size) {
 
 }  // namespace
 
+// Each design's parameter struct: (struct member, flat kvret_config field) in declaration order. A struct's version
+// ends at one of its fields, as kvret_config's does.
+// clang-format off
+#define KVRET_PQ_PARAMS(X)                                                                                             \
+  X(m, pq_m) X(bits, pq_bits) X(iters, pq_iters) X(tol, pq_tol) X(train_sample, pq_train_sample)                      \
+      X(exact_fraction, pq_exact_fraction)
+#define KVRET_CLUSTER_PARAMS(X)                                                                                        \
+  X(tokens, cluster_tokens) X(decode_interval, cluster_decode_interval) X(decode_k, cluster_decode_k)                 \
+      X(segment_tokens, cluster_segment_tokens) X(reuse_steps, cluster_reuse_steps)                                   \
+          X(exact_fraction, cluster_exact_fraction)
+#define KVRET_QUANT_PARAMS(X)                                                                                          \
+  X(bits, quant_bits) X(group_size, quant_group_size) X(residual, quant_residual) X(rerank, quant_rerank)             \
+      X(attention, quant_attention)
+#define KVRET_CRUSH_PARAMS(X)                                                                                          \
+  X(fraction, hamming_fraction) X(buckets, hamming_buckets) X(importance, hamming_importance)                         \
+      X(granularity, hamming_granularity)
+#define KVRET_SESSION_PARAMS(X)                                                                                        \
+  X(dram_bytes, session_dram_bytes) X(disk_bytes, session_disk_bytes) X(ttl_ms, session_ttl_ms)                       \
+      X(policy, session_policy)
+// clang-format on
+
+// Calls X(group, struct member, flat field) for every grouped field of every design.
+#define KVRET_GROUP_PQ(m, f) X(pq, m, f)
+#define KVRET_GROUP_CLUSTER(m, f) X(cluster, m, f)
+#define KVRET_GROUP_QUANT(m, f) X(quant, m, f)
+#define KVRET_GROUP_CRUSH(m, f) X(crush, m, f)
+#define KVRET_GROUP_SESSION(m, f) X(session, m, f)
+#define KVRET_GROUPED_FIELDS                \
+  KVRET_PQ_PARAMS(KVRET_GROUP_PQ)           \
+  KVRET_CLUSTER_PARAMS(KVRET_GROUP_CLUSTER) \
+  KVRET_QUANT_PARAMS(KVRET_GROUP_QUANT)     \
+  KVRET_CRUSH_PARAMS(KVRET_GROUP_CRUSH) KVRET_SESSION_PARAMS(KVRET_GROUP_SESSION)
+
+// Each design's defaults are those of its flat fields in config_defaults.
+#define KVRET_PARAMS_DEFAULTS(G, LIST)                       \
+  void G##_params_defaults(kvret_##G##_params* p) noexcept { \
+    kvret_config c;                                          \
+    config_defaults(&c);                                     \
+    std::memset(p, 0, sizeof *p);                            \
+    p->struct_size = sizeof *p;                              \
+    LIST(KVRET_DEFAULT)                                      \
+  }
+#define KVRET_DEFAULT(m, f) p->m = c.f;
+KVRET_PARAMS_DEFAULTS(pq, KVRET_PQ_PARAMS)
+KVRET_PARAMS_DEFAULTS(cluster, KVRET_CLUSTER_PARAMS)
+KVRET_PARAMS_DEFAULTS(quant, KVRET_QUANT_PARAMS)
+KVRET_PARAMS_DEFAULTS(crush, KVRET_CRUSH_PARAMS)
+KVRET_PARAMS_DEFAULTS(session, KVRET_SESSION_PARAMS)
+#undef KVRET_DEFAULT
+#undef KVRET_PARAMS_DEFAULTS
+
+namespace {
+
+/// Reads the caller's *user of a parameter struct P honouring its struct_size as read_config does for the config:
+/// a size that ends inside a field or before the first one is KVRET_ERR_VERSION naming config.<group>; a larger one
+/// is accepted only when the bytes this library does not know are zero. Fields past an older struct's end keep the
+/// defaults in *out.
+template <class P, size_t N>
+void read_params(const P* user, const size_t (&ends)[N], const char* group, P* out) {
+  const size_t size = user->struct_size;
+  const std::string name = std::string("config.") + group + "->struct_size";
+  const std::string type = std::string("kvret_") + group + "_params";
+  require(size >= ends[0], KVRET_ERR_VERSION, name + " is " + std::to_string(size) + "; call " + type + "_init first");
+  bool whole = size >= sizeof(P);
+  constexpr size_t a = alignof(P);
+  for (size_t end : ends) whole = whole || size == end || size == (end + a - 1) / a * a;
+  require(whole, KVRET_ERR_VERSION,
+          name + " is " + std::to_string(size) + ", which ends inside a field: no version of " + type +
+              " has that size (call " + type + "_init)");
+  if (size > sizeof(P)) {
+    const auto* extra = reinterpret_cast<const unsigned char*>(user) + sizeof(P);
+    for (size_t i = 0; i < size - sizeof(P); ++i)
+      require(extra[i] == 0, KVRET_ERR_VERSION,
+              name + " is " + std::to_string(size) + ": the caller sets fields this library version does not know (" +
+                  type + " has " + std::to_string(sizeof(P)) + " bytes)");
+  }
+  std::memcpy(out, user, size < sizeof(P) ? size : sizeof(P));
+  out->struct_size = sizeof(P);
+}
+
+template <class T>
+bool same_value(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+#define KVRET_END_OF(P, m) offsetof(kvret_##P##_params, m) + sizeof(kvret_##P##_params::m),
+#define KVRET_END_PQ(m, f) KVRET_END_OF(pq, m)
+#define KVRET_END_CLUSTER(m, f) KVRET_END_OF(cluster, m)
+#define KVRET_END_QUANT(m, f) KVRET_END_OF(quant, m)
+#define KVRET_END_CRUSH(m, f) KVRET_END_OF(crush, m)
+#define KVRET_END_SESSION(m, f) KVRET_END_OF(session, m)
+constexpr size_t kPqEnds[] = {KVRET_PQ_PARAMS(KVRET_END_PQ)};
+constexpr size_t kClusterEnds[] = {KVRET_CLUSTER_PARAMS(KVRET_END_CLUSTER)};
+constexpr size_t kQuantEnds[] = {KVRET_QUANT_PARAMS(KVRET_END_QUANT)};
+constexpr size_t kCrushEnds[] = {KVRET_CRUSH_PARAMS(KVRET_END_CRUSH)};
+constexpr size_t kSessionEnds[] = {KVRET_SESSION_PARAMS(KVRET_END_SESSION)};
+#undef KVRET_END_PQ
+#undef KVRET_END_CLUSTER
+#undef KVRET_END_QUANT
+#undef KVRET_END_CRUSH
+#undef KVRET_END_SESSION
+#undef KVRET_END_OF
+
+template <class P, size_t N>
+constexpr bool lists_every_field(const size_t (&ends)[N]) {
+  return (ends[N - 1] + alignof(P) - 1) / alignof(P) * alignof(P) == sizeof(P);
+}
+static_assert(lists_every_field<kvret_pq_params>(kPqEnds), "KVRET_PQ_PARAMS misses a field of kvret_pq_params");
+static_assert(lists_every_field<kvret_cluster_params>(kClusterEnds), "KVRET_CLUSTER_PARAMS misses a field");
+static_assert(lists_every_field<kvret_quant_params>(kQuantEnds), "KVRET_QUANT_PARAMS misses a field");
+static_assert(lists_every_field<kvret_crush_params>(kCrushEnds), "KVRET_CRUSH_PARAMS misses a field");
+static_assert(lists_every_field<kvret_session_params>(kSessionEnds), "KVRET_SESSION_PARAMS misses a field");
+
+/// Moves the parameter structs the config points at into its flat fields (c's pointers are cleared). A flat field
+/// changed from its default next to its design's struct is refused, naming both. Returns which designs came as
+/// structs, for naming their fields in validation messages.
+struct Grouped {
+  bool pq = false, cluster = false, quant = false, crush = false, session = false;
+};
+
+Grouped apply_params(kvret_config& c) {
+  kvret_config d;
+  config_defaults(&d);
+  Grouped given;
+#define KVRET_APPLY_GROUP(G, LIST, ENDS) \
+  if (c.G != nullptr) {                  \
+    kvret_##G##_params p;                \
+    G##_params_defaults(&p);             \
+    read_params(c.G, ENDS, #G, &p);      \
+    LIST(KVRET_CONFLICT)                 \
+    LIST(KVRET_COPY)                     \
+    given.G = true;                      \
+  }
+#define KVRET_CONFLICT(m, f)                                                                    \
+  require(same_value(c.f, d.f), KVRET_ERR_INVALID_ARGUMENT,                                     \
+          "config." #f " is changed from its default and config." + std::string(group_of(#f)) + \
+              " is given too: set " + group_of(#f) + "." #m " only (the flat field is kept for one release)");
+#define KVRET_COPY(m, f) c.f = p.m;
+  const auto group_of = [](const char* flat) -> std::string {
+    const std::string f = flat;
+    if (f.rfind("pq_", 0) == 0) return "pq";
+    if (f.rfind("cluster_", 0) == 0) return "cluster";
+    if (f.rfind("quant_", 0) == 0) return "quant";
+    if (f.rfind("hamming_", 0) == 0) return "crush";
+    return "session";
+  };
+  KVRET_APPLY_GROUP(pq, KVRET_PQ_PARAMS, kPqEnds)
+  KVRET_APPLY_GROUP(cluster, KVRET_CLUSTER_PARAMS, kClusterEnds)
+  KVRET_APPLY_GROUP(quant, KVRET_QUANT_PARAMS, kQuantEnds)
+  KVRET_APPLY_GROUP(crush, KVRET_CRUSH_PARAMS, kCrushEnds)
+  KVRET_APPLY_GROUP(session, KVRET_SESSION_PARAMS, kSessionEnds)
+#undef KVRET_COPY
+#undef KVRET_CONFLICT
+#undef KVRET_APPLY_GROUP
+  c.pq = nullptr;
+  c.cluster = nullptr;
+  c.quant = nullptr;
+  c.crush = nullptr;
+  c.session = nullptr;
+  return given;
+}
+
+/// validate_config's message with a grouped field named as the caller gave it ("config.pq_m: ..." becomes
+/// "config.pq.m: ..." when the config came with a kvret_pq_params).
+std::string grouped_message(const std::string& message, const Grouped& given) {
+#define X(G, m, f)                                        \
+  if (given.G && message.rfind("config." #f ":", 0) == 0) \
+    return "config." #G "." #m + message.substr(std::strlen("config." #f));
+  KVRET_GROUPED_FIELDS
+#undef X
+  return message;
+}
+
+}  // namespace
+
 kvret_config read_config(const kvret_config* user, std::string* disk_path, std::string* shared_url) {
   kvret_config c;
   config_defaults(&c);
@@ -148,7 +324,12 @@ kvret_config read_config(const kvret_config* user, std::string* disk_path, std::
     std::memcpy(&c, user, size < sizeof c ? size : sizeof c);
     c.struct_size = sizeof c;
   }
-  validate_config(c);
+  const Grouped given = apply_params(c);
+  try {
+    validate_config(c);
+  } catch (const Error& e) {
+    throw Error(e.status(), grouped_message(e.what(), given));
+  }
   disk_path->assign(c.disk_path ? c.disk_path : "");
   c.disk_path = nullptr;
   if (shared_url != nullptr) shared_url->assign(c.session_shared_url ? c.session_shared_url : "");

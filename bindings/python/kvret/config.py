@@ -7,8 +7,20 @@ The strings disk_path (a str or path) and session_shared_url (a str, "redis://ho
 Values are checked as the calls' arguments are (see kvret._args): integers from integers only, within their C type
 (else KvretError, Status.INVALID_ARGUMENT).
 
+Each retrieval design's parameters are one keyword holding a dict (or a dataclass) of that design's fields, the
+names of the C struct's (kvret_pq_params, ...; GROUPS lists them):
+
+    kvret.Context(index_kind="pq", pq=dict(m=8, bits=4), crush=dict(fraction=0.25, importance="accumulated"))
+
+pq (kvret_pq_params), cluster (kvret_cluster_params), quant (kvret_quant_params), crush (KVCrush,
+kvret_crush_params) and session (the session store, kvret_session_params). An unknown field of a group is a
+TypeError naming the closest ones. The same knobs as flat fields (pq_m, cluster_tokens, quant_bits, hamming_*,
+session_*) are kept for one release; giving a group and changing one of its flat fields too is refused by the library
+(KvretError, Status.INVALID_ARGUMENT, naming both).
+
 The config dicts this module returns (Context.config, defaults()) give enumerated fields by name (the first name
-below: "f16", "exact", ...), so that Context(**ctx.config) makes a context of the same config.
+below: "f16", "exact", ...), so that Context(**ctx.config) makes a context of the same config. They report the
+effective values in the flat fields.
 """
 
 import os
@@ -51,12 +63,33 @@ _ENUM_VALUES = {
     field: {value: name for name, value in reversed(list(names.items()))} for field, names in _ENUM_NAMES.items()
 }
 
-# The settable fields, in struct order, straight from the SWIG proxy (so they follow kvret.h).
-FIELDS = tuple(
-    name
-    for name, value in vars(_c.kvret_config).items()
-    if isinstance(value, property) and name not in ("thisown", "struct_size")
-) + ("disk_path", "session_shared_url")
+# Each design's parameter struct: (SWIG proxy, its init function, the prefix of its flat fields in kvret_config).
+_GROUP_STRUCTS = {
+    "pq": (_c.kvret_pq_params, _c.kvret_pq_params_init, "pq_"),
+    "cluster": (_c.kvret_cluster_params, _c.kvret_cluster_params_init, "cluster_"),
+    "quant": (_c.kvret_quant_params, _c.kvret_quant_params_init, "quant_"),
+    "crush": (_c.kvret_crush_params, _c.kvret_crush_params_init, "hamming_"),
+    "session": (_c.kvret_session_params, _c.kvret_session_params_init, "session_"),
+}
+
+
+def _proxy_fields(proxy):
+    return tuple(
+        name
+        for name, value in vars(proxy).items()
+        if isinstance(value, property) and name not in ("thisown", "struct_size")
+    )
+
+
+# Each group's fields, in struct order, straight from the SWIG proxies (so they follow kvret.h).
+GROUPS = {group: _proxy_fields(proxy) for group, (proxy, _, _) in _GROUP_STRUCTS.items()}
+
+# The settable flat fields, in struct order, straight from the SWIG proxy (so they follow kvret.h); the group
+# pointers are set from the group keywords.
+FIELDS = tuple(name for name in _proxy_fields(_c.kvret_config) if name not in GROUPS) + (
+    "disk_path",
+    "session_shared_url",
+)
 
 # Each field's C type, from the proxy's docstrings ("n_layers : int32_t", SWIG's autodoc).
 _FIELD_TYPES = {
@@ -119,11 +152,52 @@ def _shared_url(value):
         ) from None
 
 
+def _group_items(group, value):
+    """The (field, value) pairs of a group keyword: a mapping, or a dataclass instance."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if not hasattr(value, "items"):
+        raise TypeError(
+            f"kvret: {group} must be a dict (or a dataclass) of {group} parameters, not {type(value).__name__}"
+        )
+    return value.items()
+
+
+def _group(group, value):
+    """The kvret_<group>_params proxy for a group keyword, its fields checked as the flat fields are."""
+    proxy, init, prefix = _GROUP_STRUCTS[group]
+    params = proxy()
+    init(params)
+    for name, field_value in _group_items(group, value):
+        if name not in GROUPS[group]:
+            raise TypeError(_unknown_group_field(group, name))
+        flat = prefix + name
+        names = _ENUM_NAMES.get(flat)
+        if names is not None and isinstance(field_value, str):
+            try:
+                field_value = names[field_value.lower()]
+            except KeyError:
+                raise ValueError(
+                    f"kvret: {group}.{name} must be one of {sorted(names)} (or its number), not {field_value!r}"
+                ) from None
+        else:
+            field_value = _args.config_field(field_value, f"{group}.{name}", _FIELD_TYPES.get(flat))
+        try:
+            setattr(params, name, field_value)
+        except (TypeError, OverflowError, ValueError):
+            raise TypeError(f"kvret: {field_value!r} is not a valid value of the config field {group}.{name}") from None
+    return params
+
+
 def make(options):
-    """(kvret_config, disk_path, session_shared_url) from keyword options; unknown keywords raise TypeError."""
+    """(kvret_config, disk_path, session_shared_url, params) from keyword options; unknown keywords raise TypeError.
+    params holds the parameter structs the config points at: keep it until the config has been used."""
     config = _c.kvret_config()
     _c.kvret_config_init(config)
     disk_path = shared_url = None
+    params = []
     for name, value in options.items():
         if name == "device":
             config.device_type, config.device_id = _parse_device(value)
@@ -131,18 +205,32 @@ def make(options):
             disk_path = _disk_path(value)
         elif name == "session_shared_url":
             shared_url = _shared_url(value)
+        elif name in GROUPS:
+            params.append(_group(name, value))
+            setattr(config, name, params[-1])
         elif name in FIELDS:
             _set(config, name, _field_value(name, value))
         else:
             raise TypeError(_unknown_field(name))
-    return config, disk_path, shared_url
+    return config, disk_path, shared_url, params
+
+
+def _unknown_group_field(group, name):
+    import difflib
+
+    close = difflib.get_close_matches(str(name), GROUPS[group], n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return (
+        f"kvret: unknown {group} parameter {name!r}{hint} "
+        f"(kvret.config.GROUPS[{group!r}] lists them: {', '.join(GROUPS[group])})"
+    )
 
 
 def _unknown_field(name):
     """The message for an unknown field: the closest names first, then where the list is (not all 60 on one line)."""
     import difflib
 
-    close = difflib.get_close_matches(str(name), [*FIELDS, "device"], n=3, cutoff=0.6)
+    close = difflib.get_close_matches(str(name), [*FIELDS, *GROUPS, "device"], n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"kvret: unknown config field {name!r}{hint} (kvret.config.FIELDS lists every field; kvret.h documents each)"
 

@@ -37,10 +37,11 @@ class SessionTier(enum.IntEnum):
 
 
 class Context(Resource):
-    """A kvret context. Keyword arguments are kvret_config fields (see :mod:`kvret.config`), e.g.::
+    """A kvret context. Keyword arguments are kvret_config fields, and each design's parameters as one dict (pq,
+    cluster, quant, crush, session; see :mod:`kvret.config`), e.g.::
 
         with kvret.Context(n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64, kv_dtype="f32",
-                           index_kind="exact", budget=64) as ctx:
+                           index_kind="pq", budget=64, pq=dict(m=8, bits=4)) as ctx:
             with ctx.open_sequence() as seq:
                 ...
 
@@ -48,7 +49,7 @@ class Context(Resource):
     """
 
     def __init__(self, **config):
-        cfg, disk_path, shared_url = _config.make(config)
+        cfg, disk_path, shared_url, _params = _config.make(config)  # _params: the structs cfg points at
         self._handle = _c.kvret_swig_create(cfg, disk_path, shared_url)
         self._sequences = weakref.WeakSet()
         effective = _c.kvret_config()

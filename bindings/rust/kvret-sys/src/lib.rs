@@ -119,6 +119,61 @@ pub const KVRET_IMPORTANCE_ACCUMULATED: kvret_importance = 1;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct kvret_pq_params {
+    pub struct_size: usize,
+    pub m: i32,
+    pub bits: i32,
+    pub iters: i32,
+    pub tol: f32,
+    pub train_sample: i32,
+    pub exact_fraction: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvret_cluster_params {
+    pub struct_size: usize,
+    pub tokens: i32,
+    pub decode_interval: i32,
+    pub decode_k: i32,
+    pub segment_tokens: i32,
+    pub reuse_steps: i32,
+    pub exact_fraction: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvret_quant_params {
+    pub struct_size: usize,
+    pub bits: i32,
+    pub group_size: i32,
+    pub residual: i32,
+    pub rerank: i32,
+    pub attention: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvret_crush_params {
+    pub struct_size: usize,
+    pub fraction: f32,
+    pub buckets: i32,
+    pub importance: i32,
+    pub granularity: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvret_session_params {
+    pub struct_size: usize,
+    pub dram_bytes: i64,
+    pub disk_bytes: i64,
+    pub ttl_ms: i64,
+    pub policy: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct kvret_config {
     pub struct_size: usize,
     pub n_layers: i32,
@@ -180,6 +235,11 @@ pub struct kvret_config {
     pub quant_rerank: i32,
     pub hamming_importance: i32,
     pub hamming_granularity: i32,
+    pub pq: *const kvret_pq_params,
+    pub cluster: *const kvret_cluster_params,
+    pub quant: *const kvret_quant_params,
+    pub crush: *const kvret_crush_params,
+    pub session: *const kvret_session_params,
 }
 
 // ---- context and sequences: opaque handles ----
@@ -268,6 +328,12 @@ extern "C" {
     pub fn kvret_status_string(status: kvret_status) -> *const c_char;
     pub fn kvret_last_error() -> *const c_char;
     pub fn kvret_clear_error();
+
+    pub fn kvret_pq_params_init(params: *mut kvret_pq_params) -> kvret_status;
+    pub fn kvret_cluster_params_init(params: *mut kvret_cluster_params) -> kvret_status;
+    pub fn kvret_quant_params_init(params: *mut kvret_quant_params) -> kvret_status;
+    pub fn kvret_crush_params_init(params: *mut kvret_crush_params) -> kvret_status;
+    pub fn kvret_session_params_init(params: *mut kvret_session_params) -> kvret_status;
 
     pub fn kvret_config_init(config: *mut kvret_config) -> kvret_status;
 

@@ -1,6 +1,7 @@
 use std::ffi::{CStr, CString};
 
 use crate::error::{check, rust_error, Result, Status};
+use crate::params::{ClusterParams, CrushParams, PqParams, QuantParams, SessionParams};
 use crate::sys;
 
 /// The storage type of the KV cache.
@@ -110,6 +111,26 @@ pub trait ConfigInt: sealed::Sealed {}
 
 impl<T: sealed::Sealed> ConfigInt for T {}
 
+/// Stores `value` in a field of C type `T`, or records in `rejected` that it does not fit (the last call for a field
+/// wins); `field` names it in the message (`n_layers`, `pq.m`).
+pub(crate) fn store_int<T: sealed::CInt>(
+    rejected: &mut Vec<(&'static str, String)>,
+    field: &'static str,
+    value: impl ConfigInt,
+) -> T {
+    rejected.retain(|(f, _)| *f != field);
+    let wide = value.wide();
+    T::try_from(wide).unwrap_or_else(|_| {
+        let message = format!("config.{field} = {wide} does not fit its C type {}", T::NAME);
+        rejected.push((field, message));
+        if wide < 0 {
+            T::MIN
+        } else {
+            T::MAX
+        }
+    })
+}
+
 /// A context configuration: `kvret_config` with the library's defaults, set through chained methods.
 ///
 /// Every field has a setter of the same name; [`Config::raw`] reads them all. Setters never fail: a value they
@@ -121,10 +142,16 @@ pub struct Config {
     session_shared_url: Option<CString>,
     /// (field, message) of each value a setter could not store; refused by Context::new.
     rejected: Vec<(&'static str, String)>,
+    /// The per-design parameter structs; raw's pointers to them are null but for the duration of kvret_create.
+    pq: Option<PqParams>,
+    cluster: Option<ClusterParams>,
+    quant: Option<QuantParams>,
+    crush: Option<CrushParams>,
+    session: Option<SessionParams>,
 }
 
-// SAFETY: raw.disk_path and raw.session_shared_url are always null (the strings live in `disk_path` and
-// `session_shared_url` and are only lent during kvret_create).
+// SAFETY: raw.disk_path, raw.session_shared_url and the parameter pointers (raw.pq, ...) are always null (the strings
+// and structs live in the Config's own fields and are only lent during kvret_create).
 unsafe impl Send for Config {}
 unsafe impl Sync for Config {}
 
@@ -140,7 +167,17 @@ impl Config {
         // SAFETY: an all-zero kvret_config is a valid value to initialize.
         let mut raw: sys::kvret_config = unsafe { std::mem::zeroed() };
         check(unsafe { sys::kvret_config_init(&mut raw) }).expect("kvret_config_init");
-        Config { raw, disk_path: None, session_shared_url: None, rejected: Vec::new() }
+        Config {
+            raw,
+            disk_path: None,
+            session_shared_url: None,
+            rejected: Vec::new(),
+            pq: None,
+            cluster: None,
+            quant: None,
+            crush: None,
+            session: None,
+        }
     }
 
     /// Adopts a config filled by the library, copying its strings.
@@ -152,7 +189,19 @@ impl Config {
         let (disk_path, session_shared_url) = (copy(raw.disk_path), copy(raw.session_shared_url));
         raw.disk_path = std::ptr::null();
         raw.session_shared_url = std::ptr::null();
-        Config { raw, disk_path, session_shared_url, rejected: Vec::new() }
+        (raw.pq, raw.cluster, raw.quant, raw.crush, raw.session) =
+            (std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null());
+        Config {
+            raw,
+            disk_path,
+            session_shared_url,
+            rejected: Vec::new(),
+            pq: None,
+            cluster: None,
+            quant: None,
+            crush: None,
+            session: None,
+        }
     }
 
     /// All fields, as `kvret_config` (its `disk_path` and `session_shared_url` are null: see
@@ -178,22 +227,17 @@ impl Config {
         match self.rejected.first() {
             None => Ok(()),
             Some((_, message)) => Err(rust_error(Status::InvalidArgument, message)),
-        }
+        }?;
+        self.pq.as_ref().map_or(Ok(()), PqParams::check)?;
+        self.cluster.as_ref().map_or(Ok(()), ClusterParams::check)?;
+        self.quant.as_ref().map_or(Ok(()), QuantParams::check)?;
+        self.crush.as_ref().map_or(Ok(()), CrushParams::check)?;
+        self.session.as_ref().map_or(Ok(()), SessionParams::check)
     }
 
     /// Stores `value` in a field of C type `T`, or records that it does not fit (the last call for a field wins).
     fn int_field<T: sealed::CInt>(&mut self, field: &'static str, value: impl ConfigInt) -> T {
-        self.rejected.retain(|(f, _)| *f != field);
-        let wide = value.wide();
-        T::try_from(wide).unwrap_or_else(|_| {
-            let message = format!("config.{field} = {wide} does not fit its C type {}", T::NAME);
-            self.rejected.push((field, message));
-            if wide < 0 {
-                T::MIN
-            } else {
-                T::MAX
-            }
-        })
+        store_int(&mut self.rejected, field, value)
     }
 
     /// Calls `f` with the raw config whose strings point at this config's.
@@ -201,6 +245,11 @@ impl Config {
         let mut raw = self.raw;
         raw.disk_path = self.disk_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
         raw.session_shared_url = self.session_shared_url.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        raw.pq = self.pq.as_ref().map_or(std::ptr::null(), |p| p.raw());
+        raw.cluster = self.cluster.as_ref().map_or(std::ptr::null(), |p| p.raw());
+        raw.quant = self.quant.as_ref().map_or(std::ptr::null(), |p| p.raw());
+        raw.crush = self.crush.as_ref().map_or(std::ptr::null(), |p| p.raw());
+        raw.session = self.session.as_ref().map_or(std::ptr::null(), |p| p.raw());
         f(&raw)
     }
 
@@ -286,50 +335,49 @@ impl Config {
         self
     }
 
-    /// `kvret_config.pq_m`: sub-spaces; head_dim % pq_m == 0; default 4
+    /// `kvret_config.pq_m`: kept for one release: use pq.m
     pub fn pq_m(mut self, value: impl ConfigInt) -> Self {
         self.raw.pq_m = self.int_field("pq_m", value);
         self
     }
 
-    /// `kvret_config.pq_bits`: bits per code (2^bits centroids), 1..8; default 6
+    /// `kvret_config.pq_bits`: kept for one release: use pq.bits
     pub fn pq_bits(mut self, value: impl ConfigInt) -> Self {
         self.raw.pq_bits = self.int_field("pq_bits", value);
         self
     }
 
-    /// `kvret_config.pq_iters`: k-means iterations; 0 = adaptive (stop when the objective improves < pq_tol, at most 25); default 0
+    /// `kvret_config.pq_iters`: kept for one release: use pq.iters
     pub fn pq_iters(mut self, value: impl ConfigInt) -> Self {
         self.raw.pq_iters = self.int_field("pq_iters", value);
         self
     }
 
-    /// `kvret_config.pq_tol`: relative objective improvement that ends adaptive k-means; default 1e-3
+    /// `kvret_config.pq_tol`: kept for one release: use pq.tol
     pub fn pq_tol(mut self, value: f32) -> Self {
         self.raw.pq_tol = value;
         self
     }
 
-    /// `kvret_config.pq_train_sample`: max tokens sampled per (layer, KV head) for training; 0 = all; default 8192
+    /// `kvret_config.pq_train_sample`: kept for one release: use pq.train_sample
     pub fn pq_train_sample(mut self, value: impl ConfigInt) -> Self {
         self.raw.pq_train_sample = self.int_field("pq_train_sample", value);
         self
     }
 
-    /// `kvret_config.cluster_tokens`: tokens per cluster at prefill (ceil(n / this) clusters); default 32 (ClusterKV's own setting is 80:
-    /// docs/cluster.md compares them)
+    /// `kvret_config.cluster_tokens`: kept for one release: use cluster.tokens
     pub fn cluster_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_tokens = self.int_field("cluster_tokens", value);
         self
     }
 
-    /// `kvret_config.cluster_decode_interval`: decode tokens clustered at a time (scored exactly until then); default 320
+    /// `kvret_config.cluster_decode_interval`: kept for one release: use cluster.decode_interval
     pub fn cluster_decode_interval(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_decode_interval = self.int_field("cluster_decode_interval", value);
         self
     }
 
-    /// `kvret_config.cluster_decode_k`: clusters made from each decoded interval; default 4
+    /// `kvret_config.cluster_decode_k`: kept for one release: use cluster.decode_k
     pub fn cluster_decode_k(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_decode_k = self.int_field("cluster_decode_k", value);
         self
@@ -341,20 +389,19 @@ impl Config {
         self
     }
 
-    /// `kvret_config.quant_bits`: bits per quantized key and value element: 1 or 2; default 2
+    /// `kvret_config.quant_bits`: kept for one release: use quant.bits
     pub fn quant_bits(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_bits = self.int_field("quant_bits", value);
         self
     }
 
-    /// `kvret_config.hamming_fraction`: share of each select's budget spent on bucket representatives of the tokens left out, in [0, 1):
-    /// floor(fraction * budget) of them; default 0 (off)
+    /// `kvret_config.hamming_fraction`: kept for one release: use crush.fraction
     pub fn hamming_fraction(mut self, value: f32) -> Self {
         self.raw.hamming_fraction = value;
         self
     }
 
-    /// `kvret_config.hamming_buckets`: most representatives (buckets) per KV head and select; default 0 = no cap
+    /// `kvret_config.hamming_buckets`: kept for one release: use crush.buckets
     pub fn hamming_buckets(mut self, value: impl ConfigInt) -> Self {
         self.raw.hamming_buckets = self.int_field("hamming_buckets", value);
         self
@@ -424,58 +471,37 @@ impl Config {
         self
     }
 
-    /// `kvret_config.pq_exact_fraction`: share of each (layer, KV head)'s indexed tokens whose keys quantize worst (largest squared
-    /// reconstruction error ||k - k_hat||^2) that PQ keeps exact: a copy of the key in the index (in
-    /// kv_dtype), scored with the exact q.k instead of the codes. A rare, sharp key (the one a retrieval
-    /// head copies from) is the one PQ reconstructs worst. ceil(fraction * n) tokens per head at each
-    /// training, ties to the earlier position; a token encoded later with the same codebook becomes exact
-    /// when its error exceeds the smallest error in the exact set, while the set holds less than twice its
-    /// share. Costs fraction * n * head_dim * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5];
-    /// default 0.05
+    /// `kvret_config.pq_exact_fraction`: kept for one release: use pq.exact_fraction
     pub fn pq_exact_fraction(mut self, value: f32) -> Self {
         self.raw.pq_exact_fraction = value;
         self
     }
 
-    /// `kvret_config.quant_group_size`: elements per quantization group of the quant index (keys: tokens of one channel, values: channels of
-    /// one token), each with its own f16 min and max: 32 or 64; default 64
+    /// `kvret_config.quant_group_size`: kept for one release: use quant.group_size
     pub fn quant_group_size(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_group_size = self.int_field("quant_group_size", value);
         self
     }
 
-    /// `kvret_config.quant_residual`: most recent middle tokens the quant index keeps in f16 (KIVI's residual window; up to
-    /// quant_group_size - 1 more wait for a full key group): 0..65536; default 64
+    /// `kvret_config.quant_residual`: kept for one release: use quant.residual
     pub fn quant_residual(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_residual = self.int_field("quant_residual", value);
         self
     }
 
-    /// `kvret_config.cluster_segment_tokens`: most middle tokens one k-means of the cluster index clusters: a longer prefill is cut into ceil(n /
-    /// this) segments of equal length, clustered apart, so the build is linear in the prefill length; 0 =
-    /// the whole prefill in one k-means (quadratic in its length); default 4096
+    /// `kvret_config.cluster_segment_tokens`: kept for one release: use cluster.segment_tokens
     pub fn cluster_segment_tokens(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_segment_tokens = self.int_field("cluster_segment_tokens", value);
         self
     }
 
-    /// `kvret_config.quant_attention`: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over every token of the layer, the sink,
-    /// local and selected tokens exact, select's quant_rerank x budget candidates with their exact keys
-    /// (their values low-bit unless selected) and every other middle token as the low-bit copy has it
-    /// (computed on the host); 0 (default): over the working set, as for every other index. 1 needs
-    /// index_kind = KVRET_INDEX_QUANT
+    /// `kvret_config.quant_attention`: kept for one release: use quant.attention
     pub fn quant_attention(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_attention = self.int_field("quant_attention", value);
         self
     }
 
-    /// `kvret_config.cluster_reuse_steps`: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's fetches took in its last R fetches
-    /// (steps) stay resident in the sequence: a copy of the rows fetched from them (in kv_dtype), from
-    /// which the next fetch serves the selected rows it holds instead of the host store (the same bytes). A
-    /// cluster fetched again stays resident with every row it holds; one not fetched in R steps is dropped.
-    /// Hits count in stats.cluster_reuse_hits (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows
-    /// is the hit rate. Truncating a layer drops its copy; a fork starts without one. 0 = off; 0..1024;
-    /// default 1. Ignored by the other index kinds
+    /// `kvret_config.cluster_reuse_steps`: kept for one release: use cluster.reuse_steps
     pub fn cluster_reuse_steps(mut self, value: impl ConfigInt) -> Self {
         self.raw.cluster_reuse_steps = self.int_field("cluster_reuse_steps", value);
         self
@@ -494,26 +520,25 @@ impl Config {
         self
     }
 
-    /// `kvret_config.session_dram_bytes`: capacity of the session store's host DRAM tier in bytes; 0 = unlimited; default 0; >= 0
+    /// `kvret_config.session_dram_bytes`: kept for one release: use session.dram_bytes
     pub fn session_dram_bytes(mut self, value: impl ConfigInt) -> Self {
         self.raw.session_dram_bytes = self.int_field("session_dram_bytes", value);
         self
     }
 
-    /// `kvret_config.session_disk_bytes`: capacity of the disk tier (config.disk_path) in bytes; 0 = unlimited; default 0; >= 0
+    /// `kvret_config.session_disk_bytes`: kept for one release: use session.disk_bytes
     pub fn session_disk_bytes(mut self, value: impl ConfigInt) -> Self {
         self.raw.session_disk_bytes = self.int_field("session_disk_bytes", value);
         self
     }
 
-    /// `kvret_config.session_ttl_ms`: a saved session expires this many milliseconds after its save (then it is a miss, and its bytes are
-    /// freed); 0 = never; default 0; >= 0
+    /// `kvret_config.session_ttl_ms`: kept for one release: use session.ttl_ms
     pub fn session_ttl_ms(mut self, value: impl ConfigInt) -> Self {
         self.raw.session_ttl_ms = self.int_field("session_ttl_ms", value);
         self
     }
 
-    /// `kvret_config.session_policy`: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE
+    /// `kvret_config.session_policy`: kept for one release: use session.policy
     pub fn session_policy(mut self, value: SessionPolicy) -> Self {
         self.raw.session_policy = value as i32;
         self
@@ -569,43 +594,63 @@ impl Config {
         self
     }
 
-    /// `kvret_config.cluster_exact_fraction`: share of each clustered segment's tokens (per KV head) that the cluster index keeps out of the
-    /// clusters: the ceil(fraction * n) keys of lowest cosine to their k-means direction (ties to the
-    /// earlier position; at most n minus the segment's clusters), each a group of its own, scored by its
-    /// exact q.k. A rare, sharp key (the one a retrieval head copies from) is the one its cluster's mean
-    /// hides. Costs fraction * n * head_dim * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5];
-    /// default 0.05
+    /// `kvret_config.cluster_exact_fraction`: kept for one release: use cluster.exact_fraction
     pub fn cluster_exact_fraction(mut self, value: f32) -> Self {
         self.raw.cluster_exact_fraction = value;
         self
     }
 
-    /// `kvret_config.quant_rerank`: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x budget middle tokens the low-bit
-    /// keys score highest (at most the middle) as candidates, scores them again with their exact keys from
-    /// the KV store and keeps the top budget of those: a key the 1-bit copy ranks just below the cut (a
-    /// needle) is recovered for candidates x head_dim multiply-adds more and a read of the candidates'
-    /// keys. 1 = off (the low-bit ranking alone, SpeCache's); 1..64; default 4. Ignored by the other index
-    /// kinds. Under quant_attention = 1 the candidates also enter that attention with their exact keys
+    /// `kvret_config.quant_rerank`: kept for one release: use quant.rerank
     pub fn quant_rerank(mut self, value: impl ConfigInt) -> Self {
         self.raw.quant_rerank = self.int_field("quant_rerank", value);
         self
     }
 
-    /// `kvret_config.hamming_importance`: a kvret_importance: where the importance behind KVCrush's signatures, its representatives and
-    /// kvret_seq_retained_set comes from; default KVRET_IMPORTANCE_WINDOW
+    /// `kvret_config.hamming_importance`: kept for one release: use crush.importance
     pub fn hamming_importance(mut self, value: Importance) -> Self {
         self.raw.hamming_importance = value as i32;
         self
     }
 
-    /// `kvret_config.hamming_granularity`: tokens per KVCrush representative unit: 0 or 1 = single tokens (default 0); a power of two 2..4096 =
-    /// aligned runs of that many positions (chunks of 8, or the engine's KV page), each representative unit
-    /// sending all its tokens the index did not select; the count a select returns does not change
+    /// `kvret_config.hamming_granularity`: kept for one release: use crush.granularity
     pub fn hamming_granularity(mut self, value: impl ConfigInt) -> Self {
         self.raw.hamming_granularity = self.int_field("hamming_granularity", value);
         self
     }
     // </generated setters>
+
+    /// PQCache's parameters in one place (`kvret_config.pq`), in place of the flat `pq_*` setters, which are kept for
+    /// one release: `Config::new().pq(PqParams::new().m(8))`. Setting a flat `pq_*` field from its default as well is
+    /// refused by [`Context::new`](crate::Context::new) (status InvalidArgument, naming both).
+    pub fn pq(mut self, value: PqParams) -> Self {
+        self.pq = Some(value);
+        self
+    }
+
+    /// ClusterKV's parameters in one place (`kvret_config.cluster`), in place of the flat `cluster_*` setters.
+    pub fn cluster(mut self, value: ClusterParams) -> Self {
+        self.cluster = Some(value);
+        self
+    }
+
+    /// The quant index's parameters in one place (`kvret_config.quant`), in place of the flat `quant_*` setters.
+    pub fn quant(mut self, value: QuantParams) -> Self {
+        self.quant = Some(value);
+        self
+    }
+
+    /// KVCrush's parameters in one place (`kvret_config.crush`), in place of the flat `hamming_*` setters.
+    pub fn crush(mut self, value: CrushParams) -> Self {
+        self.crush = Some(value);
+        self
+    }
+
+    /// The session store's parameters in one place (`kvret_config.session`), in place of the flat `session_*`
+    /// setters (but `session_shared_url`).
+    pub fn session(mut self, value: SessionParams) -> Self {
+        self.session = Some(value);
+        self
+    }
 
     pub fn device(mut self, value: Device) -> Self {
         (self.raw.device_type, self.raw.device_id) = match value {

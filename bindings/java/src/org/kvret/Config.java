@@ -17,11 +17,23 @@ public final class Config {
   private final NativeConfig fields;
   private final String diskPath;
   private final String sessionSharedUrl;
+  // The parameter structs fields points at (null: none), kept alive with it.
+  private final PqParams pq;
+  private final ClusterParams cluster;
+  private final QuantParams quant;
+  private final CrushParams crush;
+  private final SessionParams session;
 
-  private Config(NativeConfig fields, String diskPath, String sessionSharedUrl) {
+  private Config(NativeConfig fields, String diskPath, String sessionSharedUrl, PqParams pq, ClusterParams cluster,
+      QuantParams quant, CrushParams crush, SessionParams session) {
     this.fields = fields;
     this.diskPath = diskPath;
     this.sessionSharedUrl = sessionSharedUrl;
+    this.pq = pq;
+    this.cluster = cluster;
+    this.quant = quant;
+    this.crush = crush;
+    this.session = session;
     CLEANER.register(this, fields::delete);
   }
 
@@ -37,7 +49,8 @@ public final class Config {
   /** Adopts a native config filled by the library (kvret_get_config). */
   static Config adopt(NativeConfig fields) {
     return new Config(fields, NativeStrings.fromUtf8(KvretNative.kvret_swig_config_disk_path(fields)),
-        NativeStrings.fromUtf8(KvretNative.kvret_swig_config_session_shared_url(fields)));
+        NativeStrings.fromUtf8(KvretNative.kvret_swig_config_session_shared_url(fields)), null, null, null, null,
+        null);
   }
 
   /** A builder that starts from this config. */
@@ -46,6 +59,11 @@ public final class Config {
     KvretNative.kvret_swig_config_copy(builder.fields, fields);
     builder.diskPath = diskPath;
     builder.sessionSharedUrl = sessionSharedUrl;
+    builder.pq = pq;
+    builder.cluster = cluster;
+    builder.quant = quant;
+    builder.crush = crush;
+    builder.session = session;
     return builder;
   }
 
@@ -71,6 +89,31 @@ public final class Config {
   /** The Redis URL of the shared session tier, or null for none (kvret_config.session_shared_url). */
   public String sessionSharedUrl() {
     return sessionSharedUrl;
+  }
+
+  /** PQCache's parameters given to {@link Builder#pq}, or null (a context's config reports them in the flat fields). */
+  public PqParams pq() {
+    return pq;
+  }
+
+  /** ClusterKV's parameters given to {@link Builder#cluster}, or null. */
+  public ClusterParams cluster() {
+    return cluster;
+  }
+
+  /** The quant index's parameters given to {@link Builder#quant}, or null. */
+  public QuantParams quant() {
+    return quant;
+  }
+
+  /** KVCrush's parameters given to {@link Builder#crush}, or null. */
+  public CrushParams crush() {
+    return crush;
+  }
+
+  /** The session store's parameters given to {@link Builder#session}, or null. */
+  public SessionParams session() {
+    return session;
   }
 
   // The accessors of every other field, from include/kvret.h (bindings/gen_config.py; do not edit by hand).
@@ -133,54 +176,42 @@ public final class Config {
     return IndexKind.fromCode(fields.getIndex_kind());
   }
 
-  /** kvret_config.pq_m: sub-spaces; head_dim % pq_m == 0; default 4 */
+  /** kvret_config.pq_m: kept for one release: use pq.m */
   public int pqM() {
     return fields.getPq_m();
   }
 
-  /** kvret_config.pq_bits: bits per code (2^bits centroids), 1..8; default 6 */
+  /** kvret_config.pq_bits: kept for one release: use pq.bits */
   public int pqBits() {
     return fields.getPq_bits();
   }
 
-  /**
-   * kvret_config.pq_iters: k-means iterations; 0 = adaptive (stop when the objective improves <
-   * pq_tol, at most 25); default 0
-   */
+  /** kvret_config.pq_iters: kept for one release: use pq.iters */
   public int pqIters() {
     return fields.getPq_iters();
   }
 
-  /** kvret_config.pq_tol: relative objective improvement that ends adaptive k-means; default 1e-3 */
+  /** kvret_config.pq_tol: kept for one release: use pq.tol */
   public float pqTol() {
     return fields.getPq_tol();
   }
 
-  /**
-   * kvret_config.pq_train_sample: max tokens sampled per (layer, KV head) for training; 0 = all;
-   * default 8192
-   */
+  /** kvret_config.pq_train_sample: kept for one release: use pq.train_sample */
   public int pqTrainSample() {
     return fields.getPq_train_sample();
   }
 
-  /**
-   * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
-   * 32 (ClusterKV's own setting is 80: docs/cluster.md compares them)
-   */
+  /** kvret_config.cluster_tokens: kept for one release: use cluster.tokens */
   public int clusterTokens() {
     return fields.getCluster_tokens();
   }
 
-  /**
-   * kvret_config.cluster_decode_interval: decode tokens clustered at a time (scored exactly until
-   * then); default 320
-   */
+  /** kvret_config.cluster_decode_interval: kept for one release: use cluster.decode_interval */
   public int clusterDecodeInterval() {
     return fields.getCluster_decode_interval();
   }
 
-  /** kvret_config.cluster_decode_k: clusters made from each decoded interval; default 4 */
+  /** kvret_config.cluster_decode_k: kept for one release: use cluster.decode_k */
   public int clusterDecodeK() {
     return fields.getCluster_decode_k();
   }
@@ -190,23 +221,17 @@ public final class Config {
     return fields.getPage_size();
   }
 
-  /** kvret_config.quant_bits: bits per quantized key and value element: 1 or 2; default 2 */
+  /** kvret_config.quant_bits: kept for one release: use quant.bits */
   public int quantBits() {
     return fields.getQuant_bits();
   }
 
-  /**
-   * kvret_config.hamming_fraction: share of each select's budget spent on bucket representatives of
-   * the tokens left out, in [0, 1): floor(fraction * budget) of them; default 0 (off)
-   */
+  /** kvret_config.hamming_fraction: kept for one release: use crush.fraction */
   public float hammingFraction() {
     return fields.getHamming_fraction();
   }
 
-  /**
-   * kvret_config.hamming_buckets: most representatives (buckets) per KV head and select; default 0
-   * = no cap
-   */
+  /** kvret_config.hamming_buckets: kept for one release: use crush.buckets */
   public int hammingBuckets() {
     return fields.getHamming_buckets();
   }
@@ -283,69 +308,32 @@ public final class Config {
     return fields.getSeed();
   }
 
-  /**
-   * kvret_config.pq_exact_fraction: share of each (layer, KV head)'s indexed tokens whose keys
-   * quantize worst (largest squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a
-   * copy of the key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
-   * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
-   * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
-   * encoded later with the same codebook becomes exact when its error exceeds the smallest error in
-   * the exact set, while the set holds less than twice its share. Costs fraction * n * head_dim *
-   * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
-   */
+  /** kvret_config.pq_exact_fraction: kept for one release: use pq.exact_fraction */
   public float pqExactFraction() {
     return fields.getPq_exact_fraction();
   }
 
-  /**
-   * kvret_config.quant_group_size: elements per quantization group of the quant index (keys: tokens
-   * of one channel, values: channels of one token), each with its own f16 min and max: 32 or 64;
-   * default 64
-   */
+  /** kvret_config.quant_group_size: kept for one release: use quant.group_size */
   public int quantGroupSize() {
     return fields.getQuant_group_size();
   }
 
-  /**
-   * kvret_config.quant_residual: most recent middle tokens the quant index keeps in f16 (KIVI's
-   * residual window; up to quant_group_size - 1 more wait for a full key group): 0..65536; default
-   * 64
-   */
+  /** kvret_config.quant_residual: kept for one release: use quant.residual */
   public int quantResidual() {
     return fields.getQuant_residual();
   }
 
-  /**
-   * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
-   * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
-   * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
-   * (quadratic in its length); default 4096
-   */
+  /** kvret_config.cluster_segment_tokens: kept for one release: use cluster.segment_tokens */
   public int clusterSegmentTokens() {
     return fields.getCluster_segment_tokens();
   }
 
-  /**
-   * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends over
-   * every token of the layer, the sink, local and selected tokens exact, select's quant_rerank x
-   * budget candidates with their exact keys (their values low-bit unless selected) and every other
-   * middle token as the low-bit copy has it (computed on the host); 0 (default): over the working
-   * set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
-   */
+  /** kvret_config.quant_attention: kept for one release: use quant.attention */
   public int quantAttention() {
     return fields.getQuant_attention();
   }
 
-  /**
-   * kvret_config.cluster_reuse_steps: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's
-   * fetches took in its last R fetches (steps) stay resident in the sequence: a copy of the rows
-   * fetched from them (in kv_dtype), from which the next fetch serves the selected rows it holds
-   * instead of the host store (the same bytes). A cluster fetched again stays resident with every
-   * row it holds; one not fetched in R steps is dropped. Hits count in stats.cluster_reuse_hits
-   * (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a
-   * layer drops its copy; a fork starts without one. 0 = off; 0..1024; default 1. Ignored by the
-   * other index kinds
-   */
+  /** kvret_config.cluster_reuse_steps: kept for one release: use cluster.reuse_steps */
   public int clusterReuseSteps() {
     return fields.getCluster_reuse_steps();
   }
@@ -364,31 +352,22 @@ public final class Config {
     return fields.getDevice_bytes_limit();
   }
 
-  /**
-   * kvret_config.session_dram_bytes: capacity of the session store's host DRAM tier in bytes; 0 =
-   * unlimited; default 0; >= 0
-   */
+  /** kvret_config.session_dram_bytes: kept for one release: use session.dram_bytes */
   public long sessionDramBytes() {
     return fields.getSession_dram_bytes();
   }
 
-  /**
-   * kvret_config.session_disk_bytes: capacity of the disk tier (config.disk_path) in bytes; 0 =
-   * unlimited; default 0; >= 0
-   */
+  /** kvret_config.session_disk_bytes: kept for one release: use session.disk_bytes */
   public long sessionDiskBytes() {
     return fields.getSession_disk_bytes();
   }
 
-  /**
-   * kvret_config.session_ttl_ms: a saved session expires this many milliseconds after its save
-   * (then it is a miss, and its bytes are freed); 0 = never; default 0; >= 0
-   */
+  /** kvret_config.session_ttl_ms: kept for one release: use session.ttl_ms */
   public long sessionTtlMs() {
     return fields.getSession_ttl_ms();
   }
 
-  /** kvret_config.session_policy: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+  /** kvret_config.session_policy: kept for one release: use session.policy */
   public SessionPolicy sessionPolicy() {
     return SessionPolicy.fromCode(fields.getSession_policy());
   }
@@ -450,46 +429,22 @@ public final class Config {
     return fields.getRope_original_max_positions();
   }
 
-  /**
-   * kvret_config.cluster_exact_fraction: share of each clustered segment's tokens (per KV head)
-   * that the cluster index keeps out of the clusters: the ceil(fraction * n) keys of lowest cosine
-   * to their k-means direction (ties to the earlier position; at most n minus the segment's
-   * clusters), each a group of its own, scored by its exact q.k. A rare, sharp key (the one a
-   * retrieval head copies from) is the one its cluster's mean hides. Costs fraction * n * head_dim
-   * * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5]; default 0.05
-   */
+  /** kvret_config.cluster_exact_fraction: kept for one release: use cluster.exact_fraction */
   public float clusterExactFraction() {
     return fields.getCluster_exact_fraction();
   }
 
-  /**
-   * kvret_config.quant_rerank: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x
-   * budget middle tokens the low-bit keys score highest (at most the middle) as candidates, scores
-   * them again with their exact keys from the KV store and keeps the top budget of those: a key the
-   * 1-bit copy ranks just below the cut (a needle) is recovered for candidates x head_dim
-   * multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking alone,
-   * SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under quant_attention = 1 the
-   * candidates also enter that attention with their exact keys
-   */
+  /** kvret_config.quant_rerank: kept for one release: use quant.rerank */
   public int quantRerank() {
     return fields.getQuant_rerank();
   }
 
-  /**
-   * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
-   * signatures, its representatives and kvret_seq_retained_set comes from; default
-   * KVRET_IMPORTANCE_WINDOW
-   */
+  /** kvret_config.hamming_importance: kept for one release: use crush.importance */
   public Importance hammingImportance() {
     return Importance.fromCode(fields.getHamming_importance());
   }
 
-  /**
-   * kvret_config.hamming_granularity: tokens per KVCrush representative unit: 0 or 1 = single
-   * tokens (default 0); a power of two 2..4096 = aligned runs of that many positions (chunks of 8,
-   * or the engine's KV page), each representative unit sending all its tokens the index did not
-   * select; the count a select returns does not change
-   */
+  /** kvret_config.hamming_granularity: kept for one release: use crush.granularity */
   public int hammingGranularity() {
     return fields.getHamming_granularity();
   }
@@ -500,6 +455,11 @@ public final class Config {
     private final NativeConfig fields = new NativeConfig();
     private String diskPath;
     private String sessionSharedUrl;
+    private PqParams pq;
+    private ClusterParams cluster;
+    private QuantParams quant;
+    private CrushParams crush;
+    private SessionParams session;
 
     private Builder() {
       CLEANER.register(this, fields::delete);
@@ -509,7 +469,7 @@ public final class Config {
     public Config build() {
       NativeConfig copy = new NativeConfig();
       KvretNative.kvret_swig_config_copy(copy, fields);
-      return new Config(copy, diskPath, sessionSharedUrl);
+      return new Config(copy, diskPath, sessionSharedUrl, pq, cluster, quant, crush, session);
     }
 
     /** Where the index and working set live: CPU (default) or CUDA with a device ordinal. */
@@ -535,6 +495,44 @@ public final class Config {
      */
     public Builder sessionSharedUrl(String value) {
       sessionSharedUrl = value;
+      return this;
+    }
+
+    /**
+     * PQCache's parameters in one place (kvret_config.pq; null: none), in place of the flat pq* setters, which are
+     * kept for one release. Setting a flat pq* field from its default as well is refused when the context is made.
+     */
+    public Builder pq(PqParams value) {
+      pq = value;
+      fields.setPq(value == null ? null : value.fields());
+      return this;
+    }
+
+    /** ClusterKV's parameters in one place (kvret_config.cluster; null: none), in place of the cluster* setters. */
+    public Builder cluster(ClusterParams value) {
+      cluster = value;
+      fields.setCluster(value == null ? null : value.fields());
+      return this;
+    }
+
+    /** The quant index's parameters in one place (kvret_config.quant; null: none), in place of the quant* setters. */
+    public Builder quant(QuantParams value) {
+      quant = value;
+      fields.setQuant(value == null ? null : value.fields());
+      return this;
+    }
+
+    /** KVCrush's parameters in one place (kvret_config.crush; null: none), in place of the hamming* setters. */
+    public Builder crush(CrushParams value) {
+      crush = value;
+      fields.setCrush(value == null ? null : value.fields());
+      return this;
+    }
+
+    /** The session store's parameters in one place (kvret_config.session; null: none), in place of session*. */
+    public Builder session(SessionParams value) {
+      session = value;
+      fields.setSession(value == null ? null : value.fields());
       return this;
     }
 
@@ -609,61 +607,49 @@ public final class Config {
       return this;
     }
 
-    /** kvret_config.pq_m: sub-spaces; head_dim % pq_m == 0; default 4 */
+    /** kvret_config.pq_m: kept for one release: use pq.m */
     public Builder pqM(int value) {
       fields.setPq_m(value);
       return this;
     }
 
-    /** kvret_config.pq_bits: bits per code (2^bits centroids), 1..8; default 6 */
+    /** kvret_config.pq_bits: kept for one release: use pq.bits */
     public Builder pqBits(int value) {
       fields.setPq_bits(value);
       return this;
     }
 
-    /**
-     * kvret_config.pq_iters: k-means iterations; 0 = adaptive (stop when the objective improves <
-     * pq_tol, at most 25); default 0
-     */
+    /** kvret_config.pq_iters: kept for one release: use pq.iters */
     public Builder pqIters(int value) {
       fields.setPq_iters(value);
       return this;
     }
 
-    /** kvret_config.pq_tol: relative objective improvement that ends adaptive k-means; default 1e-3 */
+    /** kvret_config.pq_tol: kept for one release: use pq.tol */
     public Builder pqTol(float value) {
       fields.setPq_tol(value);
       return this;
     }
 
-    /**
-     * kvret_config.pq_train_sample: max tokens sampled per (layer, KV head) for training; 0 = all;
-     * default 8192
-     */
+    /** kvret_config.pq_train_sample: kept for one release: use pq.train_sample */
     public Builder pqTrainSample(int value) {
       fields.setPq_train_sample(value);
       return this;
     }
 
-    /**
-     * kvret_config.cluster_tokens: tokens per cluster at prefill (ceil(n / this) clusters); default
-     * 32 (ClusterKV's own setting is 80: docs/cluster.md compares them)
-     */
+    /** kvret_config.cluster_tokens: kept for one release: use cluster.tokens */
     public Builder clusterTokens(int value) {
       fields.setCluster_tokens(value);
       return this;
     }
 
-    /**
-     * kvret_config.cluster_decode_interval: decode tokens clustered at a time (scored exactly until
-     * then); default 320
-     */
+    /** kvret_config.cluster_decode_interval: kept for one release: use cluster.decode_interval */
     public Builder clusterDecodeInterval(int value) {
       fields.setCluster_decode_interval(value);
       return this;
     }
 
-    /** kvret_config.cluster_decode_k: clusters made from each decoded interval; default 4 */
+    /** kvret_config.cluster_decode_k: kept for one release: use cluster.decode_k */
     public Builder clusterDecodeK(int value) {
       fields.setCluster_decode_k(value);
       return this;
@@ -675,25 +661,19 @@ public final class Config {
       return this;
     }
 
-    /** kvret_config.quant_bits: bits per quantized key and value element: 1 or 2; default 2 */
+    /** kvret_config.quant_bits: kept for one release: use quant.bits */
     public Builder quantBits(int value) {
       fields.setQuant_bits(value);
       return this;
     }
 
-    /**
-     * kvret_config.hamming_fraction: share of each select's budget spent on bucket representatives
-     * of the tokens left out, in [0, 1): floor(fraction * budget) of them; default 0 (off)
-     */
+    /** kvret_config.hamming_fraction: kept for one release: use crush.fraction */
     public Builder hammingFraction(float value) {
       fields.setHamming_fraction(value);
       return this;
     }
 
-    /**
-     * kvret_config.hamming_buckets: most representatives (buckets) per KV head and select; default
-     * 0 = no cap
-     */
+    /** kvret_config.hamming_buckets: kept for one release: use crush.buckets */
     public Builder hammingBuckets(int value) {
       fields.setHamming_buckets(value);
       return this;
@@ -780,74 +760,37 @@ public final class Config {
       return this;
     }
 
-    /**
-     * kvret_config.pq_exact_fraction: share of each (layer, KV head)'s indexed tokens whose keys
-     * quantize worst (largest squared reconstruction error ||k - k_hat||^2) that PQ keeps exact: a
-     * copy of the key in the index (in kv_dtype), scored with the exact q.k instead of the codes. A
-     * rare, sharp key (the one a retrieval head copies from) is the one PQ reconstructs worst.
-     * ceil(fraction * n) tokens per head at each training, ties to the earlier position; a token
-     * encoded later with the same codebook becomes exact when its error exceeds the smallest error
-     * in the exact set, while the set holds less than twice its share. Costs fraction * n *
-     * head_dim * (2 or 4) bytes per head. 0 = off; valid range [0, 0.5]; default 0.05
-     */
+    /** kvret_config.pq_exact_fraction: kept for one release: use pq.exact_fraction */
     public Builder pqExactFraction(float value) {
       fields.setPq_exact_fraction(value);
       return this;
     }
 
-    /**
-     * kvret_config.quant_group_size: elements per quantization group of the quant index (keys:
-     * tokens of one channel, values: channels of one token), each with its own f16 min and max: 32
-     * or 64; default 64
-     */
+    /** kvret_config.quant_group_size: kept for one release: use quant.group_size */
     public Builder quantGroupSize(int value) {
       fields.setQuant_group_size(value);
       return this;
     }
 
-    /**
-     * kvret_config.quant_residual: most recent middle tokens the quant index keeps in f16 (KIVI's
-     * residual window; up to quant_group_size - 1 more wait for a full key group): 0..65536;
-     * default 64
-     */
+    /** kvret_config.quant_residual: kept for one release: use quant.residual */
     public Builder quantResidual(int value) {
       fields.setQuant_residual(value);
       return this;
     }
 
-    /**
-     * kvret_config.cluster_segment_tokens: most middle tokens one k-means of the cluster index
-     * clusters: a longer prefill is cut into ceil(n / this) segments of equal length, clustered
-     * apart, so the build is linear in the prefill length; 0 = the whole prefill in one k-means
-     * (quadratic in its length); default 4096
-     */
+    /** kvret_config.cluster_segment_tokens: kept for one release: use cluster.segment_tokens */
     public Builder clusterSegmentTokens(int value) {
       fields.setCluster_segment_tokens(value);
       return this;
     }
 
-    /**
-     * kvret_config.quant_attention: 1: on a KVRET_INDEX_QUANT context, kvret_seq_attend attends
-     * over every token of the layer, the sink, local and selected tokens exact, select's
-     * quant_rerank x budget candidates with their exact keys (their values low-bit unless selected)
-     * and every other middle token as the low-bit copy has it (computed on the host); 0 (default):
-     * over the working set, as for every other index. 1 needs index_kind = KVRET_INDEX_QUANT
-     */
+    /** kvret_config.quant_attention: kept for one release: use quant.attention */
     public Builder quantAttention(int value) {
       fields.setQuant_attention(value);
       return this;
     }
 
-    /**
-     * kvret_config.cluster_reuse_steps: R: on a KVRET_INDEX_CLUSTER context, the clusters a layer's
-     * fetches took in its last R fetches (steps) stay resident in the sequence: a copy of the rows
-     * fetched from them (in kv_dtype), from which the next fetch serves the selected rows it holds
-     * instead of the host store (the same bytes). A cluster fetched again stays resident with every
-     * row it holds; one not fetched in R steps is dropped. Hits count in stats.cluster_reuse_hits
-     * (and cache_hits), so cluster_reuse_hits / cluster_reuse_rows is the hit rate. Truncating a
-     * layer drops its copy; a fork starts without one. 0 = off; 0..1024; default 1. Ignored by the
-     * other index kinds
-     */
+    /** kvret_config.cluster_reuse_steps: kept for one release: use cluster.reuse_steps */
     public Builder clusterReuseSteps(int value) {
       fields.setCluster_reuse_steps(value);
       return this;
@@ -869,34 +812,25 @@ public final class Config {
       return this;
     }
 
-    /**
-     * kvret_config.session_dram_bytes: capacity of the session store's host DRAM tier in bytes; 0 =
-     * unlimited; default 0; >= 0
-     */
+    /** kvret_config.session_dram_bytes: kept for one release: use session.dram_bytes */
     public Builder sessionDramBytes(long value) {
       fields.setSession_dram_bytes(value);
       return this;
     }
 
-    /**
-     * kvret_config.session_disk_bytes: capacity of the disk tier (config.disk_path) in bytes; 0 =
-     * unlimited; default 0; >= 0
-     */
+    /** kvret_config.session_disk_bytes: kept for one release: use session.disk_bytes */
     public Builder sessionDiskBytes(long value) {
       fields.setSession_disk_bytes(value);
       return this;
     }
 
-    /**
-     * kvret_config.session_ttl_ms: a saved session expires this many milliseconds after its save
-     * (then it is a miss, and its bytes are freed); 0 = never; default 0; >= 0
-     */
+    /** kvret_config.session_ttl_ms: kept for one release: use session.ttl_ms */
     public Builder sessionTtlMs(long value) {
       fields.setSession_ttl_ms(value);
       return this;
     }
 
-    /** kvret_config.session_policy: a kvret_session_policy; default KVRET_SESSION_SCHEDULER_AWARE */
+    /** kvret_config.session_policy: kept for one release: use session.policy */
     public Builder sessionPolicy(SessionPolicy value) {
       fields.setSession_policy(value.code);
       return this;
@@ -967,49 +901,25 @@ public final class Config {
       return this;
     }
 
-    /**
-     * kvret_config.cluster_exact_fraction: share of each clustered segment's tokens (per KV head)
-     * that the cluster index keeps out of the clusters: the ceil(fraction * n) keys of lowest
-     * cosine to their k-means direction (ties to the earlier position; at most n minus the
-     * segment's clusters), each a group of its own, scored by its exact q.k. A rare, sharp key (the
-     * one a retrieval head copies from) is the one its cluster's mean hides. Costs fraction * n *
-     * head_dim * 4 bytes per head. 0 = off (ClusterKV's own index); [0, 0.5]; default 0.05
-     */
+    /** kvret_config.cluster_exact_fraction: kept for one release: use cluster.exact_fraction */
     public Builder clusterExactFraction(float value) {
       fields.setCluster_exact_fraction(value);
       return this;
     }
 
-    /**
-     * kvret_config.quant_rerank: on a KVRET_INDEX_QUANT context, select takes the quant_rerank x
-     * budget middle tokens the low-bit keys score highest (at most the middle) as candidates,
-     * scores them again with their exact keys from the KV store and keeps the top budget of those:
-     * a key the 1-bit copy ranks just below the cut (a needle) is recovered for candidates x
-     * head_dim multiply-adds more and a read of the candidates' keys. 1 = off (the low-bit ranking
-     * alone, SpeCache's); 1..64; default 4. Ignored by the other index kinds. Under quant_attention
-     * = 1 the candidates also enter that attention with their exact keys
-     */
+    /** kvret_config.quant_rerank: kept for one release: use quant.rerank */
     public Builder quantRerank(int value) {
       fields.setQuant_rerank(value);
       return this;
     }
 
-    /**
-     * kvret_config.hamming_importance: a kvret_importance: where the importance behind KVCrush's
-     * signatures, its representatives and kvret_seq_retained_set comes from; default
-     * KVRET_IMPORTANCE_WINDOW
-     */
+    /** kvret_config.hamming_importance: kept for one release: use crush.importance */
     public Builder hammingImportance(Importance value) {
       fields.setHamming_importance(value.code);
       return this;
     }
 
-    /**
-     * kvret_config.hamming_granularity: tokens per KVCrush representative unit: 0 or 1 = single
-     * tokens (default 0); a power of two 2..4096 = aligned runs of that many positions (chunks of
-     * 8, or the engine's KV page), each representative unit sending all its tokens the index did
-     * not select; the count a select returns does not change
-     */
+    /** kvret_config.hamming_granularity: kept for one release: use crush.granularity */
     public Builder hammingGranularity(int value) {
       fields.setHamming_granularity(value);
       return this;
