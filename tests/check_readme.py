@@ -48,6 +48,7 @@ def main(source, build, site):
                 os.symlink(os.path.join(source, name), os.path.join(scratch, name))
         os.symlink(os.path.abspath(build), os.path.join(scratch, "build"))
         env = dict(os.environ, HOME=os.path.join(scratch, "home"), PYTHONPATH=site)
+        env.pop("LD_LIBRARY_PATH", None)  # a program the README builds must find libkvret by itself
         os.makedirs(env["HOME"])
         for i, (language, code, before) in enumerate(found[1:], start=2):
             if language == "c":

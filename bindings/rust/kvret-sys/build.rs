@@ -1,6 +1,12 @@
 //! Finds libkvret and its header, with no external crates:
 //!  - `KVRET_LIB_DIR` (and optionally `KVRET_INCLUDE_DIR`): a build tree or any directory holding libkvret.so;
-//!  - otherwise `pkg-config` (or `$PKG_CONFIG`), requiring kvret >= 0.1.0 and < 0.2.0 (the 0.1 ABI).
+//!  - otherwise `pkg-config` (or `$PKG_CONFIG`), requiring kvret >= 0.1.0 and < 0.2.0 (the 0.1 ABI). A copy of
+//!    this crate installed by `cmake --install` (`<prefix>/share/kvret/rust/kvret-sys`) looks in its own prefix's
+//!    `pkgconfig` directory first, so that it links the libkvret installed beside it with no `PKG_CONFIG_PATH`.
+//!
+//! The directory of the libkvret linked is passed on as `DEP_KVRET_LIBDIR` to the build scripts of crates that
+//! depend on this one: a program's build script can make it its run path (Cargo does not pass a dependency's
+//! link arguments on to a program).
 //!
 //! It also compiles and runs a tiny C program (with `$CC` or `cc`) that prints the size and field offsets of every
 //! struct in kvret.h, and turns them into a generated test, so that the Rust declarations cannot drift from the
@@ -32,6 +38,9 @@ fn main() {
     for dir in &lib_dirs {
         println!("cargo:rustc-link-search=native={}", dir.display());
     }
+    if let Some(dir) = lib_dirs.first() {
+        println!("cargo:libdir={}", dir.display());
+    }
     println!("cargo:rustc-link-lib=dylib=kvret");
 
     let header = include_dirs
@@ -52,10 +61,35 @@ fn main() {
     fs::write(out_dir.join("layout_test.rs"), layout_test).unwrap();
 }
 
+/// The `pkgconfig` directories of the prefix this crate is installed in, when it lies in
+/// `<prefix>/share/kvret/rust/kvret-sys` and the prefix holds a `kvret.pc`.
+fn installed_pkgconfig_dirs(manifest_dir: &Path) -> Vec<PathBuf> {
+    let mut ancestors = manifest_dir.ancestors();
+    let names: Vec<_> = ancestors.by_ref().take(4).map(|dir| dir.file_name().and_then(|n| n.to_str())).collect();
+    if names != [Some("kvret-sys"), Some("rust"), Some("kvret"), Some("share")] {
+        return Vec::new();
+    }
+    let Some(prefix) = ancestors.next() else { return Vec::new() };
+    let mut candidates = vec![prefix.join("lib/pkgconfig"), prefix.join("lib64/pkgconfig")];
+    if let Ok(entries) = fs::read_dir(prefix.join("lib")) {
+        // lib/<multiarch>/pkgconfig (Debian's libdir)
+        candidates.extend(entries.flatten().map(|entry| entry.path().join("pkgconfig")));
+    }
+    candidates.into_iter().filter(|dir| dir.join("kvret.pc").is_file()).collect()
+}
+
 fn pkg_config() -> (Vec<PathBuf>, Vec<PathBuf>) {
     let program = env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".into());
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let mut search = installed_pkgconfig_dirs(&manifest_dir);
+    search.extend(env::var_os("PKG_CONFIG_PATH").map(|p| env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
+    let search = env::join_paths(search).unwrap();
     let run = |args: &[&str]| -> Result<String, String> {
-        let output = Command::new(&program).args(args).output().map_err(|e| format!("cannot run {program}: {e}"))?;
+        let output = Command::new(&program)
+            .args(args)
+            .env("PKG_CONFIG_PATH", &search)
+            .output()
+            .map_err(|e| format!("cannot run {program}: {e}"))?;
         if output.status.success() {
             Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
