@@ -2843,12 +2843,15 @@ class CudaBackend final : public Backend {
 #endif
 
  public:
-  void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
-              float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
-    check_attend(config, q, k, v, rows, scale, out);
+  void check_attend_out(const TensorView& out) const override {
     require(out.dtype() == DType::F32, KVRET_ERR_DTYPE,
             std::string("out is ") + dtype_name(out.dtype()) +
                 ": the CUDA backend's attention writes f32 only (the CPU backend also writes f16 and bf16)");
+  }
+  void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
+              float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
+    check_attend(config, q, k, v, rows, scale, out);
+    check_attend_out(out);
     for (const TensorView* t : {&q, &k, &v, &out}) check_kernel_access(*t);
     DeviceScope scope(device_id_);
     const int32_t d = config.head_dim;

@@ -927,9 +927,10 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
                       kvret_stream stream) {
   const kvret_config& c = ctx_.config();
   const TensorView qv = ctx_.view(q, "q", kFloatTypes, {2});
-  const TensorView ov = ctx_.view(out, "out", {DType::F32}, {2});
+  const TensorView ov = ctx_.view(out, "out", kFloatTypes, {2});
   ov.expect_dim(0, c.n_q_heads, "n_q_heads");
   ov.expect_dim(1, c.head_dim, "head_dim");
+  ctx_.backend().check_attend_out(ov);
   require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
   ctx_.backend().check_kernel_access(qv);
   ctx_.backend().check_kernel_access(ov);
@@ -1145,8 +1146,8 @@ void Sequence::attend_quantized(int32_t layer, const TensorView& q, const int32_
     key_rows =
         quant->attend_dense(l.store(), rows.data(), count, qf.data(), job.group, job.scale, o.data(), ctx_.threads());
     for (int h = 0; h < c.n_q_heads; ++h)
-      std::memcpy(out_host.at({h}), o.data() + static_cast<size_t>(h) * c.head_dim,
-                  static_cast<size_t>(c.head_dim) * sizeof(float));
+      convert_row(reinterpret_cast<const std::byte*>(o.data() + static_cast<size_t>(h) * c.head_dim), DType::F32,
+                  out_host.at({h}), out_host.dtype(), static_cast<size_t>(c.head_dim));
     backend.write_back(out_host, out);
   }
   const TokenGroups g = groups(layer);

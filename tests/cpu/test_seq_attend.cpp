@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/half.hpp"
 #include "kvret.h"
 #include "sequence_observer.hpp"
 #include "test_util.hpp"
@@ -69,6 +70,49 @@ TEST_P(SeqAttend, BadArgumentsChangeNothing) {
   EXPECT_EQ(kvret_seq_attend(seq.s, 0, nullptr, 10, 0.0f, &out, nullptr), KVRET_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kvret_seq_attend(nullptr, 0, &q, 10, 0.0f, &out, nullptr), KVRET_ERR_INVALID_HANDLE);
   EXPECT_EQ(observe(seq.s), before);
+}
+
+// An f16 or bf16 out is the f32 out rounded to nearest even, bit for bit, on the CPU backend (quantized attention
+// included); the CUDA backend's attention writes f32 only and refuses it before anything runs.
+TEST_P(SeqAttend, HalfOutputIsTheFloatOutputRounded) {
+  for (const int quant_attention : {0, 1}) {
+    if (quant_attention == 1 && GetParam() != KVRET_INDEX_QUANT) continue;
+    kvret_config config = small_config(GetParam());
+    config.kv_dtype = KVRET_KV_F16;
+    config.quant_attention = quant_attention;
+    auto ctx = make_context(config);
+    // three sequences with the same tokens, one per output dtype, so that no select sees another's effects
+    Seq f32_seq(ctx.get()), f16_seq(ctx.get()), bf16_seq(ctx.get());
+    F32 k({900, kHeads, kDim}), v({900, kHeads, kDim});
+    clustered_kv(900, kHeads, kDim, 5, k, v);
+    for (kvret_seq* s : {f32_seq.s, f16_seq.s, bf16_seq.s}) {
+      prefill(s, 0, k, v, 0, 880);
+      decode(s, 0, k, v, 880, 882);
+    }
+    F32 q({kQHeads, kDim});
+    q.data = random_vector(static_cast<size_t>(kQHeads * kDim), 31);
+    q.refresh();
+    F32 want({kQHeads, kDim});
+    Buffer<uint16_t> f16({kQHeads, kDim}, 7), bf16({kQHeads, kDim}, 7);
+    bf16.t.dtype = {KVRET_DTYPE_BFLOAT, 16, 1};
+    expect_ok(kvret_seq_attend(f32_seq.s, 0, &q, 40, 0.0f, &want, nullptr));
+    const Observed before = observe(f16_seq.s);
+    const kvret_status s16 = kvret_seq_attend(f16_seq.s, 0, &q, 40, 0.0f, &f16, nullptr);
+    const kvret_status sb16 = kvret_seq_attend(bf16_seq.s, 0, &q, 40, 0.0f, &bf16, nullptr);
+    if (device_type() == KVRET_DEVICE_CUDA) {
+      EXPECT_EQ(s16, KVRET_ERR_DTYPE);
+      EXPECT_EQ(sb16, KVRET_ERR_DTYPE);
+      EXPECT_EQ(observe(f16_seq.s), before);
+      for (const uint16_t x : f16.data) ASSERT_EQ(x, 7);
+      continue;
+    }
+    ASSERT_EQ(s16, KVRET_OK) << kvret_last_error();
+    ASSERT_EQ(sb16, KVRET_OK) << kvret_last_error();
+    for (size_t i = 0; i < want.data.size(); ++i) {
+      ASSERT_EQ(f16.data[i], f32_to_f16(want.data[i])) << i << " quant_attention " << quant_attention;
+      ASSERT_EQ(bf16.data[i], f32_to_bf16(want.data[i])) << i << " quant_attention " << quant_attention;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, SeqAttend,

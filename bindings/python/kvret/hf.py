@@ -165,7 +165,9 @@ class KvretLayer(CacheLayerMixin):
         [batch, 1, n_q_heads, head_dim] in the query's dtype."""
         cache = self.cache
         started = time.perf_counter()
-        out = torch.empty(query.shape[0], query.shape[1], query.shape[3], dtype=torch.float32, device=query.device)
+        # the CPU backend writes the model's dtype itself; the CUDA backend's attention writes float32
+        dtype = query.dtype if query.device.type == "cpu" else torch.float32
+        out = torch.empty(query.shape[0], query.shape[1], query.shape[3], dtype=dtype, device=query.device)
         for row, seq in enumerate(cache.sequences):
             seq.attend(self.kvret_layer, query[row, :, 0, :], scale=scaling, out=out[row])
         cache.kvret_seconds += time.perf_counter() - started

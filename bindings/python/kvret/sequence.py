@@ -249,7 +249,7 @@ class Sequence(Resource):
     def attend(self, layer, q, budget=None, scale=None, out=None, stream=None):
         """Attention of q ([n_q_heads, head_dim]) over this step's working set of `layer`, in one call: select,
         fetch and attention inside kvret (see kvret_seq_attend). Returns out, float32 [n_q_heads, head_dim] (written
-        in place when given). budget None: the default budget; scale None: 1/sqrt(head_dim)."""
+        in place when given: float32, or on the CPU backend also float16 or bfloat16). budget None: the default budget; scale None: 1/sqrt(head_dim)."""
         ctx = self._context
         layer, budget, scale = _args.layer(layer), _args.budget(budget), _args.scale(scale)
         stream = _t.stream_handle(stream)
