@@ -675,7 +675,8 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  1/sqrt(head_dim)), for engines without a sparse attention of their own. The output is what those three calls
  *  give with the same budget and scale, bit for bit; the stats count one selection and one fetch. A later backend
  *  may answer it from state the separate calls cannot use (cached blocks, a low-bit copy). q: [n_q_heads,
- *  head_dim]; out: f32 [n_q_heads, head_dim]; both checked before anything runs. Under config.hamming_importance =
+ *  head_dim]; out: [n_q_heads, head_dim], f32, or on the CPU backend also f16 or bf16 (as kvret_attend; the CUDA
+ *  backend refuses them with KVRET_ERR_DTYPE); both checked before anything runs. Under config.hamming_importance =
  *  KVRET_IMPORTANCE_ACCUMULATED it also adds the step's attention probabilities to the layer's accumulated attention
  *  (as kvret_seq_observe_attention): each query head's softmax over the working set (sink, selected and local
  *  tokens; with config.quant_attention, over those exact rows only), every other token 0 that step; computed on the
