@@ -10,7 +10,9 @@
 //    (BM_FetchBatch, BM_FetchBatchSingles: the same selections, working sets and bytes);
 //  - the append of a decode token after 1k, 10k and 100k decoded tokens (BM_DecodeAppend);
 //  - CLUSTER, PQ and PAGE index build and select from 8k to 128k tokens in one run (BM_BuildKind, BM_SelectKind);
-//  - the in-call flag of a sequence beside the cheapest C call that takes one (BM_InCallFlag, BM_SeqLengthCall).
+//  - the in-call flag of a sequence beside the cheapest C call that takes one (BM_InCallFlag, BM_SeqLengthCall);
+//  - config.check_finite's cost: a PQ select, a decode append and an 8k-token prefill with it on and off
+//    (BM_SelectPqCheckFinite beside BM_SelectPq, BM_DecodeAppend/1000/1 beside /1000/0, BM_PrefillAppend).
 // Run: build/bin/kvret-bench-cpu [--benchmark_filter=...]   (contexts 8k..128k via the benchmark arguments)
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
@@ -47,7 +49,7 @@ struct Fixture {
 
   /// exact_fraction < 0: the library's default pq_exact_fraction; pq_m 0: the library's default pq_m.
   Fixture(int index_kind, int64_t n, int train_sample = 8192, float exact_fraction = -1.0f, int pq_m = 0,
-          int threads = 0)
+          int threads = 0, int check_finite = 0)
       : tokens(n) {
     kvret::workload::Config wc;
     wc.n_layers = 1;
@@ -71,6 +73,7 @@ struct Fixture {
     if (exact_fraction >= 0.0f) c.pq_exact_fraction = exact_fraction;
     if (pq_m > 0) c.pq_m = pq_m;
     c.n_threads = threads;
+    c.check_finite = check_finite;
     kvret_create(&c, &ctx);
     kvret_seq_open(ctx, &seq);
     Tensor kt(kh.data(), {n, kKvHeads, kDim}, kF16), vt(vh.data(), {n, kKvHeads, kDim}, kF16);
@@ -83,18 +86,19 @@ struct Fixture {
   }
   ~Fixture() { kvret_destroy(ctx); }
 
-  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f, int pq_m = 0, int threads = 0) {
-    static std::map<std::tuple<int, int64_t, float, int, int>, std::unique_ptr<Fixture>> cache;
-    auto& f = cache[{index_kind, n, exact_fraction, pq_m, threads}];
-    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction, pq_m, threads);
+  static Fixture& get(int index_kind, int64_t n, float exact_fraction = -1.0f, int pq_m = 0, int threads = 0,
+                      int check_finite = 0) {
+    static std::map<std::tuple<int, int64_t, float, int, int, int>, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[{index_kind, n, exact_fraction, pq_m, threads, check_finite}];
+    if (!f) f = std::make_unique<Fixture>(index_kind, n, 8192, exact_fraction, pq_m, threads, check_finite);
     return *f;
   }
 };
 
-void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f, int pq_m = 0,
-                  int threads = 0) {
+void select_bench(benchmark::State& state, int index_kind, float exact_fraction = -1.0f, int pq_m = 0, int threads = 0,
+                  int check_finite = 0) {
   const int64_t n = state.range(0);
-  Fixture& f = Fixture::get(index_kind, n, exact_fraction, pq_m, threads);
+  Fixture& f = Fixture::get(index_kind, n, exact_fraction, pq_m, threads, check_finite);
   int32_t budget = 0;
   kvret_seq_budget(f.seq, 0, &budget);
   std::vector<int32_t> out(static_cast<size_t>(kKvHeads) * budget);
@@ -129,6 +133,7 @@ void BM_DecodeAppend(benchmark::State& state) {
   kvret_config c;
   kvret_config_init(&c);
   c.n_layers = 1;
+  c.check_finite = static_cast<int32_t>(state.range(1));
   kvret_context* ctx = nullptr;
   kvret_seq* seq = nullptr;
   if (kvret_create(&c, &ctx) != KVRET_OK || kvret_seq_open(ctx, &seq) != KVRET_OK) {
@@ -157,6 +162,37 @@ void BM_DecodeAppend(benchmark::State& state) {
   for (auto _ : state)
     if (step(i++) != KVRET_OK) state.SkipWithError(kvret_last_error());
   state.counters["decoded"] = static_cast<double>(decoded);
+  state.counters["check_finite"] = static_cast<double>(c.check_finite);
+  kvret_destroy(ctx);
+}
+
+/// The prefill of `state.range(0)` f16 tokens into a fresh sequence (EXACT: the store's copy and little else, so that
+/// the finiteness pass is not hidden behind an index build), config.check_finite = state.range(1).
+void BM_PrefillAppend(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 1;
+  c.index_kind = KVRET_INDEX_EXACT;
+  c.check_finite = static_cast<int32_t>(state.range(1));
+  kvret_context* ctx = nullptr;
+  if (kvret_create(&c, &ctx) != KVRET_OK) {
+    state.SkipWithError(kvret_last_error());
+    return;
+  }
+  std::vector<uint16_t> k(static_cast<size_t>(n * kKvHeads * kDim)), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = kvret::f32_to_f16(static_cast<float>(i % 97) * 0.01f);
+    v[i] = kvret::f32_to_f16(static_cast<float>(i % 89) * 0.01f);
+  }
+  Tensor kt(k.data(), {n, kKvHeads, kDim}, kF16), vt(v.data(), {n, kKvHeads, kDim}, kF16);
+  for (auto _ : state) {
+    kvret_seq* seq = nullptr;
+    if (kvret_seq_open(ctx, &seq) != KVRET_OK || kvret_append_prefill(seq, 0, &kt.t, &vt.t) != KVRET_OK)
+      state.SkipWithError(kvret_last_error());
+    kvret_seq_close(seq);
+  }
+  state.counters["check_finite"] = static_cast<double>(c.check_finite);
   kvret_destroy(ctx);
 }
 
@@ -164,6 +200,8 @@ void BM_DecodeAppend(benchmark::State& state) {
 // path), with the default exact outliers and without (PQCache's setting).
 void BM_SelectPq(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ); }
 void BM_SelectPqExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f); }
+// PQ at its defaults with config.check_finite = 1: the query's finiteness pass beside BM_SelectPq
+void BM_SelectPqCheckFinite(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 0, 0, 1); }
 void BM_SelectPqExact5(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.05f); }
 void BM_SelectPqM2(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, -1.0f, 2); }
 void BM_SelectPqM2ExactOff(benchmark::State& state) { select_bench(state, KVRET_INDEX_PQ, 0.0f, 2); }
@@ -467,6 +505,7 @@ BENCHMARK(BM_InCallFlag)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_SeqLengthCall)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_SelectPq)->Arg(200)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqOneThread)->Arg(200)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SelectPqCheckFinite)->Arg(200)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExactOff)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqExact5)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SelectPqM2)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -512,7 +551,14 @@ BENCHMARK_CAPTURE(BM_SelectKind, page, KVRET_INDEX_PAGE)
     ->Range(8192, 131072)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_DecodeAppend)->Arg(1000)->Arg(10000)->Arg(100000)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeAppend)
+    ->Args({1000, 0})
+    ->Args({1000, 1})
+    ->Args({10000, 0})
+    ->Args({100000, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PrefillAppend)->Args({8192, 0})->Args({8192, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FetchGather)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchMemcpyPeer)->Arg(8192)->Arg(32768)->Arg(131072)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FetchBatch)->Args({8, 32768})->UseRealTime()->Unit(benchmark::kMicrosecond);
