@@ -46,6 +46,11 @@ class Context(Resource):
                 ...
 
     Closing the context closes its open sequences first. The context's own calls are thread-safe.
+
+    NaN and infinity are not checked by default: a non-finite query or key still selects positions and attends to
+    NaN. ``check_finite=True`` refuses them with a :class:`kvret.KvretError` of status ``Status.NONFINITE``, at
+    the cost of one more pass over what is appended and over every query (BENCHMARKS.md, "The cost of
+    check_finite"); ``kvret.hf.KvretCache`` turns it on.
     """
 
     def __init__(self, **config):
