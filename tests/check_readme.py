@@ -4,7 +4,11 @@ the repository's folders and the build directory as `build` (HOME points into it
 stays there). The first block, the two commands that set up a machine, is what CI runs (.ci/run): this checks that
 they are the README's first lines and that CI calls both.
 
-    python3 tests/check_readme.py SOURCE_DIR BUILD_DIR PYTHON_SITE
+    python3 tests/check_readme.py SOURCE_DIR BUILD_DIR PYTHON_SITE [PYTHON]
+
+With PYTHON (the python of a virtual environment kvret's wheel is installed in, as tests/packaging/python_packages.py
+makes it), the ```python blocks run with that interpreter and without PYTHON_SITE, as a user runs them after
+`pip install .`; the ```sh blocks still see PYTHON_SITE.
 """
 
 import os
@@ -27,7 +31,7 @@ def blocks(readme):
     return out
 
 
-def main(source, build, site):
+def main(source, build, site, python=None):
     with open(os.path.join(source, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     found = blocks(readme)
@@ -50,6 +54,14 @@ def main(source, build, site):
         env = dict(os.environ, HOME=os.path.join(scratch, "home"), PYTHONPATH=site)
         env.pop("LD_LIBRARY_PATH", None)  # a program the README builds must find libkvret by itself
         os.makedirs(env["HOME"])
+        if python:  # the package must be the environment's own, not a build tree's
+            where = subprocess.run(
+                [python, "-c", "import kvret, os, sys; print(os.path.realpath(kvret.__file__)); print(sys.prefix)"],
+                cwd=scratch, env={k: v for k, v in env.items() if k != "PYTHONPATH"}, capture_output=True, text=True)
+            lines = where.stdout.split("\n")
+            if where.returncode != 0 or not lines[0].startswith(os.path.realpath(lines[1]) + os.sep):
+                sys.exit(f"{python} does not import kvret from its own environment: {where.stdout}{where.stderr}")
+            print(f"README: the Python blocks run with {python}, kvret from {lines[0]}", flush=True)
         for i, (language, code, before) in enumerate(found[1:], start=2):
             if language == "c":
                 saved = re.findall(r"Saved as `([\w.]+)`", readme[readme.index(code) + len(code) :])
@@ -61,11 +73,14 @@ def main(source, build, site):
             if language == "sh":
                 command = ["bash", "-euo", "pipefail", "-c", code]
             elif language == "python":
-                command = [sys.executable, "-c", code]
+                command = [python or sys.executable, "-c", code]
             else:
                 continue  # text, tables, output shown as an example
             print(f"README block {i} ({language}):\n{code}", flush=True)
-            run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
+            block_env = env
+            if language == "python" and python:
+                block_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            run = subprocess.run(command, cwd=scratch, env=block_env, capture_output=True, text=True)
             print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
             if run.returncode != 0:
                 sys.exit(f"README block {i} ({language}) failed with exit status {run.returncode}")
@@ -76,4 +91,4 @@ def main(source, build, site):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
