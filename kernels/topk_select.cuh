@@ -1,14 +1,18 @@
 #pragma once
-// Kernel of launch_topk_positions (see topk_select.h).
+// Kernels of launch_topk_positions (see topk_select.h). One algorithm, two ways to spread a row over blocks:
 //
-// One thread-block cluster of kClusterSize blocks per row (Hopper distributed shared memory): each block owns one
-// contiguous slice of the row, so even a batch of one sequence keeps 8 x n_kv_heads multiprocessors busy.
+// - topk_cluster_kernel (sm_90 and newer): one thread-block cluster of kClusterSize blocks per row (Hopper
+//   distributed shared memory); each block owns one contiguous slice of the row, so even a batch of one sequence
+//   keeps 8 x n_kv_heads multiprocessors busy.
+// - topk_block_kernel (every architecture; the path of sm_80 and sm_89, which have no clusters): one block per row,
+//   the same code with a "cluster" of one block whose shared memory is its own.
 //
+// Both run the same steps, so their selections are identical, ties included:
 // 1. Radix select over the scores' order keys, 11 + 11 + 10 bits: in each pass every block builds a histogram of
 //    its slice's keys that match the bits fixed so far (shared-memory atomics, warp-aggregated with
-//    __match_any_sync); after a cluster barrier every block adds up the cluster's histograms (read through
+//    __match_any_sync); after a group barrier every block adds up the group's histograms (read through
 //    distributed shared memory) and runs the same cub::BlockScan over them, so all blocks find the same digit in
-//    which the kk-th largest key lies. Histograms are double-buffered: one cluster barrier per pass.
+//    which the kk-th largest key lies. Histograms are double-buffered: one group barrier per pass.
 // 2. Each block counts its keys above the threshold and equal to it; the blocks exchange these counts, which gives
 //    every block where its output starts and how many threshold-equal keys come before its slice.
 // 3. Each block compacts its slice in index order (one cub::BlockScan per tile), so the selection comes out
@@ -24,7 +28,8 @@
 
 namespace kvret::cuda::topk_detail {
 
-inline constexpr int kClusterSize = 8;
+inline constexpr int kClusterSize = 8;      // blocks per row of topk_cluster_kernel
+inline constexpr int kClusterMinArch = 90;  // clusters: sm_90 and newer
 inline constexpr int kThreads = 512;
 inline constexpr int kLoadUnroll = 4;  // histogram: keys loaded per thread before their atomics
 inline constexpr int kItemsPerThread = 8;
@@ -45,27 +50,51 @@ inline constexpr size_t kStaticSmemBytes =
     sizeof(TempStorage) + sizeof(int) * 2 * kBins + 3 * sizeof(int) + sizeof(unsigned long long);
 static_assert(kStaticSmemBytes <= 24 * 1024, "top-k: static shared memory over its 24 KiB budget");
 
-__global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads) topk_positions_kernel(TopkParams p) {
-  namespace cg = cooperative_groups;
+/// The blocks that share one row: a thread-block cluster (sm_90 and newer) ...
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+struct ClusterGroup {
+  static constexpr int kSize = kClusterSize;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  __device__ int rank() const { return static_cast<int>(cluster.block_rank()); }
+  __device__ void sync() { cluster.sync(); }
+  template <typename T>
+  __device__ T* map(T* shared, int r) {
+    return cluster.map_shared_rank(shared, r);
+  }
+};
+#endif
+
+/// ... or one block alone (every architecture), whose "group" shared memory is its own.
+struct BlockGroup {
+  static constexpr int kSize = 1;
+  __device__ int rank() const { return 0; }
+  __device__ void sync() { __syncthreads(); }
+  template <typename T>
+  __device__ T* map(T* shared, int) {
+    return shared;
+  }
+};
+
+/// The selection of one row by the Group::kSize blocks of `group`.
+template <typename Group>
+__device__ __forceinline__ void topk_row(const TopkParams& p, Group group, int row) {
   __shared__ TempStorage temp;
   __shared__ int hist[2][kBins];
   __shared__ int s_digit;
   __shared__ int s_digit_count;
   __shared__ int s_count_above;
-  __shared__ unsigned long long s_slice_counts;  // this block's (above | equal << 32), read by the whole cluster
+  __shared__ unsigned long long s_slice_counts;  // this block's (above | equal << 32), read by the whole group
 
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int row = static_cast<int>(blockIdx.x) / kClusterSize;
+  const int rank = group.rank();
   const int s = row / p.n_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int n = math::topk_clamp_count(p.n_tokens[s], p.score_stride);  // never past the row
   const int kk = min(p.k, n);
   if (rank == 0 && row % p.n_kv_heads == 0 && tid == 0 && p.counts != nullptr) p.counts[s] = kk;
-  if (kk <= 0) return;  // the whole cluster returns: no distributed shared memory was touched
+  if (kk <= 0) return;  // the whole group returns: no distributed shared memory was touched
   const float* scores = p.scores + static_cast<size_t>(row) * p.score_stride;
-  const int slice = (n + kClusterSize - 1) / kClusterSize;
+  const int slice = (n + Group::kSize - 1) / Group::kSize;
   const int begin = min(n, rank * slice);
   const int end = min(n, begin + slice);
 
@@ -95,12 +124,12 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
         if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&my_hist[bin], __popc(peers));
       }
     }
-    cluster.sync();  // every block's histogram of this pass is complete and visible
+    group.sync();  // every block's histogram of this pass is complete and visible
 
-    // Thread t owns the bins kBins-1-4t .. kBins-4-4t (descending), summed over the cluster.
+    // Thread t owns the bins kBins-1-4t .. kBins-4-4t (descending), summed over the group.
     int total[kBinsPerThread] = {};
-    for (int r = 0; r < kClusterSize; ++r) {
-      const int* remote = cluster.map_shared_rank(&hist[pass & 1][0], r);
+    for (int r = 0; r < Group::kSize; ++r) {
+      const int* remote = group.map(&hist[pass & 1][0], r);
 #pragma unroll
       for (int i = 0; i < kBinsPerThread; ++i) total[i] += remote[kBins - 1 - (tid * kBinsPerThread + i)];
     }
@@ -123,7 +152,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     if (done) break;
   }
 
-  // ---- 2. this block's keys above / equal to the threshold, exchanged across the cluster ----
+  // ---- 2. this block's keys above / equal to the threshold, exchanged across the group ----
   unsigned long long mine = 0;
   for (int idx = begin + tid; idx < end; idx += kThreads) {
     const uint32_t key = math::topk_order_key(scores[idx]) & mask;
@@ -131,12 +160,12 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   }
   mine = Reduce(temp.reduce).Sum(mine);
   if (tid == 0) s_slice_counts = mine;
-  cluster.sync();       // also ends every block's reads of the others' histograms
+  group.sync();         // also ends every block's reads of the others' histograms
   int out_carry = 0;    // indices written by the blocks before this one (then: by this block's earlier tiles)
   int equal_carry = 0;  // threshold-equal keys before this block's slice (then: before the current tile)
   int my_quota = 0;     // indices this block writes
   for (int r = 0; r <= rank; ++r) {
-    const unsigned long long counts = *cluster.map_shared_rank(&s_slice_counts, r);
+    const unsigned long long counts = *group.map(&s_slice_counts, r);
     const int above = static_cast<int>(counts & 0xffffffffu);
     const int equal = static_cast<int>(counts >> 32);
     const int taken = above + min(equal_carry + equal, need) - min(equal_carry, need);
@@ -147,7 +176,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
       my_quota = taken;
     }
   }
-  cluster.sync();   // no block touches another's shared memory after this: blocks may finish independently
+  group.sync();     // no block touches another's shared memory after this: blocks may finish independently
   __syncthreads();  // temp.reduce is reused as temp.scan below
   const int out_end = out_carry + my_quota;
 
@@ -184,6 +213,21 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     out_carry += (tile & 0xffff) + min(equal_carry + tile_equal, need) - min(equal_carry, need);
     equal_carry += tile_equal;
   }
+}
+
+/// One cluster of kClusterSize blocks per row. Compiled for sm_90 and newer; for an older target its body is empty
+/// and launch_topk_positions never launches it (it reads the architecture the loaded code was compiled for).
+__global__ void __launch_bounds__(kThreads) topk_cluster_kernel(TopkParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ClusterGroup group;
+  if (group.cluster.num_blocks() != kClusterSize) __trap();  // launched without its cluster: fail loudly
+  topk_row(p, group, static_cast<int>(blockIdx.x) / kClusterSize);
+#endif
+}
+
+/// One block per row: every architecture.
+__global__ void __launch_bounds__(kThreads) topk_block_kernel(TopkParams p) {
+  topk_row(p, BlockGroup{}, static_cast<int>(blockIdx.x));
 }
 
 }  // namespace kvret::cuda::topk_detail

@@ -28,9 +28,20 @@ struct TopkParams {
   int32_t* counts = nullptr;                 ///< optional [n_seqs]: kk of each sequence
 };
 
-/// Enqueues the selection on `stream`: one cluster of 8 thread blocks per row (sm_90) runs a 3-pass radix select
-/// (11 + 11 + 10 bits) on the scores' order keys, then an order-preserving compaction writes the selected indices
-/// ascending, so no sort of the selection is needed and k has no upper limit. Needs no workspace.
-cudaError_t launch_topk_positions(const TopkParams& params, cudaStream_t stream);
+/// How launch_topk_positions spreads a row over thread blocks. Both give the same selection.
+enum class TopkPath {
+  kAuto,    ///< a cluster of 8 blocks per row where the device's code was compiled for sm_90 or newer, else kBlocks
+  kBlocks,  ///< one block per row (no thread-block clusters): the path of sm_80 and sm_89, on any device
+};
+
+/// Enqueues the selection on `stream`: a 3-pass radix select (11 + 11 + 10 bits) on the scores' order keys, then an
+/// order-preserving compaction writes the selected indices ascending, so no sort of the selection is needed and k
+/// has no upper limit. Needs no workspace. With TopkPath::kAuto each row is spread over a thread-block cluster of 8
+/// blocks (distributed shared memory) where the code the device runs was compiled for sm_90 or newer, and runs in one
+/// block otherwise (sm_80, sm_89: fewer multiprocessors busy when there are few rows, the same result).
+cudaError_t launch_topk_positions(const TopkParams& params, cudaStream_t stream, TopkPath path = TopkPath::kAuto);
+
+/// Whether TopkPath::kAuto launches clusters on the current device.
+cudaError_t topk_uses_clusters(bool* uses);
 
 }  // namespace kvret::cuda

@@ -1,5 +1,6 @@
 // launch_topk_positions against a CPU sort by the CPU selection's order (select/topk.hpp: NaN as -inf, -0 as +0,
-// ties to the lower index): exact equality of the selected positions, ties included.
+// ties to the lower index): exact equality of the selected positions, ties included. Every case runs on both paths:
+// the device's own (clusters on sm_90 and newer) and the one-block-per-row path of sm_80 / sm_89.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,7 +40,8 @@ struct TopkCase {
   int k;
 };
 
-void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t stride) {
+void run_case_on(const TopkCase& c, const std::vector<float>& scores, int64_t stride, TopkPath path) {
+  SCOPED_TRACE(path == TopkPath::kAuto ? "TopkPath::kAuto" : "TopkPath::kBlocks");
   const int n_seqs = static_cast<int>(c.n_tokens.size());
   const int64_t out_stride = c.k + 3;
   DeviceBuffer<float> d_scores(scores);
@@ -61,7 +63,7 @@ void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t strid
   p.positions = d_positions.get();
   p.positions_stride = out_stride;
   p.counts = d_counts.get();
-  KVRET_LAUNCH_AND_SYNC(launch_topk_positions(p, nullptr));
+  KVRET_LAUNCH_AND_SYNC(launch_topk_positions(p, nullptr, path));
 
   const auto positions = d_positions.download();
   const auto counts = d_counts.download();
@@ -79,6 +81,11 @@ void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t strid
       }
     }
   }
+}
+
+void run_case(const TopkCase& c, const std::vector<float>& scores, int64_t stride) {
+  run_case_on(c, scores, stride, TopkPath::kAuto);
+  run_case_on(c, scores, stride, TopkPath::kBlocks);
 }
 
 std::vector<float> normal_scores(size_t n, uint64_t seed) { return random_normal<float>(n, seed); }
@@ -142,6 +149,26 @@ TEST_F(TopkSelectTest, SoftmaxLikeScoresAt128kTokens) {
 TEST_F(TopkSelectTest, ZeroBudgetWritesNothing) {
   const TopkCase c{3, {100}, {}, 0};
   run_case(c, normal_scores(3 * 100, 16), 100);
+}
+
+TEST_F(TopkSelectTest, ClustersExactlyWhereTheDeviceCodeHasThem) {
+  int device = 0;
+  int major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  bool clusters = true;
+  ASSERT_EQ(topk_uses_clusters(&clusters), cudaSuccess);
+  if (major < 9) {
+    EXPECT_FALSE(clusters) << "a device without thread-block clusters";
+  }
+  EXPECT_EQ(topk_uses_clusters(nullptr), cudaErrorInvalidValue);
+}
+
+TEST_F(TopkSelectTest, UnknownPathIsRefused) {
+  TopkParams p;
+  p.n_seqs = 0;
+  p.n_kv_heads = 1;
+  EXPECT_EQ(launch_topk_positions(p, nullptr, static_cast<TopkPath>(7)), cudaErrorInvalidValue);
 }
 
 }  // namespace
