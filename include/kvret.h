@@ -495,7 +495,12 @@ typedef struct kvret_seq kvret_seq;
 typedef struct kvret_stream_opaque* kvret_stream;
 
 /** Creates a context from *config (NULL = defaults). Validates the whole config; on failure *out is NULL.
- *  KVRET_ERR_OUT_OF_MEMORY also when the context's background build thread cannot be started. */
+ *  KVRET_ERR_OUT_OF_MEMORY also when the context's background build thread cannot be started. With device_type
+ *  KVRET_DEVICE_CUDA it reads the device's compute capability M.m and refuses, with KVRET_ERR_UNSUPPORTED and a
+ *  message naming its sm_Mm and the architectures this library was built for, a device it has no code for: code is
+ *  there when real code (SASS) for sm_Xy with X == M and y <= m is embedded (sm_Xya: only M.m == X.y), or PTX for
+ *  compute_Xy with X.y <= M.m, which the driver compiles at the first load. The default build carries sm_80, sm_89,
+ *  sm_90 and sm_100 and PTX for compute_100: every device of compute capability 8.0 or newer. */
 KVRET_API kvret_status kvret_create(const kvret_config* config, kvret_context** out);
 /** Waits for background work, closes every open sequence and frees the context. NULL is a no-op (KVRET_OK). */
 KVRET_API kvret_status kvret_destroy(kvret_context* ctx);

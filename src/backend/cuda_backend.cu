@@ -33,6 +33,7 @@
 #include "backend/block_cache_ops.hpp"
 #include "backend/cluster_build_ops.hpp"
 #include "backend/cluster_select_ops.hpp"
+#include "backend/cuda_arch.hpp"
 #include "backend/cuda_backend.hpp"
 #include "backend/device_math.hpp"
 #include "backend/exact_select_ops.hpp"
@@ -2968,6 +2969,18 @@ std::unique_ptr<Backend> make_cuda_backend(const kvret_config& config) {
   require(config.device_id >= 0 && config.device_id < devices, KVRET_ERR_CUDA,
           "config.device_id " + std::to_string(config.device_id) + ": there are " + std::to_string(devices) +
               " CUDA devices");
+#if KVRET_ON_GPU
+  // A device the build has no code for (neither real code of its family nor PTX it can compile) would fail every
+  // kernel launch: refused here, naming its sm_XY and the architectures built (cuda_arch.hpp).
+  cudaDeviceProp props{};
+  check_cuda(cudaGetDeviceProperties(&props, config.device_id),
+             "cudaGetDeviceProperties(" + std::to_string(config.device_id) + ")");
+  props.name[sizeof(props.name) - 1] = '\0';
+  const std::string why =
+      cuda_arch::check_device(props.major, props.minor, cuda_arch::built_arch_list(),
+                              "config.device_id " + std::to_string(config.device_id) + " (" + props.name + ")");
+  require(why.empty(), KVRET_ERR_UNSUPPORTED, why);
+#endif
   return std::make_unique<CudaBackend>(config);
 }
 
