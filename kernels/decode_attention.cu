@@ -24,6 +24,27 @@ int64_t n_splits(const DecodeAttentionParams& p, int64_t rows_per_split) {
   return std::max<int64_t>(1, ceil_div(p.max_rows, rows_per_split));
 }
 
+/// Whether the current device gives the chunk kernel its static and dynamic shared memory in one block. Devices of
+/// compute capability 8.6 and 8.9 allow 99 KiB, less than head_dim 256 with f32 keys and values takes (148 KiB);
+/// 8.0 allows 163 KiB, 9.0 and 10.0 227 KiB. False when the device cannot be asked.
+bool fits_device(const DecodeAttentionParams& p) noexcept {
+  using namespace attention_detail;
+  const size_t static_bytes = p.head_dim == 64    ? kChunkStaticSmemBytes<64>
+                              : p.head_dim == 128 ? kChunkStaticSmemBytes<128>
+                                                  : kChunkStaticSmemBytes<256>;
+  const size_t bytes =
+      static_bytes + math::attention_kv_smem_bytes(p.head_dim, static_cast<int32_t>(elem_size(p.kv_type)));
+  if (bytes <= 48 * 1024) return true;  // every device
+  int device = 0;
+  int optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return bytes <= static_cast<size_t>(optin);
+}
+
 }  // namespace
 
 int32_t decode_attention_rows_per_split(const DecodeAttentionParams& params) noexcept {
@@ -35,7 +56,7 @@ int32_t decode_attention_rows_per_split(const DecodeAttentionParams& params) noe
 }
 
 size_t decode_attention_workspace_bytes(const DecodeAttentionParams& params) noexcept {
-  if (!valid(params) || params.n_seqs == 0) return 0;
+  if (!valid(params) || params.n_seqs == 0 || !fits_device(params)) return 0;
   const auto slots = static_cast<size_t>(params.n_seqs) * static_cast<size_t>(params.n_q_heads) *
                      static_cast<size_t>(n_splits(params, decode_attention_rows_per_split(params)));
   const size_t out_bytes = (slots * static_cast<size_t>(params.head_dim) * sizeof(float) + 255) / 256 * 256;

@@ -42,7 +42,9 @@ inline constexpr int32_t kDecodeAttentionMaxGroup = 16;
 /// Rows per chunk the launcher uses for `params` (resolves rows_per_split == 0).
 int32_t decode_attention_rows_per_split(const DecodeAttentionParams& params) noexcept;
 
-/// Device workspace of launch_decode_attention: the partial results of every chunk.
+/// Device workspace of launch_decode_attention: the partial results of every chunk. 0 for params it does not take,
+/// and where the current device cannot give one block the chunk kernel's shared memory (head_dim 256 with f32 keys
+/// and values needs 148 KiB: not on compute capability 8.6 or 8.9, which allow 99 KiB).
 size_t decode_attention_workspace_bytes(const DecodeAttentionParams& params) noexcept;
 
 /// Enqueues the attention on `stream` (two kernels: the chunks, then the merge).
