@@ -8,6 +8,9 @@ cache, then with a KvretCache (--index, --budget as a share of the context), for
 processor stamps the time of every step: the prefill is the time to the first step's logits, decode tokens/s counts
 the steps after the first. kvret's share is the time inside kvret's calls (appends and kvret_seq_attend over every
 full-attention layer) during those decode steps, over their wall time. Prints a Markdown table.
+
+--threads sets torch's thread count; --kvret-first swaps the order of the two runs at every length, to check that
+the order does not favour either cache.
 """
 import argparse
 import os
@@ -64,6 +67,8 @@ def main():
     ap.add_argument("--index", default="pq")
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    ap.add_argument("--kvret-first", action="store_true",
+                    help="run generate() with the KvretCache before the default cache at every length")
     args = ap.parse_args()
 
     import torch
@@ -82,11 +87,14 @@ def main():
     for length in (int(x) for x in args.lengths.split(",")):
         inputs = hf_models.pass_key_prompt(tokenizer, length)
         n = inputs["input_ids"].shape[1]
-        default = run(model, inputs, args.new_tokens, None)
+        if not args.kvret_first:
+            default = run(model, inputs, args.new_tokens, None)
         cache = kvret.hf.KvretCache(model, index_kind=args.index, budget_ratio=args.budget)
         ours = run(model, inputs, args.new_tokens, cache)
         layers = f"{len(cache.kvret_layers)}/{len(cache.layers)}"
         cache.close()
+        if args.kvret_first:
+            default = run(model, inputs, args.new_tokens, None)
         same = sum(a == b for a, b in zip(ours["tokens"], default["tokens"])) / len(default["tokens"])
         rows.append((n, layers, default, ours, same))
         print(f"{args.model} {n} tokens: default {default['tps']:.2f} tok/s, kvret {ours['tps']:.2f} tok/s, "
