@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cuda_arch.hpp"
 #include "gpu_test_util.h"
 #include "select/topk.hpp"
 #include "topk_select.h"
@@ -160,6 +161,13 @@ TEST_F(TopkSelectTest, ClustersExactlyWhereTheDeviceCodeHasThem) {
   ASSERT_EQ(topk_uses_clusters(&clusters), cudaSuccess);
   if (major < 9) {
     EXPECT_FALSE(clusters) << "a device without thread-block clusters";
+  }
+  std::vector<cuda_arch::ArchEntry> built;
+  ASSERT_TRUE(cuda_arch::parse_arch_list(cuda_arch::built_arch_list(), built));
+  const bool sm90_code =
+      std::any_of(built.begin(), built.end(), [](const cuda_arch::ArchEntry& e) { return e.sass && e.arch == 90; });
+  if (major == 9 && sm90_code) {
+    EXPECT_TRUE(clusters) << "an sm_90 device running the build's sm_90 code";
   }
   EXPECT_EQ(topk_uses_clusters(nullptr), cudaErrorInvalidValue);
 }
