@@ -10,28 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-static int failures = 0;
-static int checks = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    ++checks;                                                                  \
-    if (!(cond)) {                                                             \
-      ++failures;                                                              \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                          \
-  } while (0)
-
-#define CHECK_OK(call)                                                                             \
-  do {                                                                                             \
-    kvret_status s_ = (call);                                                                      \
-    ++checks;                                                                                      \
-    if (s_ != KVRET_OK) {                                                                          \
-      ++failures;                                                                                  \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvret_status_string(s_), \
-              kvret_last_error());                                                                 \
-    }                                                                                              \
-  } while (0)
+#include "c_check.h"
 
 /* KVRET_TEST_DEVICE=cuda runs the program against the CUDA backend: in a build on Thrust's OpenMP host system, where
  * device memory is host memory, or, built with KVRET_TEST_CUDA_RUNTIME (target test_c_api_managed), on a GPU with

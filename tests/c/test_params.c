@@ -6,30 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "kvret.h"
-
-static int failures = 0;
-static int checks = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    ++checks;                                                                  \
-    if (!(cond)) {                                                             \
-      ++failures;                                                              \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                          \
-  } while (0)
-
-#define CHECK_OK(call)                                                                             \
-  do {                                                                                             \
-    kvret_status s_ = (call);                                                                      \
-    ++checks;                                                                                      \
-    if (s_ != KVRET_OK) {                                                                          \
-      ++failures;                                                                                  \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvret_status_string(s_), \
-              kvret_last_error());                                                                 \
-    }                                                                                              \
-  } while (0)
 
 /* A small model, so that every context here is cheap. */
 static void small_config(kvret_config* c) {
