@@ -99,21 +99,24 @@ _FIELD_TYPES = {
 }
 
 
-def _field_value(name, value):
+def _field_value(name, value, shown=None):
+    """The C value of flat field `name` (an enumerated one also by name); `shown` names it in messages (a group's
+    field as pq.m), default `name`."""
+    shown = shown or name
     names = _ENUM_NAMES.get(name)
     if names is not None and isinstance(value, str):
         try:
             return names[value.lower()]
         except KeyError:
-            raise ValueError(f"kvret: {name} must be one of {sorted(names)} (or its number), not {value!r}") from None
-    return _args.config_field(value, name, _FIELD_TYPES.get(name))
+            raise ValueError(f"kvret: {shown} must be one of {sorted(names)} (or its number), not {value!r}") from None
+    return _args.config_field(value, shown, _FIELD_TYPES.get(name))
 
 
-def _set(config, name, value):
+def _set(struct, name, value, shown=None):
     try:
-        setattr(config, name, value)
+        setattr(struct, name, value)
     except (TypeError, OverflowError, ValueError):  # a field of a type _args does not know: SWIG checked it
-        raise TypeError(f"kvret: {value!r} is not a valid value of the config field {name}") from None
+        raise TypeError(f"kvret: {value!r} is not a valid value of the config field {shown or name}") from None
 
 
 def _parse_device(device):
@@ -173,21 +176,8 @@ def _group(group, value):
     for name, field_value in _group_items(group, value):
         if name not in GROUPS[group]:
             raise TypeError(_unknown_group_field(group, name))
-        flat = prefix + name
-        names = _ENUM_NAMES.get(flat)
-        if names is not None and isinstance(field_value, str):
-            try:
-                field_value = names[field_value.lower()]
-            except KeyError:
-                raise ValueError(
-                    f"kvret: {group}.{name} must be one of {sorted(names)} (or its number), not {field_value!r}"
-                ) from None
-        else:
-            field_value = _args.config_field(field_value, f"{group}.{name}", _FIELD_TYPES.get(flat))
-        try:
-            setattr(params, name, field_value)
-        except (TypeError, OverflowError, ValueError):
-            raise TypeError(f"kvret: {field_value!r} is not a valid value of the config field {group}.{name}") from None
+        shown = f"{group}.{name}"
+        _set(params, name, _field_value(prefix + name, field_value, shown), shown)
     return params
 
 
