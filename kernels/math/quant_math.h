@@ -11,13 +11,15 @@
 //   kivi_key_block_logits calls);
 // - the SUM_PROB fold's softmax over tokens (token_softmax_terms: select/gqa_fold.cpp's unweighted fold, which the
 //   CUDA backend's QUANT select uses with page_math.h's fold steps);
-// - quantized attention's output rule (QuantRetriever::attend_dense), accumulated in double: an exact logit
-//   (scale * sum q_i k_i, summed in channel order), a low-bit logit rescaled to the softmax's scale, a token's weight
-//   e^(l - max), and the weighted sums.
+// - quantized attention's output rule (QuantRetriever::attend_dense): the exact rows (sink, local, selected) by the
+//   blocked decode attention (attend_math.h), joined in double to the other tokens' terms: an exact logit (scale *
+//   sum q_i k_i, summed in channel order) for a candidate, a low-bit logit rescaled to the softmax's scale otherwise,
+//   a token's weight e^(l - max), and the weighted sums.
 // A group's lo and hi arrive as f32 (the callers decode the stored f16 bits: core/half.hpp on the host,
 // backend/device_math.hpp on the device; both are exact).
 #include <cmath>
 
+#include "attend_math.h"
 #include "page_math.h"
 
 namespace kvret::cuda::math {
@@ -163,14 +165,17 @@ KVRET_HD double quant_exact_logit(const float* q, const float* key, int d, float
   return dmul_rn(s, static_cast<double>(scale));
 }
 
-/// A token's weight against its head's maximum logit: e^(l - max). Host and device each use their own exp (the
-/// host's std::exp; the device's exp, within 1 ulp): the one operation of the rule not bit-identical across them.
-KVRET_HD double quant_weight(double l, double max) {
-#if defined(__CUDA_ARCH__)
-  return ::exp(l - max);
-#else
-  return std::exp(l - max);
-#endif
+/// A token's weight against its head's maximum logit: e^(l - max) (attend_dexp). Host and device each use their own
+/// exp (the host's std::exp; the device's exp, within 1 ulp): with the exact rows' merge, the one operation of the
+/// rule not bit-identical across them.
+KVRET_HD double quant_weight(double l, double max) { return attend_dexp(l, max); }
+
+/// The share of the exact rows' attention (their largest score exact_max, attend_head's normaliser and weighted
+/// values, relative to it) in a head whose largest logit over every token is max (>= exact_max): e^(exact_max - max),
+/// 0 without an exact row. The normaliser and each weighted sum start at share * the exact rows' ones, then take the
+/// other tokens' terms in position order.
+KVRET_HD double quant_exact_share(double exact_max, double max) {
+  return exact_max == -static_cast<double>(pos_inf()) ? 0.0 : quant_weight(exact_max, max);
 }
 
 /// acc + w * v, the weighted sum's step (also the normaliser's, with v = 1).

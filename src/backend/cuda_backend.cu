@@ -1921,9 +1921,12 @@ class CudaBackend final : public Backend {
       rows = std::max(rows, exact);
     }
     std::vector<uint8_t> exact_value(static_cast<size_t>(heads * rows), 0);
+    std::vector<int32_t> exact_row(static_cast<size_t>(heads * rows), 0), exact_count(static_cast<size_t>(heads), 0);
     std::vector<dm::RowCopy> copies;  // the exact rows, read from the pinned pages on the device
+    int64_t spans = 1;
     for (int64_t h = 0; h < heads; ++h) {
       int32_t next = 0;
+      int32_t& exact_rows = exact_count[static_cast<size_t>(h)];
       for (int64_t t = 0; t < n; ++t) {
         const uint8_t k = kind[static_cast<size_t>(h * n + t)];
         if (k == 0) {
@@ -1931,30 +1934,50 @@ class CudaBackend final : public Backend {
           continue;
         }
         exact_value[static_cast<size_t>(h * rows + next)] = k == 2 ? 1 : 0;
+        if (k == 2) exact_row[static_cast<size_t>(h * rows + exact_rows++)] = next;
         copies.push_back({store.key_row(static_cast<int>(h), t), store.value_row(static_cast<int>(h), t), h, next,
                           static_cast<int32_t>(t)});
         slot[static_cast<size_t>(h * n + t)] = next++;
       }
+      const int64_t span = cuda::math::attend_span_rows(exact_rows);
+      spans = std::max(spans, (exact_rows + span - 1) / span);
     }
-    const DeviceArray<int32_t> slot_d(slot.size(), stream);
+    const DeviceArray<int32_t> slot_d(slot.size(), stream), exact_row_d(exact_row.size(), stream),
+        exact_count_d(exact_count.size(), stream);
     const DeviceArray<uint8_t> exact_value_d(exact_value.size(), stream);
     const DeviceArray<float> keys_d(static_cast<size_t>(heads * rows * d), stream), values_d(keys_d.size(), stream);
     const DeviceArray<dm::RowCopy> copies_d(copies.size(), stream);
     copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
+    copy_bytes(exact_row_d.get(), exact_row.data(), exact_row.size() * sizeof(int32_t), stream, false);
+    copy_bytes(exact_count_d.get(), exact_count.data(), exact_count.size() * sizeof(int32_t), stream, false);
     copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
     copy_bytes(copies_d.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
     for_each_index(stream, threads, static_cast<int64_t>(copies.size()) * d,
                    dm::QuantExactLoad{copies_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows,
                                       static_cast<int32_t>(store.dtype()), d});
-    const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows};
-    // the logits, the weights and the output
+    const dm::QuantExactRows x{slot_d.get(), exact_value_d.get(), keys_d.get(),        values_d.get(),
+                               rows,         exact_row_d.get(),   exact_count_d.get(), spans};
+    // the exact rows: attend's spans (scores, the online softmax's steps, the weighted values)
+    const DeviceArray<float> weights(static_cast<size_t>(q_heads * rows), stream),
+        alpha(static_cast<size_t>(q_heads * dm::QuantExactState::blocks(rows)), stream),
+        span_max(static_cast<size_t>(q_heads * spans), stream),
+        span_acc(static_cast<size_t>(q_heads * spans * d), stream);
+    const DeviceArray<double> span_sum(span_max.size(), stream), exact_max(static_cast<size_t>(q_heads), stream),
+        share(exact_max.size(), stream);
+    const DeviceArray<uint8_t> nan(exact_max.size(), stream);
+    const dm::QuantExactState st{weights.get(),  alpha.get(),     span_max.get(), span_sum.get(),
+                                 span_acc.get(), exact_max.get(), share.get(),    nan.get()};
+    for_each_index(stream, threads, q_heads * rows, dm::QuantExactScores{x, st, q.get(), d, group, job.scale});
+    for_each_index(stream, threads, q_heads * spans, dm::QuantExactSpans{x, st, group});
+    for_each_index(stream, threads, q_heads * spans * d, dm::QuantExactValues{x, st, d, group});
+    // the other tokens' logits, the weights and the output
     const DeviceArray<double> logits(static_cast<size_t>(q_heads * n), stream), z(static_cast<size_t>(q_heads), stream);
     for_each_index(stream, threads, q_heads * n,
                    dm::QuantAttendLogits{x, q.get(), low.get(), logits.get(), n, begin, middle, d, group, job.scale,
                                          cuda::math::quant_rescale(job.scale, select_scale)});
-    for_each_index(stream, threads, q_heads, dm::QuantAttendWeights{logits.get(), z.get(), n});
+    for_each_index(stream, threads, q_heads, dm::QuantAttendWeights{x, st, logits.get(), z.get(), n, group});
     for_each_index(stream, threads, q_heads * d,
-                   dm::QuantAttendOutput{l, x, logits.get(), z.get(), device_tensor(*job.out), n, begin, group});
+                   dm::QuantAttendOutput{l, x, st, logits.get(), z.get(), device_tensor(*job.out), n, begin, group});
     *key_rows = key_only;
     return true;  // the temporaries are freed in stream order after the passes
   }

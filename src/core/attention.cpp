@@ -12,6 +12,7 @@
 #include "core/half.hpp"
 #include "core/parallel.hpp"
 #include "core/vec_math.hpp"
+#include "math/attend_math.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -44,15 +45,14 @@ AttendIsa attend_isa() noexcept {
   return cpu_has_avx512f() ? AttendIsa::kAvx512 : AttendIsa::kAvx2;
 }
 
-int64_t attend_span_rows(int64_t rows) noexcept {
-  const int64_t spread = (rows + kAttendMaxSpans - 1) / kAttendMaxSpans;
-  const int64_t blocks = (spread + kAttendBlockRows - 1) / kAttendBlockRows;
-  return std::max<int64_t>(kAttendMinSpanRows, blocks * kAttendBlockRows);
-}
+int64_t attend_span_rows(int64_t rows) noexcept { return cuda::math::attend_span_rows(rows); }
 
 namespace {
 
-// The arithmetic every path shares, element by element, so that all of them give the same bits:
+namespace am = cuda::math;
+
+// The arithmetic every path shares (kernels/math/attend_math.h, which the CUDA backend's quantized attention runs),
+// element by element, so that all of them give the same bits:
 // - a score is scale * (q . k) with q . k summed as dot() does: eight lanes (lane l takes the elements i = l mod 8
 //   of the multiple-of-8 prefix, each a multiply then an add, no FMA), reduced as ((0+4)+(1+5))+((2+6)+(3+7)),
 //   then the tail elements in order;
@@ -115,7 +115,7 @@ void values_scalar(const Block& b, const std::byte* v0, int64_t v_stride, int64_
     for (int j = 0; j < b.group; ++j) {
       const float w = b.p[j * kAttendBlockRows + r];
       float* a = b.acc + j * d;
-      for (int t = 0; t < d; ++t) a[t] += w * row[t];
+      for (int t = 0; t < d; ++t) a[t] = am::attend_accumulate(a[t], w, row[t]);
     }
   }
 }
@@ -374,30 +374,6 @@ __attribute__((target("avx512f"))) void values_avx512(const Block& b, const std:
 }
 #endif
 
-/// The largest of n scores, or NaN when one of them is NaN (the order of a max does not matter, and a +0/-0 tie
-/// changes no weight, so every path may take it in its own order).
-inline float block_max_scalar(const float* p, int64_t n) noexcept {
-  float mx = -INFINITY;
-  bool nan = false;
-  for (int64_t r = 0; r < n; ++r) {
-    nan = nan || p[r] != p[r];
-    mx = p[r] > mx ? p[r] : mx;
-  }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : mx;
-}
-
-/// p[r] = exp_nonpositive(p[r] - mx) for r < n; returns their sum as dot() sums: eight lanes over the
-/// multiple-of-8 prefix (lane r mod 8), reduced ((0+4)+(1+5))+((2+6)+(3+7)), then the tail in order.
-inline float block_weights_scalar(float* p, int64_t n, float mx) noexcept {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t r = 0;
-  for (; r + 8 <= n; r += 8)
-    for (int i = 0; i < 8; ++i) lane[i] += (p[r + i] = exp_nonpositive(p[r + i] - mx));
-  float sum = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
-  for (; r < n; ++r) sum += (p[r] = exp_nonpositive(p[r] - mx));
-  return sum;
-}
-
 #ifdef KVRET_ATTEND_X86
 /// exp_nonpositive of eight lanes: its operations in its order, so its bits.
 __attribute__((target("avx2"))) inline __m256 exp_nonpositive8(__m256 x) noexcept {
@@ -431,7 +407,7 @@ __attribute__((target("avx2"))) inline float block_max_avx2(const float* p, int6
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, mx);
-  const float tail = block_max_scalar(p + r, n - r);
+  const float tail = am::attend_block_max(p + r, n - r);
   if (_mm256_movemask_ps(nan) != 0 || tail != tail) return std::numeric_limits<float>::quiet_NaN();
   float m = tail;
   for (const float x : lanes) m = x > m ? x : m;
@@ -489,24 +465,14 @@ void attend_span(Block b, const std::byte* k0, int64_t k_stride, const std::byte
     for (int j = 0; j < g; ++j) {
       float* p = b.p + j * kAttendBlockRows;
 #ifdef KVRET_ATTEND_X86
-      const float bm = isa != AttendIsa::kScalar ? block_max_avx2(p, n) : block_max_scalar(p, n);
-#else
-      const float bm = block_max_scalar(p, n);
-#endif
-      const float mx = m[j] != m[j] || bm != bm ? std::numeric_limits<float>::quiet_NaN() : std::max(m[j], bm);
-      if (mx == -INFINITY) {  // every score so far is -inf: no weight yet
-        alpha[j] = 1.0f;
-        std::fill(p, p + n, 0.0f);
+      if (isa != AttendIsa::kScalar) {
+        alpha[j] = am::attend_block_step(
+            p, n, &m[j], &l[j], [](const float* x, int64_t c) { return block_max_avx2(x, c); },
+            [](float* x, int64_t c, float mx) { return block_weights_avx2(x, c, mx); });
         continue;
       }
-      alpha[j] = exp_nonpositive(m[j] - mx);  // 0 for m = -inf, NaN once a score was NaN
-      m[j] = mx;
-#ifdef KVRET_ATTEND_X86
-      const float sum = isa != AttendIsa::kScalar ? block_weights_avx2(p, n, mx) : block_weights_scalar(p, n, mx);
-#else
-      const float sum = block_weights_scalar(p, n, mx);
 #endif
-      l[j] = l[j] * static_cast<double>(alpha[j]) + static_cast<double>(sum);
+      alpha[j] = am::attend_block_step(p, n, &m[j], &l[j]);
     }
     const int64_t next = std::min<int64_t>(kAttendBlockRows, rows - r0 - n);
     if (next > 0) prefetch_rows(kb + n * k_row_bytes, k_row_bytes, next, d_bytes_k);  // the next block's keys
@@ -549,8 +515,27 @@ SpanFn span_fn(DType tk, DType tv) noexcept {
 
 /// A work item's scratch, kept by its thread between calls: bounded by the group size and head_dim.
 struct SpanScratch {
-  std::vector<float> q, p, row, alpha;
+  std::vector<float> q, p, row, alpha, part_acc, part_m;
+  std::vector<double> part_l;
 };
+
+/// Merges one query head's n_spans span results (maximum m[s * stride], sum l[s * stride], accumulator
+/// acc + s * acc_stride [d]) in span order, in double (attend_math.h's merge): *total the normaliser and sum [d, zeroed
+/// by the caller] the output times it, relative to the largest maximum, which is returned; *nan when a span's maximum
+/// is NaN.
+double merge_spans(const float* m, const double* l, int64_t stride, const float* acc, size_t acc_stride,
+                   int64_t n_spans, int d, double* total, double* sum, bool* nan) noexcept {
+  const double mx = am::attend_merge_max(m, n_spans, stride, nan);
+  for (int64_t sp = 0; sp < n_spans && !*nan; ++sp) {
+    const float mi = m[sp * stride];
+    if (mi == -INFINITY) continue;  // no weight in this span
+    const double w = am::attend_span_weight(mi, mx);
+    *total = am::attend_merge_add(*total, w, l[sp * stride]);
+    const float* a = acc + static_cast<size_t>(sp) * acc_stride;
+    for (int t = 0; t < d; ++t) sum[t] = am::attend_merge_add(sum[t], w, static_cast<double>(a[t]));
+  }
+  return mx;
+}
 
 }  // namespace
 
@@ -597,27 +582,50 @@ void attend(const kvret_config& config, const TensorView& q, const TensorView& k
     thread_local std::vector<float> result;
     sum.assign(static_cast<size_t>(d), 0.0);
     result.resize(static_cast<size_t>(d));
-    double mx = -INFINITY, total = 0.0;
+    double total = 0.0;
     bool nan = false;
-    for (int64_t sp = 0; sp < n_spans; ++sp) {
-      const float mi = part_m[static_cast<size_t>((kv * n_spans + sp) * group + j)];
-      nan = nan || mi != mi;
-      mx = std::max(mx, static_cast<double>(mi));
-    }
-    for (int64_t sp = 0; sp < n_spans && !nan; ++sp) {
-      const size_t at = static_cast<size_t>((kv * n_spans + sp) * group + j);
-      if (part_m[at] == -INFINITY) continue;  // no weight in this span
-      const double w = std::exp(static_cast<double>(part_m[at]) - mx);
-      total += w * part_l[at];
-      const float* a = part_acc.data() + at * static_cast<size_t>(d);
-      for (int t = 0; t < d; ++t) sum[static_cast<size_t>(t)] += w * static_cast<double>(a[t]);
-    }
+    merge_spans(part_m.data() + kv * n_spans * group + j, part_l.data() + kv * n_spans * group + j, group,
+                part_acc.data() + static_cast<size_t>(kv * n_spans * group + j) * d, gd, n_spans, d, &total, sum.data(),
+                &nan);
     for (int t = 0; t < d; ++t)
       result[static_cast<size_t>(t)] =
           nan ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(sum[static_cast<size_t>(t)] / total);
     convert_row(reinterpret_cast<const std::byte*>(result.data()), DType::F32, out.at({h}), out.dtype(),
                 static_cast<size_t>(d));
   });
+}
+
+void attend_head(const float* q, int group, int d, float scale, const std::byte* k, DType tk, const std::byte* v,
+                 DType tv, int64_t rows, AttendIsa isa, double* max, double* total, double* sum, bool* nan) {
+  isa = std::min(isa, attend_isa());
+  const size_t gd = static_cast<size_t>(group) * static_cast<size_t>(d);
+  std::fill(sum, sum + gd, 0.0);
+  std::fill(total, total + group, 0.0);
+  std::fill(nan, nan + group, false);
+  std::fill(max, max + group, -static_cast<double>(INFINITY));
+  if (rows <= 0) return;
+  const int64_t span = attend_span_rows(rows);
+  const int64_t n_spans = (rows + span - 1) / span;
+  thread_local SpanScratch scratch;  // bounded by kAttendMaxSpans, the group and head_dim
+  scratch.p.resize(static_cast<size_t>(group) * kAttendBlockRows);
+  scratch.row.resize(static_cast<size_t>(d));
+  scratch.alpha.resize(static_cast<size_t>(group));
+  scratch.part_acc.resize(static_cast<size_t>(n_spans) * gd);
+  scratch.part_m.resize(static_cast<size_t>(n_spans * group));
+  scratch.part_l.resize(static_cast<size_t>(n_spans * group));
+  const SpanFn fn = span_fn(tk, tv);
+  const auto row_bytes = [d](DType t) { return static_cast<int64_t>(d) * static_cast<int64_t>(dtype_size(t)); };
+  for (int64_t sp = 0; sp < n_spans; ++sp) {
+    const int64_t r0 = sp * span;
+    Block b{q, group, d, scale, scratch.p.data(), nullptr, scratch.part_acc.data() + static_cast<size_t>(sp) * gd};
+    fn(b, k + r0 * row_bytes(tk), d, v + r0 * row_bytes(tv), d, std::min(span, rows - r0), isa,
+       scratch.part_m.data() + sp * group, scratch.part_l.data() + sp * group, scratch.alpha.data(),
+       scratch.row.data());
+  }
+  for (int j = 0; j < group; ++j)
+    max[j] = merge_spans(scratch.part_m.data() + j, scratch.part_l.data() + j, group,
+                         scratch.part_acc.data() + static_cast<size_t>(j) * d, gd, n_spans, d, total + j,
+                         sum + static_cast<size_t>(j) * d, nan + j);
 }
 
 }  // namespace kvret

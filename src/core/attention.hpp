@@ -21,6 +21,7 @@
 
 #include "core/tensor_view.hpp"
 #include "kvret.h"
+#include "math/attend_math.h"
 
 namespace kvret {
 
@@ -30,11 +31,11 @@ enum class AttendIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 /// The widest path this CPU (AVX2 with F16C, AVX-512F) and KVRET_MAX_CPU_ISA allow.
 AttendIsa attend_isa() noexcept;
 
-/// Rows per block of a work item: the scores of one block for the whole group are kept in the scratch.
-constexpr int64_t kAttendBlockRows = 64;
-/// The fewest rows of a span, and the most spans of one KV head.
-constexpr int64_t kAttendMinSpanRows = 512;
-constexpr int64_t kAttendMaxSpans = 64;
+/// Rows per block of a work item: the scores of one block for the whole group are kept in the scratch; the fewest
+/// rows of a span, and the most spans of one KV head (kernels/math/attend_math.h, the arithmetic's single source).
+constexpr int64_t kAttendBlockRows = cuda::math::kAttendBlockRows;
+constexpr int64_t kAttendMinSpanRows = cuda::math::kAttendMinSpanRows;
+constexpr int64_t kAttendMaxSpans = cuda::math::kAttendMaxSpans;
 
 /// The rows of each span of a KV head for `rows` rows (the last span may be shorter): a multiple of
 /// kAttendBlockRows, at least kAttendMinSpanRows, and large enough for at most kAttendMaxSpans spans.
@@ -57,5 +58,13 @@ void attend(const kvret_config& config, const TensorView& q, const TensorView& k
 /// attend on the path `isa` (narrowed to attend_isa()): the same bits as every other path.
 void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
             float scale, const TensorView& out, int n_threads, AttendIsa isa);
+
+/// One KV head's attention over `rows` contiguous rows (k and v: row r at element r * head_dim, of dtype tk / tv)
+/// for its `group` query heads q [group, d] (f32, scale as given), left unnormalised: attend's spans and merge on the
+/// calling thread, for quantized attention's exact rows. Per query head j: max[j] the largest score (double; -inf
+/// for rows = 0), total[j] the softmax's normaliser and sum [j * d, +d) the weighted values, both relative to
+/// max[j], and nan[j] where attend writes NaN (a NaN score). attend's output is sum / total.
+void attend_head(const float* q, int group, int d, float scale, const std::byte* k, DType tk, const std::byte* v,
+                 DType tv, int64_t rows, AttendIsa isa, double* max, double* total, double* sum, bool* nan);
 
 }  // namespace kvret

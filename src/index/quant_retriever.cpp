@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <string>
 
+#include "core/attention.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
@@ -47,6 +50,7 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
   // the rule's arithmetic is kernels/math/quant_math.h's (the CUDA backend compiles it too)
   namespace qm = cuda::math;
   const double rescale = qm::quant_rescale(scale, select_scale);
+  const AttendIsa isa = attend_isa();
   std::vector<int64_t> key_only(static_cast<size_t>(n_kv_), 0);
   parallel_for(n_kv_, n_threads, n * group >= kParallelTokens, Schedule::kDynamic, [&](int64_t h_i) {
     const auto h = static_cast<int>(h_i);
@@ -65,33 +69,55 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
       k = 2;
     }
     key_only[static_cast<size_t>(h)] += candidates;
-    // the logits, then the softmax's weights and values in position order
-    std::vector<double> logit(static_cast<size_t>(group) * n), m(static_cast<size_t>(group), -INFINITY);
-    std::vector<float> key(static_cast<size_t>(d_)), value(static_cast<size_t>(d_));
+    // the exact rows (sink, local, selected) in position order, through attend's blocked attention (attend_head)
+    const auto exact = [&](int64_t t) { return t < begin || t >= end || kind[static_cast<size_t>(t - begin)] == 2; };
+    const size_t row_bytes = store.row_bytes();
+    thread_local std::vector<std::byte> exact_k, exact_v;  // kept by the thread: reused from call to call
+    int64_t rows = 0;
+    for (int64_t t = 0; t < n; ++t) rows += exact(t);
+    exact_k.resize(static_cast<size_t>(rows) * row_bytes);
+    exact_v.resize(exact_k.size());
+    rows = 0;
     for (int64_t t = 0; t < n; ++t) {
-      const bool middle_token = t >= begin && t < end;
-      const uint8_t k = middle_token ? kind[static_cast<size_t>(t - begin)] : 2;
-      if (k != 0) load_row_f32(store.key_row(h, t), store.dtype(), key.data(), static_cast<size_t>(d_));
+      if (!exact(t)) continue;
+      std::memcpy(exact_k.data() + static_cast<size_t>(rows) * row_bytes, store.key_row(h, t), row_bytes);
+      std::memcpy(exact_v.data() + static_cast<size_t>(rows) * row_bytes, store.value_row(h, t), row_bytes);
+      ++rows;
+    }
+    std::vector<double> m(static_cast<size_t>(group)), z(static_cast<size_t>(group));
+    std::vector<double> acc(static_cast<size_t>(group) * d_);
+    const std::unique_ptr<bool[]> nan(new bool[static_cast<size_t>(group)]);
+    attend_head(qh, group, d_, scale, exact_k.data(), store.dtype(), exact_v.data(), store.dtype(), rows, isa, m.data(),
+                z.data(), acc.data(), nan.get());
+    const std::vector<double> exact_max = m;
+    // the other tokens' logits: a candidate's from its exact key, the rest from the low-bit copy
+    std::vector<double> logit(static_cast<size_t>(group) * middle);
+    std::vector<float> key(static_cast<size_t>(d_)), value(static_cast<size_t>(d_));
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t k = kind[static_cast<size_t>(t - begin)];
+      if (k == 2) continue;
+      if (k == 1) load_row_f32(store.key_row(h, t), store.dtype(), key.data(), static_cast<size_t>(d_));
       for (int g = 0; g < group; ++g) {
-        double l;
-        if (k == 0) {
-          l = qm::quant_low_logit(rescale, low[static_cast<size_t>(g) * middle + (t - begin)]);
-        } else {
-          l = qm::quant_exact_logit(qh + static_cast<size_t>(g) * d_, key.data(), d_, scale);
-        }
-        logit[static_cast<size_t>(g) * n + t] = l;
+        const double l = k == 0 ? qm::quant_low_logit(rescale, low[static_cast<size_t>(g) * middle + (t - begin)])
+                                : qm::quant_exact_logit(qh + static_cast<size_t>(g) * d_, key.data(), d_, scale);
+        logit[static_cast<size_t>(g) * middle + (t - begin)] = l;
         m[static_cast<size_t>(g)] = std::max(m[static_cast<size_t>(g)], l);
       }
     }
-    std::vector<double> acc(static_cast<size_t>(group) * d_, 0.0), z(static_cast<size_t>(group), 0.0);
-    for (int64_t t = 0; t < n; ++t) {
-      const bool middle_token = t >= begin && t < end;
-      if (!middle_token || kind[static_cast<size_t>(t - begin)] == 2)
-        load_row_f32(store.value_row(h, t), store.dtype(), value.data(), static_cast<size_t>(d_));
-      else
-        head.reconstruct_value(t - begin, value.data());
+    // the softmax: the exact rows' share, then the other tokens' weights and values in position order
+    for (int g = 0; g < group; ++g) {
+      const size_t gi = static_cast<size_t>(g);
+      const double share = qm::quant_exact_share(exact_max[gi], m[gi]);
+      z[gi] = qm::dmul_rn(share, z[gi]);
+      for (int i = 0; i < d_; ++i) acc[gi * d_ + i] = qm::dmul_rn(share, acc[gi * d_ + i]);
+    }
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t k = kind[static_cast<size_t>(t - begin)];
+      if (k == 2) continue;
+      head.reconstruct_value(t - begin, value.data());
       for (int g = 0; g < group; ++g) {
-        const double w = qm::quant_weight(logit[static_cast<size_t>(g) * n + t], m[static_cast<size_t>(g)]);
+        const double w =
+            qm::quant_weight(logit[static_cast<size_t>(g) * middle + (t - begin)], m[static_cast<size_t>(g)]);
         z[static_cast<size_t>(g)] = qm::dadd_rn(z[static_cast<size_t>(g)], w);
         double* ag = acc.data() + static_cast<size_t>(g) * d_;
         for (int i = 0; i < d_; ++i) ag[i] = qm::quant_accumulate(ag[i], w, value[static_cast<size_t>(i)]);
@@ -100,7 +126,9 @@ int64_t QuantRetriever::attend_dense(const HostKvStore& store, const int32_t* co
     for (int g = 0; g < group; ++g) {
       float* o = out + static_cast<size_t>((h * group + g) * d_);
       for (int i = 0; i < d_; ++i)
-        o[i] = qm::quant_output(acc[static_cast<size_t>(g) * d_ + i], z[static_cast<size_t>(g)]);
+        o[i] = nan[static_cast<size_t>(g)]
+                   ? qm::bits_float(0x7fc00000u)
+                   : qm::quant_output(acc[static_cast<size_t>(g) * d_ + i], z[static_cast<size_t>(g)]);
     }
   });
   int64_t total = 0;

@@ -1,11 +1,13 @@
 // SpeCache's output rule (config.quant_attention): kvret_seq_attend on the quant index attends over every token,
 // the selected ones exact and the rest as the low-bit copy has them. With every middle token selected it is exact
-// attention; with 64 exact rows its error on the synthetic workload is at most half that of pure 1-bit attention;
-// a config that asks for it on another index is refused by name.
+// attention (kvret_attend's, bit for bit: the exact rows go through the blocked decode attention); with 64 exact rows
+// its error on the synthetic workload is at most half that of pure 1-bit attention; a config that asks for it on
+// another index is refused by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,6 +95,26 @@ TEST(QuantAttention, EveryMiddleTokenSelectedIsExactAttention) {
   test::expect_ok(kvret_seq_attend(seq, 0, &q.t, static_cast<int32_t>(middle), 0.0f, &out.t, nullptr));
   const std::vector<double> want = exact_attention(k.data, v.data, tokens, q.data);
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out.data[i], want[i], 1e-5) << i;
+  // and it is the CPU backend's kvret_attend (the blocked decode attention) over the rows in position order, bit for
+  // bit (on the CUDA backend too: its quantized attention runs the same arithmetic)
+  kvret_config cpu = quant_config(1);
+  cpu.device_type = KVRET_DEVICE_CPU;
+  auto cpu_ctx = test::make_context(cpu);
+  F32 qh = q, kh({kHeads, tokens, kDim}), vh({kHeads, tokens, kDim}), direct({kQHeads, kDim});
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < kHeads; ++h)
+      for (int i = 0; i < kDim; ++i) {
+        const auto from = static_cast<size_t>((t * kHeads + h) * kDim + i),
+                   to = static_cast<size_t>((h * tokens + t) * kDim + i);
+        kh.data[to] = k.data[from];
+        vh.data[to] = v.data[from];
+      }
+  for (F32* b : {std::addressof(qh), std::addressof(kh), std::addressof(vh), std::addressof(direct)}) {
+    b->refresh();
+    b->t.device = {KVRET_DEVICE_CPU, 0};
+  }
+  test::expect_ok(kvret_attend(cpu_ctx.get(), &qh.t, &kh.t, &vh.t, tokens, 0.0f, &direct.t, nullptr));
+  for (size_t i = 0; i < direct.data.size(); ++i) ASSERT_EQ(out.data[i], direct.data[i]) << i;
   test::expect_ok(kvret_seq_close(seq));
 }
 
