@@ -2,7 +2,8 @@
 // layer (32 query heads, 8 KV heads, head_dim 128, f16 keys and values, f32 q and out) over 1,024 / 3,357 / 32,768 /
 // 131,072 rows per KV head, on 1 and 2 threads (config.n_threads), beside a memcpy of the same K and V bytes on as
 // many threads: the floor a pass that reads every row once can approach. bench/attention_torch.py times PyTorch's
-// scaled_dot_product_attention on the CPU at the same sizes (BENCHMARKS.md, "CPU decode attention").
+// scaled_dot_product_attention on the CPU at the same sizes (BENCHMARKS.md, "CPU decode attention"). BM_SeqAttend
+// times kvret_seq_attend at 32k tokens, budget a tenth: EXACT's working set, and QUANT's quantized attention.
 // Run: build/bin/kvret-bench-attention [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -127,6 +128,49 @@ void BM_MemcpyKv(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(2 * bytes));
 }
 
+/// kvret_seq_attend over a prefilled sequence of range(0) tokens (the same random f16 rows), budget a tenth, on
+/// range(1) threads: range(2) = 0 the EXACT index (select, fetch of the working set, attention over it), 1 the QUANT
+/// index with quantized attention (the exact rows through the same attention, every other token from the 2-bit
+/// copy). Context and prefill are made outside the timing.
+void BM_SeqAttend(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const bool quant = state.range(2) == 1;
+  kvret_config c;
+  kvret_config_init(&c);
+  c.n_layers = 1;
+  c.n_q_heads = kQHeads;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kDim;
+  c.kv_dtype = KVRET_KV_F16;
+  c.n_threads = static_cast<int32_t>(state.range(1));
+  c.background_build = 0;
+  c.index_kind = quant ? KVRET_INDEX_QUANT : KVRET_INDEX_EXACT;
+  c.quant_attention = quant ? 1 : 0;
+  kvret_context* ctx = nullptr;
+  kvret_seq* seq = nullptr;
+  Tensor k({tokens, kKvHeads, kDim}, true), v({tokens, kKvHeads, kDim}, true), out({kQHeads, kDim}, false);
+  uint64_t s = static_cast<uint64_t>(tokens) + 7;
+  for (uint16_t& x : k.half) x = random_half(s);
+  for (uint16_t& x : v.half) x = random_half(s);
+  const Inputs& in = inputs(1024);  // its query
+  if (kvret_create(&c, &ctx) != KVRET_OK || kvret_seq_open(ctx, &seq) != KVRET_OK ||
+      kvret_append_prefill(seq, 0, &k.t, &v.t) != KVRET_OK) {
+    state.SkipWithError(kvret_last_error());
+    kvret_destroy(ctx);
+    return;
+  }
+  for (auto _ : state) {
+    if (kvret_seq_attend(seq, 0, &in.q.t, static_cast<int32_t>(tokens / 10), 0.0f, &out.t, nullptr) != KVRET_OK) {
+      state.SkipWithError(kvret_last_error());
+      break;
+    }
+    benchmark::DoNotOptimize(out.full.data());
+    benchmark::ClobberMemory();
+  }
+  kvret_seq_close(seq);
+  kvret_destroy(ctx);
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   for (const int64_t rows : {1024, 3357, 32768, 131072})
     for (const int64_t threads : {1, 2}) b->Args({rows, threads});
@@ -137,5 +181,10 @@ void Sizes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Attend)->Apply(Sizes);
 BENCHMARK(BM_MemcpyKv)->Apply(Sizes);
+BENCHMARK(BM_SeqAttend)
+    ->ArgsProduct({{32768}, {1, 2}, {0, 1}})
+    ->ArgNames({"tokens", "threads", "quant"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
