@@ -44,8 +44,10 @@ class QuantRetriever final : public Retriever {
   /// exact keys from `store`, so their logits are exact, and keep the low-bit copy's values unless selected; every
   /// other middle token is the low-bit copy's row (its logit from the packed codes as select scores it, its value
   /// dequantized). q: f32 [n_q_heads, head_dim]; out: f32 [n_q_heads, head_dim]; `group` query heads per KV head;
-  /// logits scaled by `scale`. Softmax per query head in double precision. count = 0: pure low-bit attention over the
-  /// middle. Returns the candidates read key only (not among the selected), summed over KV heads.
+  /// logits scaled by `scale`. The exact rows (sink, local, selected) are attended as attend does (attend_head: the
+  /// blocked attention in position order), joined per query head in double precision to the other tokens' terms in
+  /// position order (kernels/math/quant_math.h). count = 0: pure low-bit attention over the middle. Returns the
+  /// candidates read key only (not among the selected), summed over KV heads.
   int64_t attend_dense(const HostKvStore& store, const int32_t* const* selected, int64_t count, const float* q,
                        int group, float scale, float* out, int n_threads) const;
 
