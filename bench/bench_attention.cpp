@@ -72,10 +72,8 @@ Inputs& inputs(int64_t rows) {
   return *p;
 }
 
-/// kvret_attend: range(0) rows per KV head, range(1) threads.
-void BM_Attend(benchmark::State& state) {
-  const int64_t rows = state.range(0);
-  Inputs& in = inputs(rows);
+/// One layer of the benchmark's shape (f16 keys and values) on `threads` threads.
+kvret_config layer_config(int64_t threads) {
   kvret_config c;
   kvret_config_init(&c);
   c.n_layers = 1;
@@ -83,7 +81,15 @@ void BM_Attend(benchmark::State& state) {
   c.n_kv_heads = kKvHeads;
   c.head_dim = kDim;
   c.kv_dtype = KVRET_KV_F16;
-  c.n_threads = static_cast<int32_t>(state.range(1));
+  c.n_threads = static_cast<int32_t>(threads);
+  return c;
+}
+
+/// kvret_attend: range(0) rows per KV head, range(1) threads.
+void BM_Attend(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  Inputs& in = inputs(rows);
+  kvret_config c = layer_config(state.range(1));
   kvret_context* ctx = nullptr;
   if (kvret_create(&c, &ctx) != KVRET_OK) {
     state.SkipWithError(kvret_last_error());
@@ -135,14 +141,7 @@ void BM_MemcpyKv(benchmark::State& state) {
 void BM_SeqAttend(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const bool quant = state.range(2) == 1;
-  kvret_config c;
-  kvret_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kQHeads;
-  c.n_kv_heads = kKvHeads;
-  c.head_dim = kDim;
-  c.kv_dtype = KVRET_KV_F16;
-  c.n_threads = static_cast<int32_t>(state.range(1));
+  kvret_config c = layer_config(state.range(1));
   c.background_build = 0;
   c.index_kind = quant ? KVRET_INDEX_QUANT : KVRET_INDEX_EXACT;
   c.quant_attention = quant ? 1 : 0;
