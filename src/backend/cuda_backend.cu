@@ -65,244 +65,14 @@
 #else
 #define KVRET_ON_GPU 0
 #endif
+#include "backend/device_memory.hpp"  // after KVRET_ON_GPU
 
 namespace kvret {
 
 namespace {
 
 namespace dm = device_math;
-
-/// The host waits of every CUDA backend of the process (Backend::host_waits): a copy the host waits for, a stream or
-/// device synchronization, a reduction whose result the host reads.
-std::atomic<int64_t> g_host_waits{0};
-void note_wait() noexcept { g_host_waits.fetch_add(1, std::memory_order_relaxed); }
-/// The working-set gather passes of every CUDA backend of the process (Backend::gather_passes).
-std::atomic<int64_t> g_gather_passes{0};
-void note_gather_pass() noexcept { g_gather_passes.fetch_add(1, std::memory_order_relaxed); }
-/// The passes (for_each_index, with_policy) of every CUDA backend of the process (Backend::device_passes).
-std::atomic<int64_t> g_device_passes{0};
-void note_pass() noexcept { g_device_passes.fetch_add(1, std::memory_order_relaxed); }
-
-#if KVRET_ON_GPU
-void check_cuda(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear a non-sticky error so that the next call does not report it again
-  throw Error(KVRET_ERR_CUDA, what + ": " + cudaGetErrorString(e));
-}
-
-cudaStream_t cuda_stream(kvret_stream s) noexcept { return reinterpret_cast<cudaStream_t>(s); }
-
-/// Makes `device` current for the scope of a call and restores the caller's current device after it.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-/// f(i) for i in [0, n), in stream order on `stream`; a failed launch is KVRET_ERR_CUDA.
-template <class F>
-void for_each_index(kvret_stream stream, int, int64_t n, const F& f) {
-  note_pass();
-  try {
-    thrust::for_each_n(thrust::cuda::par_nosync.on(cuda_stream(stream)), thrust::counting_iterator<int64_t>(0), n, f);
-  } catch (const thrust::system_error& e) {
-    (void)cudaGetLastError();
-    throw Error(KVRET_ERR_CUDA, std::string("thrust::for_each_n: ") + e.what());
-  }
-}
-
-/// Whether the current device allocates in stream order (cudaMallocAsync; cudaDevAttrMemoryPoolsSupported). Where
-/// it does not, temporaries fall back to cudaMalloc and cudaFree.
-bool stream_ordered_memory() noexcept {
-  int device = 0, supported = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return supported != 0;
-}
-
-/// Thrust's temporary storage (sorts, scans) in stream order on one stream: cudaMallocAsync and cudaFreeAsync, so
-/// that freeing it does not wait for the device as cudaFree does.
-struct StreamOrderedTemporaries {
-  using value_type = char;
-  cudaStream_t stream;
-  char* allocate(std::ptrdiff_t bytes) const {
-    void* p = nullptr;
-    const cudaError_t e = stream_ordered_memory() ? cudaMallocAsync(&p, static_cast<size_t>(bytes), stream)
-                                                  : cudaMalloc(&p, static_cast<size_t>(bytes));
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      throw std::bad_alloc();
-    }
-    check_cuda(e, "cudaMallocAsync");
-    return static_cast<char*>(p);
-  }
-  void deallocate(char* p, size_t) const noexcept {
-    if (stream_ordered_memory()) {
-      (void)cudaFreeAsync(p, stream);
-    } else {
-      (void)cudaFree(p);
-    }
-  }
-};
-
-/// f(policy) with the execution policy of `stream` (sorts and scans, their temporaries stream-ordered); a failed
-/// launch is KVRET_ERR_CUDA.
-template <class F>
-void with_policy(kvret_stream stream, int, int64_t, const F& f) {
-  note_pass();
-  try {
-    f(thrust::cuda::par_nosync(StreamOrderedTemporaries{cuda_stream(stream)}).on(cuda_stream(stream)));
-  } catch (const thrust::system_error& e) {
-    (void)cudaGetLastError();
-    throw Error(KVRET_ERR_CUDA, std::string("thrust: ") + e.what());
-  }
-}
-
-/// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
-/// waits for it (and for everything enqueued before it on `stream`).
-void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
-  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
-  if (wait) note_wait();
-  if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
-}
-
-/// A stream of kvret's own for work off the caller's streams (index builds): non-blocking, so that it neither
-/// waits for nor holds up work on the legacy default stream or the caller's streams. Destroyed when its work is done.
-class OwnStream {
- public:
-  OwnStream() { check_cuda(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
-  ~OwnStream() {
-    (void)cudaStreamSynchronize(s_);
-    (void)cudaStreamDestroy(s_);
-  }
-  OwnStream(const OwnStream&) = delete;
-  OwnStream& operator=(const OwnStream&) = delete;
-  kvret_stream get() const noexcept { return reinterpret_cast<kvret_stream>(s_); }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-#else
-struct DeviceScope {
-  explicit DeviceScope(int) noexcept {}
-};
-
-/// Passes over fewer elements run on the calling thread: an OpenMP team costs more than they do.
-constexpr int64_t kSerialBelow = int64_t{1} << 14;
-
-/// f(i) for i in [0, n): on OpenMP's threads, or on the calling thread alone for a one-thread context.
-template <class F>
-void for_each_index(kvret_stream, int n_threads, int64_t n, const F& f) {
-  note_pass();
-  if (n_threads == 1 || n < kSerialBelow) {
-    thrust::for_each_n(thrust::cpp::par, thrust::counting_iterator<int64_t>(0), n, f);
-  } else {
-    thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
-  }
-}
-
-/// f(policy) for an algorithm over n elements: OpenMP's threads, or the calling thread alone for a one-thread
-/// context.
-template <class F>
-void with_policy(kvret_stream, int n_threads, int64_t n, const F& f) {
-  note_pass();
-  if (n_threads == 1 || n < kSerialBelow) {
-    f(thrust::cpp::par);
-  } else {
-    f(thrust::device);
-  }
-}
-
-void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool wait) {
-  if (wait) note_wait();  // counted as on a GPU, where the host would wait
-  std::memcpy(dst, src, bytes);
-}
-
-/// Thrust's host system has no streams.
-struct OwnStream {
-  kvret_stream get() const noexcept { return nullptr; }
-};
-#endif
-
-/// n uninitialised elements of device memory; throws std::bad_alloc when the device is out of memory,
-/// KVRET_ERR_CUDA on another error. Freeing never throws: an error of the device (sticky) is reported by the
-/// context's next call.
-/// - DeviceArray(n): memory kept between calls (caches, index copies): cudaMalloc, and cudaFree, which waits for
-///   the device.
-/// - DeviceArray(n, stream): a temporary of one call, used only by work on `stream`: cudaMallocAsync and
-///   cudaFreeAsync on `stream` (the device's default memory pool), so that neither making nor freeing it makes the
-///   host wait for the device (cudaMalloc and cudaFree on a device without memory pools).
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-#if KVRET_ON_GPU
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, (n == 0 ? 1 : n) * sizeof(T));
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      throw std::bad_alloc();
-    }
-    check_cuda(e, "cudaMalloc");
-    p_ = static_cast<T*>(p);
-#else
-    p_ = thrust::raw_pointer_cast(thrust::device_malloc<T>(n == 0 ? 1 : n));
-#endif
-  }
-  DeviceArray(size_t n, kvret_stream stream) : n_(n) {
-#if KVRET_ON_GPU
-    void* p = nullptr;
-    ordered_ = stream_ordered_memory();
-    const size_t bytes = (n == 0 ? 1 : n) * sizeof(T);
-    const cudaError_t e = ordered_ ? cudaMallocAsync(&p, bytes, cuda_stream(stream)) : cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      throw std::bad_alloc();
-    }
-    check_cuda(e, ordered_ ? "cudaMallocAsync" : "cudaMalloc");
-    p_ = static_cast<T*>(p);
-    stream_ = stream;
-#else
-    (void)stream;
-    p_ = thrust::raw_pointer_cast(thrust::device_malloc<T>(n == 0 ? 1 : n));
-#endif
-  }
-  ~DeviceArray() {
-#if KVRET_ON_GPU
-    if (ordered_) {
-      (void)cudaFreeAsync(p_, cuda_stream(stream_));
-    } else {
-      (void)cudaFree(p_);
-    }
-#else
-    thrust::device_free(thrust::device_pointer_cast(p_));
-#endif
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const noexcept { return p_; }
-  size_t size() const noexcept { return n_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-  bool ordered_ = false;
-  kvret_stream stream_ = nullptr;
-};
+using namespace device_runtime;  // NOLINT: the runtime below the passes (device_memory.hpp)
 
 /// KV pages the device reads in place: pinned, mapped host memory (host memory on Thrust's host system).
 class PinnedPages final : public PageAllocator {
@@ -314,8 +84,10 @@ class PinnedPages final : public PageAllocator {
       (void)cudaGetLastError();
       return nullptr;  // the store reports KVRET_ERR_OUT_OF_MEMORY and keeps what it held
     }
+    note_allocation();
     return static_cast<std::byte*>(p);
 #else
+    note_allocation();
     return host_page_allocator().allocate(bytes);
 #endif
   }
@@ -357,7 +129,7 @@ class PageTable {
       : pages_(static_cast<size_t>(n_pages), stream) {
     const std::vector<const std::byte*> host = device_page_addresses(store, n_pages);
     // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
-    copy_bytes(pages_.get(), host.data(), host.size() * sizeof(const std::byte*), stream, false);
+    upload(pages_.get(), host.data(), host.size() * sizeof(const std::byte*), stream);
   }
   const std::byte* const* get() const noexcept { return pages_.get(); }
 
@@ -695,7 +467,7 @@ class CudaClusterBuilder final : public ClusterSegmentBuilder {
     const kvret_stream s = stream.get();
     const int threads = 0;
     const auto up = [&](void* dst, const void* src, size_t bytes) {
-      if (bytes > 0) copy_bytes(dst, src, bytes, s, false);
+      if (bytes > 0) upload(dst, src, bytes, s);
     };
     const auto down = [&](void* dst, const void* src, size_t bytes) {
       if (bytes > 0) copy_bytes(dst, src, bytes, s, true);
@@ -860,7 +632,11 @@ class CudaBackend final : public Backend {
     }
     pageable_access_ = pageable != 0;
 #endif
+    Workspaces::get().backend_made();
   }
+  ~CudaBackend() override { Workspaces::get().backend_gone(); }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
 
   const char* name() const noexcept override { return "cuda"; }
   PageAllocator& pages() noexcept override { return pages_; }
@@ -943,6 +719,7 @@ class CudaBackend final : public Backend {
   void write_back(const TensorView& host, const TensorView& t) override {
     if (host.data() == t.data()) return;
     DeviceScope scope(device_id_);
+    note_pageable_copy();
     copy_bytes(t.data(), host.data(), t.extent_bytes(), nullptr, true);
   }
   bool counts_fetches_on_device() const noexcept override { return n_slots_ > 0; }
@@ -1114,9 +891,10 @@ class CudaBackend final : public Backend {
     }
   }
 
-  int64_t host_waits() const noexcept override { return g_host_waits.load(); }
-  int64_t gather_passes() const noexcept override { return g_gather_passes.load(); }
-  int64_t device_passes() const noexcept override { return g_device_passes.load(); }
+  int64_t host_waits() const noexcept override { return g_counts.host_waits.load(); }
+  int64_t gather_passes() const noexcept override { return g_counts.gather_passes.load(); }
+  int64_t device_passes() const noexcept override { return g_counts.passes.load(); }
+  DeviceCounts device_counts() const noexcept override { return device_runtime::device_counts(); }
 
   void drop_cached(const void* sequence, int32_t layer, int64_t from) noexcept override {
     std::lock_guard<std::mutex> lock(caches_mutex_);
@@ -1368,7 +1146,7 @@ class CudaBackend final : public Backend {
   struct Uploaded {
     Uploaded(std::vector<T> values, kvret_stream stream) : host(std::move(values)), device(host.size(), stream) {
       // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
-      copy_bytes(device.get(), host.data(), host.size() * sizeof(T), stream, false);
+      upload(device.get(), host.data(), host.size() * sizeof(T), stream);
     }
     std::vector<T> host;
     DeviceArray<T> device;
@@ -1401,7 +1179,7 @@ class CudaBackend final : public Backend {
       std::memcpy(host.data() + counts.size() * sizeof(int64_t), tensors.data(),
                   tensors.size() * sizeof(dm::DeviceTensor));
       // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
-      copy_bytes(data_.get(), host.data(), host.size(), stream, false);
+      upload(data_.get(), host.data(), host.size(), stream);
     }
     size_t size() const noexcept { return jobs_.size(); }
     const DeviceSelectJob& job(size_t i) const noexcept { return *jobs_[i]; }
@@ -1535,13 +1313,13 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  /// upload() into the mirror of (sequence, layer), which then holds `retriever`'s `version`; a failed copy drops
+  /// send() into the mirror of (sequence, layer), which then holds `retriever`'s `version`; a failed copy drops
   /// the mirror (caches_mutex_ held).
-  template <class Upload>
+  template <class Send>
   IndexMirror* update_mirror(IndexMirror& m, const void* sequence, int32_t layer, const void* retriever,
-                             uint64_t version, const Upload& upload) {
+                             uint64_t version, const Send& send) {
     try {
-      upload();
+      send();
     } catch (...) {
       mirrors_.erase({sequence, layer});
       throw;
@@ -1571,8 +1349,8 @@ class CudaBackend final : public Backend {
     return update_mirror(m, sequence, layer, &page, page.version(), [&] {
       if (from < n)
         for (int64_t h = 0; h < n_heads; ++h)
-          copy_bytes(m.bounds() + (h * m.capacity + from) * row, page.page_min(static_cast<int>(h), from),
-                     static_cast<size_t>((n - from) * row) * sizeof(float), stream, false);
+          upload(m.bounds() + (h * m.capacity + from) * row, page.page_min(static_cast<int>(h), from),
+                 static_cast<size_t>((n - from) * row) * sizeof(float), stream);
     });
   }
 
@@ -1617,8 +1395,7 @@ class CudaBackend final : public Backend {
       const auto per_head = [&](auto* dst, auto get, int64_t stride, int64_t from, int64_t count, int64_t width) {
         for (int64_t h = 0; h < n.heads && count > from; ++h) {
           const auto bytes = static_cast<size_t>((count - from) * width) * 4;
-          copy_bytes(dst + (h * stride + from) * width, get(static_cast<int>(h)).data() + from * width, bytes, stream,
-                     false);
+          upload(dst + (h * stride + from) * width, get(static_cast<int>(h)).data() + from * width, bytes, stream);
           sent += static_cast<int64_t>(bytes);
         }
       };
@@ -1683,7 +1460,7 @@ class CudaBackend final : public Backend {
       layouts.push_back(l);
     }
     const DeviceArray<float> pending_keys(pending.size(), stream);
-    if (!pending.empty()) copy_bytes(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream, false);
+    if (!pending.empty()) upload(pending_keys.get(), pending.data(), pending.size() * sizeof(float), stream);
     for (size_t i = 0; i < layouts.size(); ++i) layouts[i].pending_keys = pending_keys.get() + pending_at[i];
     const Uploaded<dm::ClusterLayout> l(std::move(layouts), stream);
 
@@ -1745,7 +1522,7 @@ class CudaBackend final : public Backend {
       size_t sent = 0;
       const auto send = [&](const void* dst, const void* src, size_t bytes) {
         if (bytes == 0) return;
-        copy_bytes(const_cast<void*>(dst), src, bytes, stream, false);
+        upload(const_cast<void*>(dst), src, bytes, stream);
         sent += bytes;
       };
       for (int64_t h = 0; h < heads; ++h) {
@@ -1947,11 +1724,11 @@ class CudaBackend final : public Backend {
     const DeviceArray<uint8_t> exact_value_d(exact_value.size(), stream);
     const DeviceArray<float> keys_d(static_cast<size_t>(heads * rows * d), stream), values_d(keys_d.size(), stream);
     const DeviceArray<dm::RowCopy> copies_d(copies.size(), stream);
-    copy_bytes(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream, false);
-    copy_bytes(exact_row_d.get(), exact_row.data(), exact_row.size() * sizeof(int32_t), stream, false);
-    copy_bytes(exact_count_d.get(), exact_count.data(), exact_count.size() * sizeof(int32_t), stream, false);
-    copy_bytes(exact_value_d.get(), exact_value.data(), exact_value.size(), stream, false);
-    copy_bytes(copies_d.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    upload(slot_d.get(), slot.data(), slot.size() * sizeof(int32_t), stream);
+    upload(exact_row_d.get(), exact_row.data(), exact_row.size() * sizeof(int32_t), stream);
+    upload(exact_count_d.get(), exact_count.data(), exact_count.size() * sizeof(int32_t), stream);
+    upload(exact_value_d.get(), exact_value.data(), exact_value.size(), stream);
+    upload(copies_d.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream);
     for_each_index(stream, threads, static_cast<int64_t>(copies.size()) * d,
                    dm::QuantExactLoad{copies_d.get(), exact_value_d.get(), keys_d.get(), values_d.get(), rows,
                                       static_cast<int32_t>(store.dtype()), d});
@@ -2129,8 +1906,8 @@ class CudaBackend final : public Backend {
     }
     try {
       if (from < c.tokens)
-        copy_bytes(m.bits->get() + from * c.words, c.bits + from * c.words,
-                   static_cast<size_t>((c.tokens - from) * c.words) * sizeof(uint64_t), stream, false);
+        upload(m.bits->get() + from * c.words, c.bits + from * c.words,
+               static_cast<size_t>((c.tokens - from) * c.words) * sizeof(uint64_t), stream);
     } catch (...) {
       crush_mirrors_.erase({sequence, layer});
       throw;
@@ -2238,34 +2015,32 @@ class CudaBackend final : public Backend {
         m.pq.tokens = 0;
         m.pq.exacts.assign(static_cast<size_t>(heads), 0);
         for (int h = 0; h < heads; ++h)
-          copy_bytes(const_cast<float*>(l.codebook) + h * book, pq.centroids(h, 0), static_cast<size_t>(book) * 4,
-                     stream, false);
+          upload(const_cast<float*>(l.codebook) + h * book, pq.centroids(h, 0), static_cast<size_t>(book) * 4, stream);
       }
       std::vector<int32_t> counts(static_cast<size_t>(heads * l.cells)), exacts(static_cast<size_t>(heads));
       std::vector<int32_t> items(static_cast<size_t>(n - m.pq.tokens));
       for (int h = 0; h < heads; ++h) {
         if (l.cells > 0) std::copy(pq.cell_counts(h).begin(), pq.cell_counts(h).end(), counts.begin() + h * l.cells);
         if (l.cells == 0 && n > m.pq.tokens)  // the new tokens' codes
-          copy_bytes(const_cast<uint8_t*>(l.codes) + (h * l.capacity + m.pq.tokens) * l.m,
-                     pq.codes(h) + m.pq.tokens * l.m, static_cast<size_t>((n - m.pq.tokens) * l.m), stream, false);
+          upload(const_cast<uint8_t*>(l.codes) + (h * l.capacity + m.pq.tokens) * l.m, pq.codes(h) + m.pq.tokens * l.m,
+                 static_cast<size_t>((n - m.pq.tokens) * l.m), stream);
         const auto e = static_cast<int64_t>(pq.exact_positions(h).size());
         exacts[static_cast<size_t>(h)] = static_cast<int32_t>(e);
         if (!items.empty()) {
           pq.items(h, m.pq.tokens, n, items.data());  // (a copy from pageable memory returns once its bytes are
                                                       // staged, so the host array may change or go)
-          copy_bytes(const_cast<int32_t*>(l.items) + h * l.capacity + m.pq.tokens, items.data(), items.size() * 4,
-                     stream, false);
+          upload(const_cast<int32_t*>(l.items) + h * l.capacity + m.pq.tokens, items.data(), items.size() * 4, stream);
         }
         const int64_t sent = m.pq.exacts[static_cast<size_t>(h)];
         if (e > sent) {
           const std::vector<float> keys = pq.exact_keys_f32(h, sent);
-          copy_bytes(const_cast<float*>(l.exact_keys) + (h * l.exact_capacity + sent) * l.d, keys.data(),
-                     keys.size() * 4, stream, false);
+          upload(const_cast<float*>(l.exact_keys) + (h * l.exact_capacity + sent) * l.d, keys.data(), keys.size() * 4,
+                 stream);
         }
         m.pq.exacts[static_cast<size_t>(h)] = e;
       }
-      if (!counts.empty()) copy_bytes(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream, false);
-      copy_bytes(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream, false);
+      if (!counts.empty()) upload(const_cast<int32_t*>(l.counts), counts.data(), counts.size() * 4, stream);
+      upload(const_cast<int32_t*>(l.n_exact), exacts.data(), exacts.size() * 4, stream);
       m.pq.tokens = n;
       m.pq.layout_version = pq.layout_version();
     });
@@ -2555,7 +2330,7 @@ class CudaBackend final : public Backend {
       for (int64_t h = 0; h < heads; ++h)
         std::copy(selected[h], selected[h] + count, items.begin() + h * count);  // ascending per head
       const DeviceArray<int32_t> device_items(items.size(), stream);
-      copy_bytes(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream, false);
+      upload(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream);
       int64_t* counters = fetch_counters(sequence, store.row_bytes(), stream, n_threads);
       update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, counters + 1);
     } catch (const std::bad_alloc&) {
@@ -2639,7 +2414,7 @@ class CudaBackend final : public Backend {
     }
     if (copies.empty()) return;
     const DeviceArray<dm::RowCopy> device_copies(copies.size(), stream);
-    copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
+    upload(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream);
     const dm::GatherRows gather{device_copies.get(),
                                 device_tensor(out.k),
                                 device_tensor(out.v),
@@ -2698,9 +2473,9 @@ class CudaBackend final : public Backend {
     const DeviceArray<int32_t> device_jobs_of_rows(job_of_row.size(), stream);
     const DeviceArray<dm::BatchGatherJob> device_views(views.size(), stream);
     const DeviceArray<uint8_t> hit(copies.size(), stream);
-    copy_bytes(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream, false);
-    copy_bytes(device_jobs_of_rows.get(), job_of_row.data(), job_of_row.size() * sizeof(int32_t), stream, false);
-    copy_bytes(device_views.get(), views.data(), views.size() * sizeof(dm::BatchGatherJob), stream, false);
+    upload(device_copies.get(), copies.data(), copies.size() * sizeof(dm::RowCopy), stream);
+    upload(device_jobs_of_rows.get(), job_of_row.data(), job_of_row.size() * sizeof(int32_t), stream);
+    upload(device_views.get(), views.data(), views.size() * sizeof(dm::BatchGatherJob), stream);
     note_gather_pass();
     for_each_index(stream, n_threads, entries * d,
                    dm::GatherBatchRows{device_copies.get(), device_jobs_of_rows.get(), device_views.get(),
@@ -2710,7 +2485,7 @@ class CudaBackend final : public Backend {
     const DeviceArray<int64_t> scanned(copies.size(), stream);
     const DeviceArray<int64_t> device_ends(ends.size(), stream);
     const DeviceArray<int64_t> device_hits(ends.size(), stream);
-    copy_bytes(device_ends.get(), ends.data(), ends.size() * sizeof(int64_t), stream, false);
+    upload(device_ends.get(), ends.data(), ends.size() * sizeof(int64_t), stream);
     with_policy(stream, n_threads, entries, [&](const auto& policy) {
       const auto as_i64 = thrust::make_transform_iterator(hit.get(), dm::HitAsI64{});
       thrust::inclusive_scan(policy, as_i64, as_i64 + entries, scanned.get());
@@ -2725,7 +2500,7 @@ class CudaBackend final : public Backend {
   void add_job_counts(const Count* counts, int64_t stride, const std::vector<int64_t*>& targets, kvret_stream stream,
                       int n_threads) {
     const DeviceArray<int64_t*> device_targets(targets.size(), stream);
-    copy_bytes(device_targets.get(), targets.data(), targets.size() * sizeof(int64_t*), stream, false);
+    upload(device_targets.get(), targets.data(), targets.size() * sizeof(int64_t*), stream);
     for_each_index(stream, n_threads, 1,
                    dm::AddJobCounts<Count>{counts, stride, device_targets.get(), static_cast<int64_t>(targets.size())});
   }
@@ -2834,9 +2609,9 @@ class CudaBackend final : public Backend {
     if (cached)
       check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * fused.size() * sizeof(unsigned long long), cuda_stream(stream)),
                  "cudaMemsetAsync");
-    copy_bytes(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream, false);
-    copy_bytes(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream, false);
-    copy_bytes(device_seqs.get(), seqs.data(), seqs.size() * sizeof(cuda::WorkingSetGatherSeq), stream, false);
+    upload(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream);
+    upload(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream);
+    upload(device_seqs.get(), seqs.data(), seqs.size() * sizeof(cuda::WorkingSetGatherSeq), stream);
     note_gather_pass();
     check_cuda(
         cuda::launch_working_set_gather(device_seqs.get(), static_cast<int32_t>(fused.size()),
@@ -2942,7 +2717,7 @@ class CudaBackend final : public Backend {
     seq.out = reinterpret_cast<float*>(out.data());
     const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1, stream);
     const DeviceArray<std::byte> workspace(workspace_bytes, stream);
-    copy_bytes(device_seq.get(), &seq, sizeof seq, stream, false);  // staged: the host struct may go
+    upload(device_seq.get(), &seq, sizeof seq, stream);  // staged: the host struct may go
     p.seqs = device_seq.get();
     check_cuda(cuda::launch_decode_attention(p, workspace.get(), workspace_bytes, cuda_stream(stream)),
                "launch_decode_attention");
