@@ -8,7 +8,10 @@
 // passes on the CUDA backend): kvret_select_batch against n kvret_select calls on the same sequences and queries,
 // each followed by kvret_synchronize (section=backend_batch).
 //
-//   kvret-bench-backend [--quick] [--steps=N]
+// With --step, only an engine's decode step for a batch of sequences (section=step; run_step below), at 32k and
+// 128k tokens x batch 1, 8 and 32, PQ and EXACT: the device check's benchmark.
+//
+//   kvret-bench-backend [--quick] [--step] [--steps=N] [--pcie-gbps=G] [--hbm-gbps=G]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -230,19 +233,116 @@ void run_batch(int32_t device_type, int index_kind, int n, int steps, int thread
   BENCH_CHECK(kvret_destroy(ctx));
 }
 
+/// An engine's decode step of one layer for a batch of n sequences on the CUDA backend (section=step): per sequence
+/// kvret_append_decode (k and v in device memory) and kvret_seq_attend on the engine's stream, then one
+/// kvret_synchronize; the n sequences are forks of one prefilled sequence (their pages shared until a decode append
+/// copies the last one), f16 KV, the default budget. Prints the median step, the select alone at batch 1, the block
+/// cache's hit rate over the measured steps, and the step's physical floor: the bytes the step moved host to device
+/// (stats.bytes_h2d) at `pcie_gbps`, plus the working sets' keys and values read once at `hbm_gbps`.
+void run_step(int index_kind, int tokens, int n, int steps, int threads, double pcie_gbps, double hbm_gbps) {
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  kvret_context* ctx = make_context(KVRET_DEVICE_CUDA, index_kind, threads);
+  double build_ms = 0;
+  std::vector<kvret_seq*> seqs{prefilled(ctx, KVRET_DEVICE_CUDA, tokens, 13, &build_ms)};
+  for (int i = 1; i < n; ++i) {
+    kvret_seq* fork = nullptr;
+    BENCH_CHECK(kvret_seq_fork(seqs[0], &fork));
+    seqs.push_back(fork);
+  }
+  int32_t budget = 0;
+  BENCH_CHECK(kvret_seq_budget(seqs[0], 0, &budget));
+  int64_t rows = 0;
+  BENCH_CHECK(kvret_working_set_capacity(seqs[0], 0, budget, &rows));
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto engine_stream = reinterpret_cast<kvret_stream>(stream);
+  std::vector<float> q_init(static_cast<size_t>(kQHeads * kHeadDim)), kv_init(static_cast<size_t>(kKvHeads * kHeadDim));
+  Tensor out({kQHeads, kHeadDim}, KVRET_DEVICE_CUDA, nullptr);
+  for (auto& x : q_init) x = n01(rng);
+  Tensor q({kQHeads, kHeadDim}, KVRET_DEVICE_CUDA, &q_init);
+  for (auto& x : kv_init) x = n01(rng);
+  Tensor k({1, kKvHeads, kHeadDim}, KVRET_DEVICE_CUDA, &kv_init),
+      v({1, kKvHeads, kHeadDim}, KVRET_DEVICE_CUDA, &kv_init);
+  Tensor selected_f({kKvHeads, budget}, KVRET_DEVICE_CUDA, nullptr);
+  kvret_tensor sel = selected_f.t;
+  sel.dtype = {KVRET_DTYPE_INT, 32, 1};
+  const auto totals = [&] {
+    kvret_stats sum;
+    BENCH_CHECK(kvret_stats_init(&sum));
+    for (kvret_seq* seq : seqs) {
+      kvret_stats st;
+      BENCH_CHECK(kvret_stats_init(&st));
+      BENCH_CHECK(kvret_seq_stats(seq, &st));  // waits for the device's counts
+      sum.cache_hits += st.cache_hits;
+      sum.cache_misses += st.cache_misses;
+      sum.bytes_h2d += st.bytes_h2d;
+    }
+    return sum;
+  };
+  const int warm = 3;
+  std::vector<double> step_us, select_us;
+  kvret_stats before{};
+  for (int s = 0; s < steps + warm; ++s) {
+    if (s == warm) before = totals();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (kvret_seq* seq : seqs) {
+      BENCH_CHECK(kvret_append_decode(seq, 0, &k.t, &v.t));
+      BENCH_CHECK(kvret_seq_attend(seq, 0, &q.t, budget, 0.0f, &out.t, engine_stream));
+    }
+    BENCH_CHECK(kvret_synchronize(ctx, engine_stream));
+    const auto t1 = std::chrono::steady_clock::now();
+    int32_t count = 0;
+    if (n == 1) {  // the select alone, as an engine with its own sparse attention calls it
+      BENCH_CHECK(kvret_select(seqs[0], 0, &q.t, budget, &sel, &count));
+      BENCH_CHECK(kvret_synchronize(ctx, nullptr));
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (s < warm) continue;
+    step_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    select_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+  }
+  const kvret_stats after = totals();
+  const double hits = static_cast<double>(after.cache_hits - before.cache_hits);
+  const double misses = static_cast<double>(after.cache_misses - before.cache_misses);
+  const double h2d_per_step = static_cast<double>(after.bytes_h2d - before.bytes_h2d) / steps;
+  const double ws_bytes = 2.0 * n * kKvHeads * static_cast<double>(rows) * kHeadDim * 2;  // f16 keys and values
+  const double floor_us = h2d_per_step / (pcie_gbps * 1e3) + ws_bytes / (hbm_gbps * 1e3);
+  const double step = median(step_us);
+  std::printf(
+      "section=step backend=cuda index=%s tokens=%d batch=%d kv_heads=%d q_heads=%d head_dim=%d kv=f16 budget=%d "
+      "rows=%lld prefill_build_ms=%.1f step_us=%.1f select_us=%s hit_rate=%.3f h2d_bytes_per_step=%.0f "
+      "floor_us=%.1f step_over_floor=%.2f\n",
+      index_name(index_kind), tokens, n, kKvHeads, kQHeads, kHeadDim, budget, static_cast<long long>(rows), build_ms,
+      step, n == 1 ? std::to_string(median(select_us)).c_str() : "-", hits + misses > 0 ? hits / (hits + misses) : 0.0,
+      h2d_per_step, floor_us, step / floor_us);
+  std::fflush(stdout);
+  for (kvret_seq* seq : seqs) BENCH_CHECK(kvret_seq_close(seq));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  BENCH_CHECK(kvret_destroy(ctx));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, step_only = false;
   int steps = 30;
+  double pcie_gbps = 50.0, hbm_gbps = 3350.0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
       steps = 10;
+    } else if (std::strcmp(argv[i], "--step") == 0) {
+      step_only = true;
     } else if (std::strncmp(argv[i], "--steps=", 8) == 0) {
       steps = std::max(1, std::atoi(argv[i] + 8));
+    } else if (std::strncmp(argv[i], "--pcie-gbps=", 12) == 0) {
+      pcie_gbps = std::max(1.0, std::atof(argv[i] + 12));
+    } else if (std::strncmp(argv[i], "--hbm-gbps=", 11) == 0) {
+      hbm_gbps = std::max(1.0, std::atof(argv[i] + 11));
     } else {
-      std::fprintf(stderr, "usage: kvret-bench-backend [--quick] [--steps=N]\n");
+      std::fprintf(stderr,
+                   "usage: kvret-bench-backend [--quick] [--step] [--steps=N] [--pcie-gbps=G] [--hbm-gbps=G]\n");
       return 2;
     }
   }
@@ -255,6 +355,14 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device=\"%s\"\n", prop.name);
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (step_only) {  // the device check's step benchmark (docs/cuda_backend.md)
+    const std::vector<int> lengths = quick ? std::vector<int>{32768} : std::vector<int>{32768, 131072};
+    const std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32};
+    for (const int tokens : lengths)
+      for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_EXACT})
+        for (const int n : batches) run_step(kind, tokens, n, steps, threads, pcie_gbps, hbm_gbps);
+    return 0;
+  }
   const std::vector<int> lengths = quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768};
   for (const int tokens : lengths)
     for (const int kind : {KVRET_INDEX_PQ, KVRET_INDEX_PAGE, KVRET_INDEX_EXACT})

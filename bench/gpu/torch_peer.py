@@ -276,11 +276,50 @@ def bench_attend(args, device, sizes):
                   f"batch={batch} us={med:.2f} GBps={nbytes / (med * 1e3):.1f}", flush=True)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+def bench_step(args, device, sizes):
+    """The peers of kvret-bench-backend --step (section=step): one decode step of one layer for a batch, f16, with
+    the whole KV in device memory: dense SDPA over every token; and a top-k select (q . k over every key, the
+    softmax folded over each KV head's query heads, torch.topk of the budget), alone and followed by the gather of
+    the selected rows and SDPA over them."""
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    group = Q_HEADS // KV_HEADS
+    lengths = [t for t in sizes if t >= 32768] or sizes
+    for tokens in lengths:
+        for batch in (1, 8, 32) if device.type == "cuda" else (1,):
+            budget = budget_of(tokens)
+            q = torch.randn(batch, Q_HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
+            k = torch.randn(batch, KV_HEADS, tokens, HEAD_DIM, device=device, dtype=dtype)
+            v = torch.randn(batch, KV_HEADS, tokens, HEAD_DIM, device=device, dtype=dtype)
+            scale = HEAD_DIM ** -0.5
+
+            def dense():
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+            def select():
+                logits = torch.einsum("bkgd,bktd->bkgt", q.view(batch, KV_HEADS, group, HEAD_DIM), k) * scale
+                folded = torch.softmax(logits.float(), dim=-1).sum(dim=2)
+                return torch.topk(folded, budget, dim=-1).indices
+
+            def sparse():
+                index = select().unsqueeze(-1).expand(-1, -1, -1, HEAD_DIM)
+                return F.scaled_dot_product_attention(q, k.gather(2, index), v.gather(2, index), enable_gqa=True)
+
+            dense_us, _ = time_it(dense, device, 3, args.reps)
+            select_us, _ = time_it(select, device, 3, args.reps)
+            sparse_us, _ = time_it(sparse, device, 3, args.reps)
+            print(f"section=step impl=torch tokens={tokens} batch={batch} kv_heads={KV_HEADS} q_heads={Q_HEADS} "
+                  f"head_dim={HEAD_DIM} budget={budget} dense_us={dense_us:.1f} topk_select_us={select_us:.1f} "
+                  f"topk_step_us={sparse_us:.1f}", flush=True)
+            del q, k, v
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="8k and 32k tokens only, fewer repetitions")
     parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--sections", default="select,fetch,build,prefill,attend")
+    parser.add_argument("--sections", default="select,fetch,build,prefill,attend",
+                        help="comma-separated; also: step (the device check's peers of kvret-bench-backend --step)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -311,6 +350,8 @@ def main():
             bench_prefill(args, device, sizes)
         if "attend" in sections:
             bench_attend(args, device, sizes)
+        if "step" in sections:
+            bench_step(args, device, sizes if args.quick else [32768, 131072])
 
 
 if __name__ == "__main__":
