@@ -212,13 +212,15 @@ class Backend {
   /// What this process's CUDA backends did so far, for tests and the step budget (docs/cuda_backend.md): host waits
   /// (copies the host waits for, stream and device synchronizations, device reductions read back by the host),
   /// passes (kernels and Thrust algorithms launched, gathers included), allocations (requests that reached the
-  /// driver's allocator: cudaMalloc, cudaMallocAsync, cudaHostAlloc) and pageable copies (uploads from host memory
-  /// kvret did not pin). All zero on a backend without a device.
+  /// driver's allocator: cudaMalloc, cudaMallocAsync, cudaHostAlloc), uploads (tables built on the host and the
+  /// host index's new rows, copied to the device through pinned staging) and pageable copies (copies from host
+  /// memory kvret did not pin, not staged). All zero on a backend without a device.
   struct DeviceCounts {
     int64_t host_waits = 0;
     int64_t passes = 0;
     int64_t allocations = 0;
     int64_t pageable_copies = 0;
+    int64_t uploads = 0;
   };
   virtual DeviceCounts device_counts() const noexcept { return {}; }
   /// For tests: the host waits of this process's CUDA backends so far (copies the host waits for, stream and device

@@ -9,7 +9,10 @@
 // - passes: for_each_index and with_policy (one kernel, or one Thrust algorithm of a few kernels), and gathers;
 // - allocations: every request that reaches the driver's allocator (cudaMalloc, cudaMallocAsync, cudaHostAlloc;
 //   device_malloc and the page allocator on Thrust's host system) — a step served from the workspace makes none;
-// - pageable copies: uploads from host memory that kvret did not pin (tables built on the host, the host index).
+// - uploads: copies from host memory to the device of tables built on the host and of the host index's new rows,
+//   sent through the stream's pinned staging ring;
+// - pageable copies: copies from host memory that kvret did not pin which bypass the ring (a host fallback's
+//   write-back).
 #include <thrust/device_free.h>
 #include <thrust/device_malloc.h>
 #include <thrust/execution_policy.h>
@@ -23,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,6 +54,7 @@ struct Counters {
   std::atomic<int64_t> gather_passes{0};
   std::atomic<int64_t> allocations{0};
   std::atomic<int64_t> pageable_copies{0};
+  std::atomic<int64_t> uploads{0};
 };
 inline Counters g_counts;
 inline void note_wait() noexcept { g_counts.host_waits.fetch_add(1, std::memory_order_relaxed); }
@@ -57,6 +62,7 @@ inline void note_pass() noexcept { g_counts.passes.fetch_add(1, std::memory_orde
 inline void note_gather_pass() noexcept { g_counts.gather_passes.fetch_add(1, std::memory_order_relaxed); }
 inline void note_allocation() noexcept { g_counts.allocations.fetch_add(1, std::memory_order_relaxed); }
 inline void note_pageable_copy() noexcept { g_counts.pageable_copies.fetch_add(1, std::memory_order_relaxed); }
+inline void note_upload() noexcept { g_counts.uploads.fetch_add(1, std::memory_order_relaxed); }
 
 inline Backend::DeviceCounts device_counts() noexcept {
   Backend::DeviceCounts c;
@@ -64,6 +70,7 @@ inline Backend::DeviceCounts device_counts() noexcept {
   c.passes = g_counts.passes.load() + g_counts.gather_passes.load();
   c.allocations = g_counts.allocations.load();
   c.pageable_copies = g_counts.pageable_copies.load();
+  c.uploads = g_counts.uploads.load();
   return c;
 }
 
@@ -127,6 +134,14 @@ inline void driver_free(void* p, kvret_stream stream) noexcept {
     (void)cudaFree(p);
   }
 }
+
+/// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
+/// waits for it (and for everything enqueued before it on `stream`).
+inline void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
+  if (wait) note_wait();
+  if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
+}
 #else
 struct DeviceScope {
   explicit DeviceScope(int) noexcept {}
@@ -139,7 +154,121 @@ inline void* driver_allocate(size_t bytes, kvret_stream) {
 inline void driver_free(void* p, kvret_stream) noexcept {
   thrust::device_free(thrust::device_pointer_cast(static_cast<std::byte*>(p)));
 }
+
+inline void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool wait) {
+  if (wait) note_wait();  // counted as on a GPU, where the host would wait
+  std::memcpy(dst, src, bytes);
+}
 #endif
+
+/// Pinned host memory through which the uploads of the calls on one stream go (a table built on the host, the host
+/// index's new rows): each upload is copied into the ring and sent from there with an asynchronous copy, so that the
+/// copy is not a pageable one (which the driver stages itself, holding the host). A region is written again only
+/// after the copy out of it is done: each copy records an event, and a region still in flight when the ring comes
+/// round to it is waited for (counted). The ring holds at least four times the largest upload so far and 1 MiB.
+class StagingRing {
+ public:
+  explicit StagingRing(kvret_stream stream) noexcept : stream_(stream) {}
+  ~StagingRing() {  // the stream's work done (Workspaces)
+    retire_all();
+#if KVRET_ON_GPU
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    if (base_ != nullptr) (void)cudaFreeHost(base_);
+#else
+    delete[] base_;
+#endif
+  }
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  /// Enqueues a copy of `bytes` of host memory at `host` to `dst` on the stream; `host` may change once it returns.
+  void upload(void* dst, const void* host, size_t bytes) {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (4 * need > size_) grow(std::max<size_t>({4 * need, 2 * size_, size_t{1} << 20}));
+    if (head_ + need > size_) head_ = 0;  // the end of the ring stays unused this round
+    const size_t begin = head_, end = head_ + need;
+    while (!flight_.empty() && flight_.front().begin < end && begin < flight_.front().end) retire_front();
+    std::memcpy(base_ + begin, host, bytes);
+    copy_bytes(dst, base_ + begin, bytes, stream_, false);
+    flight_.push_back({begin, end, record()});
+    head_ = end;
+  }
+
+ private:
+  static constexpr size_t kAlign = 64;
+  struct InFlight {
+    size_t begin, end;
+#if KVRET_ON_GPU
+    cudaEvent_t done;
+#else
+    int done;  // Thrust's host system: every copy is done when it returns
+#endif
+  };
+#if KVRET_ON_GPU
+  cudaEvent_t record() {
+    cudaEvent_t e = nullptr;
+    if (!free_events_.empty()) {
+      e = free_events_.back();
+      free_events_.pop_back();
+    } else {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      events_.push_back(e);
+    }
+    check_cuda(cudaEventRecord(e, cuda_stream(stream_)), "cudaEventRecord");
+    return e;
+  }
+#else
+  static int record() noexcept { return 0; }
+#endif
+  /// Waits (where it must) for the oldest copy in flight and frees its region.
+  void retire_front() {
+#if KVRET_ON_GPU
+    cudaEvent_t e = flight_.front().done;
+    if (cudaEventQuery(e) == cudaErrorNotReady) {
+      note_wait();
+      check_cuda(cudaEventSynchronize(e), "cudaEventSynchronize");
+    } else {
+      (void)cudaGetLastError();
+    }
+    free_events_.push_back(e);
+#endif
+    flight_.pop_front();
+  }
+  void retire_all() noexcept {
+    try {
+      while (!flight_.empty()) retire_front();
+    } catch (...) {
+      flight_.clear();
+    }
+  }
+  void grow(size_t size) {
+    retire_all();  // nothing reads the old ring any more
+#if KVRET_ON_GPU
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, size, cudaHostAllocPortable), "cudaHostAlloc");
+    if (base_ != nullptr) (void)cudaFreeHost(base_);
+    base_ = static_cast<std::byte*>(p);
+#else
+    auto* p = new std::byte[size];
+    delete[] base_;
+    base_ = p;
+#endif
+    note_allocation();
+    size_ = size;
+    head_ = 0;
+  }
+  kvret_stream stream_;
+  std::mutex mutex_;
+  std::byte* base_ = nullptr;
+  size_t size_ = 0;
+  size_t head_ = 0;
+  std::deque<InFlight> flight_;  ///< oldest first: the ring's order
+#if KVRET_ON_GPU
+  std::vector<cudaEvent_t> events_, free_events_;
+#endif
+};
 
 /// The temporaries of the calls ordered on one stream, as a stack in one block of device memory kept between calls.
 /// Memory a call gives back is taken again only by later calls on the same stream, whose work the stream orders
@@ -149,7 +278,7 @@ inline void driver_free(void* p, kvret_stream) noexcept {
 /// grow once per half again as many tokens. Thread-safe (calls of several threads on one stream share it).
 class StepWorkspace {
  public:
-  explicit StepWorkspace(kvret_stream stream) noexcept : stream_(stream) {}
+  explicit StepWorkspace(kvret_stream stream) noexcept : stream_(stream), staging_(stream) {}
   ~StepWorkspace() {  // after the stream's work (Workspaces: its stream synchronized, or the device)
 #if KVRET_ON_GPU
     if (base_ != nullptr) (void)cudaFree(base_);
@@ -203,6 +332,8 @@ class StepWorkspace {
     }
     while (!held_.empty() && !held_.back().live) held_.pop_back();
   }
+  /// The stream's uploads from host memory.
+  StagingRing& staging() noexcept { return staging_; }
   /// The device bytes the block holds.
   size_t bytes() const noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,6 +351,7 @@ class StepWorkspace {
     bool own;  ///< the driver's, not the block's
   };
   kvret_stream stream_;
+  StagingRing staging_;
   mutable std::mutex mutex_;
   std::byte* base_ = nullptr;
   size_t size_ = 0;
@@ -326,14 +458,6 @@ void with_policy(kvret_stream stream, int, int64_t, const F& f) {
   }
 }
 
-/// Copies `bytes` between any two memories (device, pinned or pageable host) in stream order; `wait`: the host
-/// waits for it (and for everything enqueued before it on `stream`).
-inline void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream stream, bool wait) {
-  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)), "cudaMemcpyAsync");
-  if (wait) note_wait();
-  if (wait) check_cuda(cudaStreamSynchronize(cuda_stream(stream)), "cudaStreamSynchronize");
-}
-
 /// A stream of kvret's own for work off the caller's streams (index builds): non-blocking, so that it neither
 /// waits for nor holds up work on the legacy default stream or the caller's streams. Destroyed, with its workspace,
 /// when its work is done.
@@ -380,22 +504,17 @@ void with_policy(kvret_stream stream, int n_threads, int64_t n, const F& f) {
   }
 }
 
-inline void copy_bytes(void* dst, const void* src, size_t bytes, kvret_stream, bool wait) {
-  if (wait) note_wait();  // counted as on a GPU, where the host would wait
-  std::memcpy(dst, src, bytes);
-}
-
 /// Thrust's host system has no streams.
 struct OwnStream {
   kvret_stream get() const noexcept { return nullptr; }
 };
 #endif
 
-/// copy_bytes from host memory kvret did not pin (a table built on the host, the host index) to the device,
-/// counted as a pageable copy: the driver stages it, and a CUDA graph cannot capture it.
+/// A copy from host memory kvret did not pin (a table built on the host, the host index) to the device, ordered on
+/// `stream`, through the stream's staging ring (counted as an upload); `host` may change once it returns.
 inline void upload(void* dst, const void* host, size_t bytes, kvret_stream stream) {
-  note_pageable_copy();
-  copy_bytes(dst, host, bytes, stream, false);
+  note_upload();
+  Workspaces::get().of(stream).staging().upload(dst, host, bytes);
 }
 
 /// n uninitialised elements of device memory; throws std::bad_alloc when the device is out of memory,

@@ -1,8 +1,9 @@
 // The steady state of a decode step on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's
 // OpenMP host system, which counts what a GPU would do): after a warm-up, a step of every sequence of a batch
 // (kvret_append_decode, then kvret_seq_attend with q and out in device memory) makes no allocation — its temporaries
-// come from the stream's workspace — for every index kind at batch 1, 8 and 64, and its passes per sequence do not
-// grow with the context. Each run prints its counts per step (the table of docs/cuda_backend.md).
+// come from the stream's workspace — and no pageable copy — its uploads go through the stream's pinned staging ring —
+// for every index kind at batch 1, 8 and 64, and its passes per sequence do not grow with the context. Each run prints
+// its counts per step (the table of docs/cuda_backend.md).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -30,7 +31,7 @@ Backend::DeviceCounts counts_of(kvret_context* ctx) { return context_from_handle
 
 Backend::DeviceCounts minus(const Backend::DeviceCounts& a, const Backend::DeviceCounts& b) {
   return {a.host_waits - b.host_waits, a.passes - b.passes, a.allocations - b.allocations,
-          a.pageable_copies - b.pageable_copies};
+          a.pageable_copies - b.pageable_copies, a.uploads - b.uploads};
 }
 
 const char* kind_name(int kind) {
@@ -107,15 +108,17 @@ TEST_P(SteadyState, DecodeStepAllocatesNothingAfterWarmUp) {
   for (int s = 0; s < kSteps; ++s) {
     const Backend::DeviceCounts& d = per_step[static_cast<size_t>(s)];
     EXPECT_EQ(d.allocations, 0) << kind_name(kind) << " batch " << batch << " step " << s;
+    EXPECT_EQ(d.pageable_copies, 0) << "uploads go through the stream's pinned staging ring";
     EXPECT_EQ(d.passes, per_step[0].passes) << "the passes of a step do not grow with the context";
     EXPECT_EQ(d.passes % batch, 0) << "every sequence's step makes the same passes";
   }
   const Backend::DeviceCounts& d = per_step[0];
   std::printf(
       "steady step %-7s batch %2d: per sequence %lld waits, %lld passes, %lld allocations, %lld pageable "
-      "copies\n",
+      "copies, %.1f uploads\n",
       kind_name(kind), batch, static_cast<long long>(d.host_waits / batch), static_cast<long long>(d.passes / batch),
-      static_cast<long long>(d.allocations / batch), static_cast<long long>(d.pageable_copies / batch));
+      static_cast<long long>(d.allocations / batch), static_cast<long long>(d.pageable_copies / batch),
+      static_cast<double>(d.uploads) / batch);
   for (kvret_seq* seq : seqs) kvret_seq_close(seq);
 }
 
