@@ -213,14 +213,16 @@ class Backend {
   /// (copies the host waits for, stream and device synchronizations, device reductions read back by the host),
   /// passes (kernels and Thrust algorithms launched, gathers included), allocations (requests that reached the
   /// driver's allocator: cudaMalloc, cudaMallocAsync, cudaHostAlloc), uploads (tables built on the host and the
-  /// host index's new rows, copied to the device through pinned staging) and pageable copies (copies from host
-  /// memory kvret did not pin, not staged). All zero on a backend without a device.
+  /// host index's new rows, copied to the device through pinned staging), pageable copies (copies from host
+  /// memory kvret did not pin, not staged) and page lookups (KV pages whose device address was looked up). All zero
+  /// on a backend without a device.
   struct DeviceCounts {
     int64_t host_waits = 0;
     int64_t passes = 0;
     int64_t allocations = 0;
     int64_t pageable_copies = 0;
     int64_t uploads = 0;
+    int64_t page_lookups = 0;
   };
   virtual DeviceCounts device_counts() const noexcept { return {}; }
   /// For tests: the host waits of this process's CUDA backends so far (copies the host waits for, stream and device

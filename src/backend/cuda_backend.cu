@@ -66,6 +66,7 @@
 #define KVRET_ON_GPU 0
 #endif
 #include "backend/device_memory.hpp"  // after KVRET_ON_GPU
+#include "backend/page_tables.hpp"
 
 namespace kvret {
 
@@ -101,41 +102,11 @@ class PinnedPages final : public PageAllocator {
   }
 };
 
-/// The first `n_pages` pages of `store` as the device addresses them (PinnedPages: read in place over the bus). A
-/// page holds the keys of every head, head after head, then the values (HostKvStore's layout).
-std::vector<const std::byte*> device_page_addresses(const HostKvStore& store, int64_t n_pages) {
-  std::vector<const std::byte*> pages(static_cast<size_t>(n_pages));
-  for (int64_t i = 0; i < n_pages; ++i) {
-    const std::byte* page = store.key_row(0, i * HostKvStore::kPageTokens);
-#if KVRET_ON_GPU
-    void* device = nullptr;
-    check_cuda(cudaHostGetDevicePointer(&device, const_cast<std::byte*>(page), 0), "cudaHostGetDevicePointer");
-    page = static_cast<const std::byte*>(device);
-#endif
-    pages[static_cast<size_t>(i)] = page;
-  }
-  return pages;
+/// The key of a store's page table (PageTables): its (sequence, layer), or the store itself for a call without a
+/// sequence.
+const void* page_key(const void* sequence, const HostKvStore& store) noexcept {
+  return sequence != nullptr ? sequence : &store;
 }
-
-/// The pages holding a store's first `tokens` tokens.
-int64_t pages_for(int64_t tokens) noexcept {
-  return (tokens + HostKvStore::kPageTokens - 1) / HostKvStore::kPageTokens;
-}
-
-/// device_page_addresses in device memory, a temporary of one call on `stream`.
-class PageTable {
- public:
-  PageTable(const HostKvStore& store, int64_t n_pages, kvret_stream stream)
-      : pages_(static_cast<size_t>(n_pages), stream) {
-    const std::vector<const std::byte*> host = device_page_addresses(store, n_pages);
-    // (a copy from pageable memory returns once its bytes are staged, so the host array may go)
-    upload(pages_.get(), host.data(), host.size() * sizeof(const std::byte*), stream);
-  }
-  const std::byte* const* get() const noexcept { return pages_.get(); }
-
- private:
-  DeviceArray<const std::byte*> pages_;
-};
 
 /// The device memory a context keeps between calls, against config.device_bytes_limit (0: unlimited).
 class DeviceBudget {
@@ -239,16 +210,15 @@ class LayerCache {
   }
   /// Loads into the windows, on `stream`, the rows of a layer of `store.size()` tokens they are to hold and do not
   /// (cuda::math::window_refresh); returns the bytes copied.
-  int64_t refresh_windows(const HostKvStore& store, kvret_stream stream, int n_threads) {
+  int64_t refresh_windows(const HostKvStore& store, const std::byte* const* pages, kvret_stream stream, int n_threads) {
     const cuda::math::WindowRefresh r = cuda::math::window_refresh(window_, store.size());
     const int64_t n = (r.sink_to - r.sink_from) + (r.local_to - r.local_from);
     if (n > 0) {
-      const PageTable pages(store, pages_for(store.size()), stream);
       for (const auto& [from, to] : {std::pair{r.sink_from, r.sink_to}, std::pair{r.local_from, r.local_to}}) {
         if (to > from)
           for_each_index(
               stream, n_threads, heads_ * (to - from) * store.head_dim(),
-              dm::FillWindow{window_k_.get(), window_v_.get(), r.next, pages.get(), heads_, HostKvStore::kPageTokens,
+              dm::FillWindow{window_k_.get(), window_v_.get(), r.next, pages, heads_, HostKvStore::kPageTokens,
                              row_bytes_, from, to - from, static_cast<int32_t>(store.dtype()), store.head_dim()});
       }
     }
@@ -840,11 +810,11 @@ class CudaBackend final : public Backend {
     LayerCache* cache = gather_cache_of(store, sequence, layer, stream, n_threads);
     // the rows' sources, made on the device from the positions and the store's pages
     const int64_t page_tokens = HostKvStore::kPageTokens;
-    const PageTable device_pages(store, pages_for(store.size()), stream);
+    const std::byte* const* device_pages = page_tables_.of(store, sequence, layer, stream).keys;
     const DeviceArray<dm::RowCopy> copies(static_cast<size_t>(entries), stream);
     for_each_index(stream, n_threads, entries,
                    dm::WorkingSetRowCopies{selected, stride, count, mid_begin, mid_end, rows, heads, page_tokens,
-                                           static_cast<int64_t>(store.row_bytes()), device_pages.get(), copies.get()});
+                                           static_cast<int64_t>(store.row_bytes()), device_pages, copies.get()});
     const dm::GatherRows gather{copies.get(),
                                 device_tensor(out.k),
                                 device_tensor(out.v),
@@ -862,7 +832,7 @@ class CudaBackend final : public Backend {
     }
     if (cache != nullptr && count > 0) {
       try {
-        update_passes(store, selected, stride, count, *cache, false, stream, n_threads, counters + 1);
+        update_passes(store, device_pages, selected, stride, count, *cache, false, stream, n_threads, counters + 1);
       } catch (const std::bad_alloc&) {
         forget(sequence, layer);
       } catch (...) {
@@ -941,6 +911,7 @@ class CudaBackend final : public Backend {
                          crush_mirrors_.upper_bound({sequence, INT32_MAX}));
     loaded_.erase(sequence);
     fetch_counts_.erase(sequence);
+    page_tables_.forget(sequence, -1);
   }
 
   CacheUse take_cache_use(const void* sequence) noexcept override {
@@ -1246,31 +1217,22 @@ class CudaBackend final : public Backend {
   /// page addresses and one dm::ExactKeyPages per job, in device memory (EXACT's logits, QUANT's re-ranked keys).
   class JobKeyPages {
    public:
-    JobKeyPages(const FusedJobs& jobs, kvret_stream stream)
-        : table_(addresses(jobs), stream), views_(views(jobs, table_.device.get()), stream) {}
+    JobKeyPages(const FusedJobs& jobs, PageTables& tables, kvret_stream stream)
+        : views_(views(jobs, tables, stream), stream) {}
     const dm::ExactKeyPages* get() const noexcept { return views_.device.get(); }
 
    private:
-    static std::vector<const std::byte*> addresses(const FusedJobs& jobs) {
-      std::vector<const std::byte*> pages;
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        const std::vector<const std::byte*> own =
-            device_page_addresses(*jobs.job(i).store, pages_for(jobs.job(i).request.mid_end));
-        pages.insert(pages.end(), own.begin(), own.end());
-      }
-      return pages;
-    }
-    static std::vector<dm::ExactKeyPages> views(const FusedJobs& jobs, const std::byte* const* table) {
+    static std::vector<dm::ExactKeyPages> views(const FusedJobs& jobs, PageTables& tables, kvret_stream stream) {
       std::vector<dm::ExactKeyPages> out;
       for (size_t i = 0; i < jobs.size(); ++i) {
-        const HostKvStore& store = *jobs.job(i).store;
-        out.push_back({table, HostKvStore::kPageTokens, static_cast<int64_t>(store.row_bytes()),
+        const DeviceSelectJob& job = jobs.job(i);
+        const HostKvStore& store = *job.store;
+        out.push_back({tables.of(store, page_key(job.sequence, store), job.layer, stream).keys,
+                       HostKvStore::kPageTokens, static_cast<int64_t>(store.row_bytes()),
                        static_cast<int32_t>(store.dtype())});
-        table += pages_for(jobs.job(i).request.mid_end);
       }
       return out;
     }
-    Uploaded<const std::byte*> table_;
     Uploaded<dm::ExactKeyPages> views_;
   };
 
@@ -1280,7 +1242,7 @@ class CudaBackend final : public Backend {
     const int64_t heads = first.n_kv_heads(), width = jobs.width(),
                   segments = heads * static_cast<int64_t>(jobs.size());
     const int threads = r.n_threads;
-    const JobKeyPages keys(jobs, stream);
+    const JobKeyPages keys(jobs, page_tables_, stream);
     const DeviceArray<float> logits(static_cast<size_t>(segments * r.group * width), stream);
     for_each_index(stream, threads, segments * width,
                    dm::ExactLogits{keys.get(), q, logits.get(), jobs.n_of(), jobs.base_of(), width, heads,
@@ -1622,7 +1584,7 @@ class CudaBackend final : public Backend {
                  middles(jobs, false), middles(jobs, true), logits.get(), nullptr, folded.get(), cand.get(), stream);
     }
     // their exact keys, read from the stores' pages on the device; EXACT's logits; the top of them
-    const JobKeyPages pages(jobs, stream);
+    const JobKeyPages pages(jobs, page_tables_, stream);
     const DeviceArray<float> exact_keys(static_cast<size_t>(segments * candidates * d), stream);
     for_each_index(stream, threads, segments * candidates * d,
                    dm::QuantCandidateKeys{cand.get(), pages.get(), exact_keys.get(), candidates, heads, d});
@@ -2264,7 +2226,8 @@ class CudaBackend final : public Backend {
     LayerCache* cache = cache_of(store, sequence, layer, stream, n_threads);
     if (cache == nullptr) return nullptr;
     try {
-      const int64_t bytes = cache->refresh_windows(store, stream, n_threads);
+      const int64_t bytes =
+          cache->refresh_windows(store, page_tables_.of(store, sequence, layer, stream).keys, stream, n_threads);
       std::lock_guard<std::mutex> lock(caches_mutex_);
       if (bytes > 0) loaded_[sequence] += bytes;
     } catch (const std::bad_alloc&) {
@@ -2332,7 +2295,8 @@ class CudaBackend final : public Backend {
       const DeviceArray<int32_t> device_items(items.size(), stream);
       upload(device_items.get(), items.data(), items.size() * sizeof(int32_t), stream);
       int64_t* counters = fetch_counters(sequence, store.row_bytes(), stream, n_threads);
-      update_passes(store, device_items.get(), count, count, cache, prefetch, stream, n_threads, counters + 1);
+      update_passes(store, page_tables_.of(store, sequence, layer, stream).keys, device_items.get(), count, count,
+                    cache, prefetch, stream, n_threads, counters + 1);
     } catch (const std::bad_alloc&) {
       forget(sequence, layer);
     } catch (...) {
@@ -2344,8 +2308,9 @@ class CudaBackend final : public Backend {
   /// The update's passes over `items`, device memory [heads, stride] holding `count` ascending positions per head.
   /// The bytes loaded are added to *loaded on the device, with no host wait: the copy into the slots covers the most
   /// any head may admit and skips the rest.
-  void update_passes(const HostKvStore& store, const int32_t* items, int64_t stride, int64_t count, LayerCache& cache,
-                     bool prefetch, kvret_stream stream, int n_threads, int64_t* loaded) {
+  void update_passes(const HostKvStore& store, const std::byte* const* pages, const int32_t* items, int64_t stride,
+                     int64_t count, LayerCache& cache, bool prefetch, kvret_stream stream, int n_threads,
+                     int64_t* loaded) {
     const dm::CacheView c = cache.view();
     if (c.max_blocks == 0) return;  // no complete block yet
     const int64_t heads = store.n_kv_heads();
@@ -2385,12 +2350,10 @@ class CudaBackend final : public Backend {
                    dm::AddAdmittedBytes{admit.get(), heads, c.block_tokens * c.row_bytes, loaded});
     // the admitted blocks' rows, from the store's pages into their slots (max_admit per head, the rest skipped)
     const int64_t page_tokens = HostKvStore::kPageTokens;
-    const PageTable device_pages(store, pages_for(store.size()), stream);
     const int32_t unit_bytes = static_cast<int32_t>(dm::elem_bytes(static_cast<int32_t>(store.dtype())));
     const auto units = static_cast<int32_t>(c.row_bytes / unit_bytes);
     for_each_index(stream, n_threads, heads * max_admit * c.block_tokens * units,
-                   dm::FillSlots{c, loads.get(), admit.get(), device_pages.get(), heads, page_tokens, max_admit, units,
-                                 unit_bytes});
+                   dm::FillSlots{c, loads.get(), admit.get(), pages, heads, page_tokens, max_admit, units, unit_bytes});
   }  // the temporaries are freed in stream order
 
   /// The working set's rows: the rows the cache holds from it (their count added to *hits on the device), the
@@ -2543,29 +2506,20 @@ class CudaBackend final : public Backend {
     const int heads = first.n_kv_heads();
     const int64_t page_tokens = HostKvStore::kPageTokens;
     const int64_t row_bytes = static_cast<int64_t>(first.row_bytes());
-    // every job's pages (keys, then values, as the device addresses them) and positions, one array each
-    std::vector<const void*> pages;
+    // every job's page table (kept between calls) and its positions, one array for the batch
+    std::vector<PageTables::Table> tables(fused.size());
     std::vector<int32_t> positions;
-    std::vector<size_t> pages_at(fused.size()), positions_at(fused.size());
+    std::vector<size_t> positions_at(fused.size());
     for (size_t f = 0; f < fused.size(); ++f) {
       const GatherJob& j = jobs[fused[f]];
       const HostKvStore& store = *j.store;
-      const int64_t n_pages = pages_for(store.size());
-      pages_at[f] = pages.size();
-      pages.resize(pages.size() + static_cast<size_t>(2 * n_pages));
-      const std::vector<const std::byte*> keys = device_page_addresses(store, n_pages);
-      for (int64_t i = 0; i < n_pages; ++i) {
-        pages[pages_at[f] + static_cast<size_t>(i)] = keys[static_cast<size_t>(i)];
-        pages[pages_at[f] + static_cast<size_t>(n_pages + i)] =
-            keys[static_cast<size_t>(i)] + heads * page_tokens * row_bytes;
-      }
+      tables[f] = page_tables_.of(store, page_key(j.sequence, store), j.layer, stream);
       positions_at[f] = positions.size();
       positions.resize(positions.size() + static_cast<size_t>(heads * j.rows));
       for (int h = 0; h < heads; ++h)
         working_set_positions(j.mid_begin, j.mid_end, store.size(), j.count > 0 ? j.selected[h] : nullptr, j.count,
                               positions.data() + positions_at[f] + static_cast<size_t>(h * j.rows));
     }
-    const DeviceArray<const void*> device_pages(pages.size(), stream);
     const DeviceArray<int32_t> device_positions(positions.size(), stream);
     const DeviceArray<cuda::WorkingSetGatherSeq> device_seqs(fused.size(), stream);
     const DeviceArray<unsigned long long> counters(3 * fused.size(), stream);
@@ -2574,10 +2528,9 @@ class CudaBackend final : public Backend {
     for (size_t f = 0; f < fused.size(); ++f) {
       const GatherJob& j = jobs[fused[f]];
       const HostKvStore& store = *j.store;
-      const int64_t n_pages = pages_for(store.size());
       cuda::WorkingSetGatherSeq& seq = seqs[f];
-      seq.host.k_pages = device_pages.get() + pages_at[f];
-      seq.host.v_pages = device_pages.get() + pages_at[f] + n_pages;
+      seq.host.k_pages = reinterpret_cast<const void* const*>(tables[f].keys);
+      seq.host.v_pages = reinterpret_cast<const void* const*>(tables[f].values);
       seq.host.page_tokens = page_tokens;
       seq.host.token_stride = row_bytes;
       seq.host.head_stride = page_tokens * row_bytes;
@@ -2609,7 +2562,6 @@ class CudaBackend final : public Backend {
     if (cached)
       check_cuda(cudaMemsetAsync(counters.get(), 0, 3 * fused.size() * sizeof(unsigned long long), cuda_stream(stream)),
                  "cudaMemsetAsync");
-    upload(device_pages.get(), pages.data(), pages.size() * sizeof(const void*), stream);
     upload(device_positions.get(), positions.data(), positions.size() * sizeof(int32_t), stream);
     upload(device_seqs.get(), seqs.data(), seqs.size() * sizeof(cuda::WorkingSetGatherSeq), stream);
     note_gather_pass();
@@ -2745,6 +2697,7 @@ class CudaBackend final : public Backend {
     int64_t row_bytes = 0;
   };
   std::map<const void*, FetchCounts> fetch_counts_;  // a sequence's gathers from device positions (by sequence)
+  PageTables page_tables_;                           // the device addresses of the stores' pages, kept
   [[maybe_unused]] bool pageable_access_ = false;    // the GPU reads pageable host memory (HMM or ATS)
   PinnedPages pages_;
   std::shared_ptr<const ClusterSegmentBuilder> cluster_builder_ = std::make_shared<CudaClusterBuilder>(device_id_);

@@ -12,7 +12,8 @@
 // - uploads: copies from host memory to the device of tables built on the host and of the host index's new rows,
 //   sent through the stream's pinned staging ring;
 // - pageable copies: copies from host memory that kvret did not pin which bypass the ring (a host fallback's
-//   write-back).
+//   write-back);
+// - page lookups: KV pages whose device address was looked up (cudaHostGetDevicePointer; page_tables.hpp).
 #include <thrust/device_free.h>
 #include <thrust/device_malloc.h>
 #include <thrust/execution_policy.h>
@@ -55,6 +56,7 @@ struct Counters {
   std::atomic<int64_t> allocations{0};
   std::atomic<int64_t> pageable_copies{0};
   std::atomic<int64_t> uploads{0};
+  std::atomic<int64_t> page_lookups{0};
 };
 inline Counters g_counts;
 inline void note_wait() noexcept { g_counts.host_waits.fetch_add(1, std::memory_order_relaxed); }
@@ -63,6 +65,7 @@ inline void note_gather_pass() noexcept { g_counts.gather_passes.fetch_add(1, st
 inline void note_allocation() noexcept { g_counts.allocations.fetch_add(1, std::memory_order_relaxed); }
 inline void note_pageable_copy() noexcept { g_counts.pageable_copies.fetch_add(1, std::memory_order_relaxed); }
 inline void note_upload() noexcept { g_counts.uploads.fetch_add(1, std::memory_order_relaxed); }
+inline void note_page_lookup() noexcept { g_counts.page_lookups.fetch_add(1, std::memory_order_relaxed); }
 
 inline Backend::DeviceCounts device_counts() noexcept {
   Backend::DeviceCounts c;
@@ -71,6 +74,7 @@ inline Backend::DeviceCounts device_counts() noexcept {
   c.allocations = g_counts.allocations.load();
   c.pageable_copies = g_counts.pageable_copies.load();
   c.uploads = g_counts.uploads.load();
+  c.page_lookups = g_counts.page_lookups.load();
   return c;
 }
 

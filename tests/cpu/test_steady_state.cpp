@@ -1,9 +1,9 @@
 // The steady state of a decode step on the CUDA backend (KVRET_TEST_DEVICE=cuda; in CI the build on Thrust's
 // OpenMP host system, which counts what a GPU would do): after a warm-up, a step of every sequence of a batch
-// (kvret_append_decode, then kvret_seq_attend with q and out in device memory) makes no allocation — its temporaries
-// come from the stream's workspace — and no pageable copy — its uploads go through the stream's pinned staging ring —
-// for every index kind at batch 1, 8 and 64, and its passes per sequence do not grow with the context. Each run prints
-// its counts per step (the table of docs/cuda_backend.md).
+// (kvret_append_decode, then kvret_seq_attend with q and out in device memory), for every index kind at batch 1, 8
+// and 64, makes no allocation (its temporaries come from the stream's workspace), no pageable copy (its uploads go
+// through the stream's pinned staging ring) and no page lookup (the page tables are kept), and its passes per
+// sequence do not grow with the context. Each run prints its counts per step (the table of docs/cuda_backend.md).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -30,8 +30,8 @@ constexpr int kWarmSteps = 3, kSteps = 4;
 Backend::DeviceCounts counts_of(kvret_context* ctx) { return context_from_handle(ctx)->backend().device_counts(); }
 
 Backend::DeviceCounts minus(const Backend::DeviceCounts& a, const Backend::DeviceCounts& b) {
-  return {a.host_waits - b.host_waits, a.passes - b.passes, a.allocations - b.allocations,
-          a.pageable_copies - b.pageable_copies, a.uploads - b.uploads};
+  return {a.host_waits - b.host_waits,           a.passes - b.passes,   a.allocations - b.allocations,
+          a.pageable_copies - b.pageable_copies, a.uploads - b.uploads, a.page_lookups - b.page_lookups};
 }
 
 const char* kind_name(int kind) {
@@ -109,6 +109,7 @@ TEST_P(SteadyState, DecodeStepAllocatesNothingAfterWarmUp) {
     const Backend::DeviceCounts& d = per_step[static_cast<size_t>(s)];
     EXPECT_EQ(d.allocations, 0) << kind_name(kind) << " batch " << batch << " step " << s;
     EXPECT_EQ(d.pageable_copies, 0) << "uploads go through the stream's pinned staging ring";
+    EXPECT_EQ(d.page_lookups, 0) << "the page tables are kept: no page was added";
     EXPECT_EQ(d.passes, per_step[0].passes) << "the passes of a step do not grow with the context";
     EXPECT_EQ(d.passes % batch, 0) << "every sequence's step makes the same passes";
   }
