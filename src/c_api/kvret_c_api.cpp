@@ -570,52 +570,7 @@ kvret_status kvret_select_batch(kvret_context* ctx, int32_t n, kvret_seq* const*
       (void)s.check_select(layer, qv.slice(i), budget, ov.slice(i));
       batch.push_back(&s);
     }
-    // every sequence prepared, then one call into the index kind for the whole batch
-    std::vector<kvret::Sequence::PreparedSelect> prepared(static_cast<size_t>(n));
-    // selected on the backend's device (count in the job); not under check_finite, whose check of every q must
-    // come before any sequence's positions are written
-    std::vector<char> on_device(static_cast<size_t>(n), 0);
-    if (c.config().check_finite == 0) {
-      // the device's selects in one call to the backend, which fuses those it can
-      std::vector<kvret::Sequence::DeviceSelectPlan> plans(static_cast<size_t>(n));
-      std::vector<const kvret::DeviceSelectJob*> jobs;
-      std::vector<size_t> owner;
-      for (int32_t i = 0; i < n; ++i) {
-        const auto u = static_cast<size_t>(i);
-        if (batch[u]->prepare_device_select(layer, qv.slice(i), budget, ov.slice(i), nullptr, plans[u])) {
-          jobs.push_back(&plans[u].job);
-          owner.push_back(u);
-        }
-      }
-      if (!jobs.empty()) {
-        const std::unique_ptr<bool[]> done(new bool[jobs.size()]());
-        c.backend().select_batch_on_device(jobs.data(), jobs.size(), done.get(), nullptr);
-        c.backend().synchronize(nullptr);  // the outputs are written when the call returns
-        for (size_t j = 0; j < jobs.size(); ++j)
-          if (done[j]) {
-            batch[owner[j]]->finish_device_select(plans[owner[j]]);
-            prepared[owner[j]].job.count = plans[owner[j]].selected;
-            on_device[owner[j]] = 1;
-          }
-      }
-    }
-    for (int32_t i = 0; i < n; ++i)
-      if (!on_device[static_cast<size_t>(i)])
-        batch[static_cast<size_t>(i)]->prepare_select(layer, qv.slice(i), budget, ov.slice(i), nullptr,
-                                                      prepared[static_cast<size_t>(i)]);
-    std::vector<kvret::SelectJob> jobs;
-    std::vector<size_t> owner;
-    for (size_t i = 0; i < prepared.size(); ++i)
-      if (prepared[i].job.retriever != nullptr) {
-        jobs.push_back(prepared[i].job);
-        owner.push_back(i);
-      }
-    if (!jobs.empty()) c.kind().select_batch(jobs.data(), jobs.size(), nullptr);
-    for (size_t j = 0; j < jobs.size(); ++j) prepared[owner[j]].job.count = jobs[j].count;
-    for (int32_t i = 0; i < n; ++i)
-      if (!on_device[static_cast<size_t>(i)])
-        batch[static_cast<size_t>(i)]->finish_select(prepared[static_cast<size_t>(i)]);
-    for (int32_t i = 0; i < n; ++i) out_counts[i] = static_cast<int32_t>(prepared[static_cast<size_t>(i)].job.count);
+    kvret::Sequence::select_batch(c, batch.data(), n, layer, qv, budget, ov, out_counts);
   });
 }
 

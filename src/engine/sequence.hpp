@@ -27,6 +27,12 @@ namespace session {
 class SessionStore;
 }
 
+/// "layer N", as error messages name a layer.
+inline std::string layer_name(int32_t layer) { return "layer " + std::to_string(layer); }
+
+/// A [Hq, D] query view converted to f32 ([Hq * D]); with check_finite a NaN or Inf is KVRET_ERR_NONFINITE.
+std::vector<float> load_query(const TensorView& q, bool check_finite);
+
 /// Positions of the three token groups of a layer with `length` tokens.
 struct TokenGroups {
   int64_t length = 0;
@@ -150,6 +156,12 @@ class Sequence {
   /// sequence's stats as they were (a cluster layer's resident copy is dropped, as a failed single fetch drops it).
   static void fetch_batch(Context& ctx, Sequence* const* seqs, int32_t n, int32_t layer, const kvret_tensor* positions,
                           const int32_t* counts, const kvret_working_set* outs, int64_t* out_rows, kvret_stream stream);
+  /// kvret_select_batch over `seqs` (distinct sequences of one context; the caller checked the handles and each
+  /// select, check_select with q.slice(i) and out.slice(i)): the selects the backend's device can run go to it in
+  /// one call (which fuses those it can) unless config.check_finite, the others to the index kind in one call;
+  /// out_counts[i] gets the count written per head for seqs[i].
+  static void select_batch(Context& ctx, Sequence* const* seqs, int32_t n, int32_t layer, const TensorView& q,
+                           int32_t budget, const TensorView& out, int32_t* out_counts);
   void read(int32_t layer, int64_t begin, int64_t end, const kvret_tensor* k, const kvret_tensor* v) const;
 
   /// kvret_seq_observe: the prompt's last queries as the layer's observation window. Strong guarantee.
