@@ -663,8 +663,8 @@ KVRET_API kvret_status kvret_fetch_batch_async(kvret_context* ctx, int32_t n, kv
 
 /** Decode attention: out[h] = softmax(scale * q[h] . k[g(h)]^T) v[g(h)] over the first `rows` rows, where
  *  g(h) = h / (n_q_heads / n_kv_heads). q: [n_q_heads, head_dim]; k, v: [n_kv_heads, >= rows, head_dim] (each
- *  f32, f16 or bf16); out: [n_q_heads, head_dim], f32, or on the CPU backend also f16 or bf16 (the f32 result
- *  rounded to nearest even; the CUDA backend refuses them with KVRET_ERR_DTYPE). scale <= 0 means 1/sqrt(head_dim).
+ *  f32, f16 or bf16); out: [n_q_heads, head_dim], f32, f16 or bf16 (an f16 or bf16 out is the f32 result rounded
+ *  to nearest even, on either backend). scale <= 0 means 1/sqrt(head_dim).
  *  On the CPU backend each key and value row is read once for all the query heads of its group, the work is spread
  *  over config.n_threads threads even for one KV head, and the result's bits depend neither on n_threads nor on
  *  the SIMD path (KVRET_MAX_CPU_ISA).
@@ -680,8 +680,8 @@ KVRET_API kvret_status kvret_attend(kvret_context* ctx, const kvret_tensor* q, c
  *  1/sqrt(head_dim)), for engines without a sparse attention of their own. The output is what those three calls
  *  give with the same budget and scale, bit for bit; the stats count one selection and one fetch. A later backend
  *  may answer it from state the separate calls cannot use (cached blocks, a low-bit copy). q: [n_q_heads,
- *  head_dim]; out: [n_q_heads, head_dim], f32, or on the CPU backend also f16 or bf16 (as kvret_attend; the CUDA
- *  backend refuses them with KVRET_ERR_DTYPE); both checked before anything runs. Under config.hamming_importance =
+ *  head_dim]; out: [n_q_heads, head_dim], f32, f16 or bf16 (as kvret_attend: the f32 result rounded to nearest
+ *  even); both checked before anything runs. Under config.hamming_importance =
  *  KVRET_IMPORTANCE_ACCUMULATED it also adds the step's attention probabilities to the layer's accumulated attention
  *  (as kvret_seq_observe_attention): each query head's softmax over the working set (sink, selected and local
  *  tokens; with config.quant_attention, over those exact rows only), every other token 0 that step; computed on the

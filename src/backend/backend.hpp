@@ -279,9 +279,6 @@ class Backend {
   virtual std::shared_ptr<const ClusterSegmentBuilder> cluster_builder() const { return nullptr; }
   /// Bytes copied into the device copies of CLUSTER indexes (select_on_device's) since the backend was made.
   virtual int64_t cluster_upload_bytes() const noexcept { return 0; }
-  /// Refuses an attention output in a dtype this backend's attention does not write (KVRET_ERR_DTYPE): the CPU
-  /// writes f32, f16 and bf16.
-  virtual void check_attend_out(const TensorView& out) const { (void)out; }
   /// attend's contract (core/attention.hpp), ordered on `stream`.
   virtual void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v,
                       int64_t rows, float scale, const TensorView& out, int n_threads, kvret_stream stream) = 0;

@@ -2594,15 +2594,9 @@ class CudaBackend final : public Backend {
 #endif
 
  public:
-  void check_attend_out(const TensorView& out) const override {
-    require(out.dtype() == DType::F32, KVRET_ERR_DTYPE,
-            std::string("out is ") + dtype_name(out.dtype()) +
-                ": the CUDA backend's attention writes f32 only (the CPU backend also writes f16 and bf16)");
-  }
   void attend(const kvret_config& config, const TensorView& q, const TensorView& k, const TensorView& v, int64_t rows,
               float scale, const TensorView& out, int n_threads, kvret_stream stream) override {
     check_attend(config, q, k, v, rows, scale, out);
-    check_attend_out(out);
     for (const TensorView* t : {&q, &k, &v, &out}) check_kernel_access(*t);
     DeviceScope scope(device_id_);
     const int32_t d = config.head_dim;
@@ -2637,8 +2631,9 @@ class CudaBackend final : public Backend {
              (t.ndim() < 3 || t.stride(0) == rows_per_head * d);
     };
     const auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
+    const bool f32_out = out.dtype() == DType::F32;  // else the kernel writes f32 and a pass rounds it into out
     if (k.dtype() != v.dtype() || v.dim(1) != capacity || !dense(k, capacity) || !dense(v, capacity) ||
-        !dense(out, 1) || !aligned(k) || !aligned(v) || rows > INT32_MAX)
+        (f32_out && !dense(out, 1)) || !aligned(k) || !aligned(v) || rows > INT32_MAX)
       return false;
     cuda::DecodeAttentionParams p;
     p.n_seqs = 1;
@@ -2666,13 +2661,18 @@ class CudaBackend final : public Backend {
     seq.v = v.data();
     seq.kv_capacity = capacity;
     seq.n_rows = static_cast<int32_t>(rows);
-    seq.out = reinterpret_cast<float*>(out.data());
+    std::unique_ptr<DeviceArray<float>> out_f32;
+    if (!f32_out) out_f32 = std::make_unique<DeviceArray<float>>(static_cast<size_t>(config.n_q_heads) * d, stream);
+    seq.out = f32_out ? reinterpret_cast<float*>(out.data()) : out_f32->get();
     const DeviceArray<cuda::DecodeAttentionSeq> device_seq(1, stream);
     const DeviceArray<std::byte> workspace(workspace_bytes, stream);
     upload(device_seq.get(), &seq, sizeof seq, stream);  // staged: the host struct may go
     p.seqs = device_seq.get();
     check_cuda(cuda::launch_decode_attention(p, workspace.get(), workspace_bytes, cuda_stream(stream)),
                "launch_decode_attention");
+    if (!f32_out)
+      for_each_index(stream, n_threads, int64_t{config.n_q_heads} * d,
+                     dm::StoreRows{out_f32->get(), device_tensor(out), d});
     return true;
 #else
     (void)config, (void)q, (void)k, (void)v, (void)rows, (void)s, (void)out, (void)n_threads, (void)stream;

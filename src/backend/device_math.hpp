@@ -1,9 +1,11 @@
 #pragma once
 // The CUDA backend's per-element math, compiled for the host by g++ (and tested there against the CPU core) and for
-// the device by nvcc: element loads as f32 and the reference attention's pieces.
+// the device by nvcc: element loads as f32 and stores from f32, and the reference attention's pieces.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "math/half_math.h"
 
 #if defined(__CUDACC__)
 #define KVRET_BACKEND_HD __host__ __device__
@@ -55,6 +57,16 @@ KVRET_BACKEND_HD inline float load_f32(const std::byte* row, int32_t type, int64
   }
   const uint16_t h = reinterpret_cast<const uint16_t*>(row)[i];
   return type == kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/// f stored as element i of a row of `type` at `row`: f32 as it is, f16 and bf16 rounded to nearest even as the
+/// CPU core rounds (kernels/math/half_math.h).
+KVRET_BACKEND_HD inline void store_f32(std::byte* row, int32_t type, int64_t i, float f) {
+  if (type == kF32) {
+    reinterpret_cast<float*>(row)[i] = f;
+    return;
+  }
+  reinterpret_cast<uint16_t*>(row)[i] = type == kF16 ? cuda::math::f32_to_f16_bits(f) : cuda::math::f32_to_bf16_bits(f);
 }
 
 /// Element i of a `src_type` row into a `dst_type` row (dst_type is src_type or f32: the gather's outputs).
@@ -128,7 +140,18 @@ struct AttentionOutput {
     const float* w = weights + h * rows;
     float acc = 0.0f;
     for (int64_t r = 0; r < rows; ++r) acc += w[r] * load_f32(v.at(h / group, r), v.type, t);
-    reinterpret_cast<float*>(out.at(h))[t] = acc * inv_z[h];
+    store_f32(out.at(h, t), out.type, 0, acc * inv_z[h]);
+  }
+};
+
+/// Element i of an f32 [heads, head_dim] array into out's type (the tuned attention's f32 result, rounded for an
+/// f16 or bf16 out).
+struct StoreRows {
+  const float* src;
+  DeviceTensor out;
+  int32_t head_dim;
+  KVRET_BACKEND_HD void operator()(int64_t i) const {
+    store_f32(out.at(i / head_dim, i % head_dim), out.type, 0, src[i]);
   }
 };
 

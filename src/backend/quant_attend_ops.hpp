@@ -209,9 +209,9 @@ struct QuantAttendOutput {
   KVRET_BACKEND_HD void operator()(int64_t i) const {
     const int64_t hq = i / l.d, h = hq / group;
     const auto c = static_cast<int32_t>(i % l.d);
-    float* o = reinterpret_cast<float*>(out.at(hq, c));
+    std::byte* o = out.at(hq, c);  // f32, f16 or bf16 (the f32 result rounded)
     if (st.nan[hq] != 0) {
-      *o = qm::bits_float(0x7fc00000u);
+      store_f32(o, out.type, 0, qm::bits_float(0x7fc00000u));
       return;
     }
     // the exact rows' weighted values (the spans merged), times their share
@@ -240,7 +240,7 @@ struct QuantAttendOutput {
       }
       acc = qm::quant_accumulate(acc, w[t], v);
     }
-    *o = qm::quant_output(acc, z[hq]);
+    store_f32(o, out.type, 0, qm::quant_output(acc, z[hq]));
   }
 };
 

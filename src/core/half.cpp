@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "math/half_math.h"
+
 namespace kvret {
 
 float f16_to_f32_slow(uint16_t h) noexcept {
@@ -33,28 +35,8 @@ const float* make_f16_table() {
 
 const float* const kF16Table = make_f16_table();
 
-uint16_t f32_to_f16(float f) noexcept {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (incl. rounding) -> Inf
-  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // below half the smallest subnormal
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - exponent;  // 14..24
-    uint32_t result = mantissa >> shift;
-    const uint32_t remainder = mantissa & ((1u << shift) - 1u);
-    const uint32_t halfway = 1u << (shift - 1u);
-    if (remainder > halfway || (remainder == halfway && (result & 1u))) ++result;
-    return static_cast<uint16_t>(sign | result);
-  }
-  // normal: rebias the exponent and round the mantissa to 10 bits, nearest even
-  abs += 0xc8000000u;  // (15 - 127) << 23
-  abs += 0xfffu + ((abs >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (abs >> 13));
-}
+uint16_t f32_to_f16(float f) noexcept { return cuda::math::f32_to_f16_bits(f); }
+
+uint16_t f32_to_bf16(float f) noexcept { return cuda::math::f32_to_bf16_bits(f); }
 
 }  // namespace kvret

@@ -18,14 +18,8 @@ inline float bf16_to_f32(uint16_t h) noexcept {
   return f;
 }
 
+/// f32 -> IEEE half and bfloat16, nearest even (kernels/math/half_math.h: the same bits as the device's).
 uint16_t f32_to_f16(float f) noexcept;
-
-inline uint16_t f32_to_bf16(float f) noexcept {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+uint16_t f32_to_bf16(float f) noexcept;
 
 }  // namespace kvret

@@ -157,7 +157,6 @@ void Sequence::attend(int32_t layer, const kvret_tensor* q, int32_t budget, floa
   const TensorView ov = ctx_.view(out, "out", kFloatTypes, {2});
   ov.expect_dim(0, c.n_q_heads, "n_q_heads");
   ov.expect_dim(1, c.head_dim, "head_dim");
-  ctx_.backend().check_attend_out(ov);
   require(std::isfinite(scale), KVRET_ERR_INVALID_ARGUMENT, "scale is not finite");
   ctx_.backend().check_kernel_access(qv);
   ctx_.backend().check_kernel_access(ov);

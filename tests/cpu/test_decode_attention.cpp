@@ -396,8 +396,7 @@ TEST(DecodeAttention, CApiAttendWritesEveryFloatOutput) {
   kvret_destroy(ctx);
 }
 
-// On the backend under test (KVRET_TEST_DEVICE): the CPU backend writes an f16 out; the CUDA backend, whose
-// attention writes f32 only, refuses it with KVRET_ERR_DTYPE and leaves it as it was.
+// On the backend under test (KVRET_TEST_DEVICE): an f16 and a bf16 out are the f32 out rounded, bit for bit.
 TEST(DecodeAttention, HalfOutputOnTheBackendUnderTest) {
   kvret_config c = test::small_config();
   const test::ContextPtr ctx = test::make_context(c);
@@ -405,14 +404,16 @@ TEST(DecodeAttention, HalfOutputOnTheBackendUnderTest) {
   const int64_t rows = 40;
   test::F32 q({c.n_q_heads, c.head_dim}, 0.25f), k({c.n_kv_heads, rows, c.head_dim}, 0.5f),
       v({c.n_kv_heads, rows, c.head_dim}, 1.5f);
-  test::Buffer<uint16_t> out({c.n_q_heads, c.head_dim}, 7);
-  const kvret_status s = kvret_attend(ctx.get(), &q, &k, &v, rows, 0.0f, &out, nullptr);
-  if (test::device_type() == KVRET_DEVICE_CUDA) {
-    EXPECT_EQ(s, KVRET_ERR_DTYPE);
-    EXPECT_NE(std::string(kvret_last_error()).find("f32"), std::string::npos) << kvret_last_error();
-    for (const uint16_t x : out.data) ASSERT_EQ(x, 7);
-  } else {
-    ASSERT_EQ(s, KVRET_OK) << kvret_last_error();
-    for (const uint16_t x : out.data) ASSERT_EQ(x, f32_to_f16(1.5f));  // every value row is 1.5
+  test::F32 want({c.n_q_heads, c.head_dim});
+  for (size_t i = 0; i < q.data.size(); ++i) q.data[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  for (size_t i = 0; i < v.data.size(); ++i) v.data[i] = 0.003f * static_cast<float>(i % 389) - 0.5f;
+  ASSERT_EQ(kvret_attend(ctx.get(), &q, &k, &v, rows, 0.0f, &want, nullptr), KVRET_OK) << kvret_last_error();
+  test::Buffer<uint16_t> f16({c.n_q_heads, c.head_dim}, 7), bf16({c.n_q_heads, c.head_dim}, 7);
+  bf16.t.dtype = {KVRET_DTYPE_BFLOAT, 16, 1};
+  ASSERT_EQ(kvret_attend(ctx.get(), &q, &k, &v, rows, 0.0f, &f16, nullptr), KVRET_OK) << kvret_last_error();
+  ASSERT_EQ(kvret_attend(ctx.get(), &q, &k, &v, rows, 0.0f, &bf16, nullptr), KVRET_OK) << kvret_last_error();
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    ASSERT_EQ(f16.data[i], f32_to_f16(want.data[i])) << i;
+    ASSERT_EQ(bf16.data[i], f32_to_bf16(want.data[i])) << i;
   }
 }
