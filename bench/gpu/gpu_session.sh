@@ -95,14 +95,21 @@ sanitizers() {
   sanitize initcheck "${INITCHECK_SECONDS:-120}"
 }
 
+# memcheck_suite NAME SECONDS FILTER WHAT: compute-sanitizer memcheck over the C++ suite's tests FILTER on the CUDA
+# backend, on the GPU, logged to $OUT/NAME.txt
+memcheck_suite() {
+  local name=$1 seconds=$2 filter=$3 what=$4
+  (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
+    timeout "$seconds" compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$BUILD/bin/test_cpu" --gtest_brief=1 "--gtest_filter=$filter" >"$OUT/$name.txt" 2>&1)
+  note "memcheck of $what: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$name.txt" | tail -1)" \
+    "$(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$name.txt" | tr '\n' ' ')"
+}
+
 # memcheck over the CUDA backend's own tests and the suite's fetch and attend tests, on the GPU
 backend_memcheck() {
-  (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
-    timeout "${BACKEND_MEMCHECK_SECONDS:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-      "$BUILD/bin/test_cpu" --gtest_brief=1 '--gtest_filter=*Cuda*:*Fetch*:*Attend*:*Working*' \
-      >"$OUT/backend_memcheck.txt" 2>&1)
-  note "memcheck of the CUDA backend's tests: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/backend_memcheck.txt" | tail -1)" \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$OUT/backend_memcheck.txt" | tr '\n' ' ')"
+  memcheck_suite backend_memcheck "${BACKEND_MEMCHECK_SECONDS:-120}" '*Cuda*:*Fetch*:*Attend*:*Working*' \
+    "the CUDA backend's tests"
 }
 
 # The whole C++ suite and the C program against device_type = KVRET_DEVICE_CUDA on the GPU (as scripts/
@@ -146,12 +153,8 @@ bench() {
 device_check() {
   local t0=$SECONDS
   GPU_TESTS_SECONDS=${GPU_TESTS_SECONDS:-90} gpu_tests
-  (export KVRET_TEST_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1
-    timeout "${STEP_MEMCHECK_SECONDS:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-      "$BUILD/bin/test_cpu" --gtest_brief=1 '--gtest_filter=*SteadyState*:*AttendOnDevice*' \
-      >"$OUT/step_memcheck.txt" 2>&1)
-  note "memcheck of the decode-step tests: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/step_memcheck.txt" | tail -1)" \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$OUT/step_memcheck.txt" | tr '\n' ' ')"
+  memcheck_suite step_memcheck "${STEP_MEMCHECK_SECONDS:-90}" '*SteadyState*:*AttendOnDevice*' \
+    "the decode-step tests"
   note "capture/replay: none yet (the step is not capturable: docs/cuda_backend.md)"
   timeout "${STEP_BENCH_SECONDS:-150}" "$BUILD/bin/kvret-bench-backend" --step --steps=10 >"$OUT/step_kvret.txt" 2>&1
   note "kvret-bench-backend --step: rc=$?"
