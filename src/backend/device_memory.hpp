@@ -338,11 +338,6 @@ class StepWorkspace {
   }
   /// The stream's uploads from host memory.
   StagingRing& staging() noexcept { return staging_; }
-  /// The device bytes the block holds.
-  size_t bytes() const noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return size_;
-  }
 
  private:
   static constexpr size_t kAlign = 256;
@@ -356,7 +351,7 @@ class StepWorkspace {
   };
   kvret_stream stream_;
   StagingRing staging_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::byte* base_ = nullptr;
   size_t size_ = 0;
   size_t demand_ = 0;  ///< bytes taken and not given back
@@ -387,13 +382,6 @@ class Workspaces {
       map_.erase(key);
     } catch (...) {
     }
-  }
-  /// The device bytes every workspace holds.
-  size_t bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t n = 0;
-    for (const auto& [key, w] : map_) n += w->bytes();
-    return n;
   }
   /// A CUDA backend was made or destroyed; the last one going frees every workspace.
   void backend_made() noexcept { ++backends_; }

@@ -91,14 +91,6 @@ class PageTables {
       it = layer == -1 || it->first.second == layer ? map_.erase(it) : std::next(it);
   }
 
-  /// The device bytes the tables hold.
-  size_t bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t total = 0;
-    for (const auto& [key, e] : map_) total += static_cast<size_t>(2 * e.capacity) * sizeof(const std::byte*);
-    return total;
-  }
-
  private:
   struct Entry {
     std::vector<const std::byte*> host;  ///< the pages (host addresses) the device array holds, in order
